@@ -1,0 +1,70 @@
+"""The learner as a Ray actor: a thin shell around `Learner` that publishes weights by object ref."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+import torch
+
+from learner.device import ray_actor_resources
+from learner.learner import EnvSpec, Learner
+from services.config import RelayConfig
+
+log = logging.getLogger(__name__)
+
+
+class LearnerActor:
+    """Holds the Learner on its accelerator; segments arrive by object ref, weights leave by one ray.put."""
+
+    def __init__(self, cfg_data: dict[str, Any], env: EnvSpec, num_threads: int = 1) -> None:
+        torch.set_num_threads(num_threads)
+        self.learner = Learner(RelayConfig.model_validate(cfg_data), env)
+        self._published: tuple[int, list[ray.ObjectRef]] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """Device, Ray-assigned accelerator ids and parameter count, for logs."""
+        return {
+            "device": str(self.learner.dev),
+            "ray_accelerator_ids": list(self.learner.dev.ray_ids),
+            "parameters": sum(p.numel() for p in self.learner.model.parameters()),
+            "buffer_bytes": self.learner.buffer.nbytes(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def publish(self) -> tuple[int, list[ray.ObjectRef]]:
+        """The newest weights: (version, [ref]). One ray.put per version; workers fetch it themselves.
+
+        The ref travels inside a list so Ray hands callers the reference, never the tensors.
+        """
+        if self._published is None or self._published[0] != self.learner.version:
+            self._published = (self.learner.version, [ray.put(self.learner.weights())])
+        return self._published
+
+    def train_round(self, segment_refs: list[ray.ObjectRef], progress: float) -> dict[str, Any]:
+        """Fetch the segments (dropping any whose worker died), ingest them, update when a round is in."""
+        segments, lost = [], 0
+        for ref in segment_refs:
+            try:
+                segments.append(ray.get(ref))
+            except ray.exceptions.RayError as err:
+                lost += 1
+                log.warning("dropped a segment whose worker failed: %s", type(err).__name__)
+        out = self.learner.train_round(segments, progress)
+        out["lost_segments"] = lost
+        if out["metrics"] is not None:
+            out["weights"] = self.publish()
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+        self._published = None
+
+
+def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:
+    options = {"num_cpus": 1, **ray_actor_resources(cfg.learner.device, ray.cluster_resources())}
+    return ray.remote(LearnerActor).options(**options).remote(cfg.model_dump(mode="json"), env)

@@ -1,0 +1,207 @@
+"""The one place that knows the device: npu (torch_npu), cuda or cpu.
+
+Resolves a device spec, owns autocast, the fp16 GradScaler, synchronize and memory statistics.
+No other module spells a device type. torch_npu is imported lazily: a CPU host never touches it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Ray exports the ids it assigned through these variables, so inside the actor the
+# first visible device is always ordinal 0 whatever its physical id.
+_VISIBLE_DEVICES_ENV = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+_RAY_RESOURCE = {"npu": "NPU", "cuda": "GPU"}
+
+
+class DeviceError(RuntimeError):
+    """The requested device cannot be used here."""
+
+
+def import_torch_npu() -> ModuleType | None:
+    """torch_npu if it is importable, else None (never raises on a host without it)."""
+    try:
+        return importlib.import_module("torch_npu")
+    except ImportError:
+        return None
+
+
+def _npu_available() -> bool:
+    mod = import_torch_npu()
+    return bool(mod is not None and mod.npu.is_available())
+
+
+def backend_module(device_type: str) -> Any:
+    """The per-device runtime module (torch.cuda or torch_npu.npu); None for cpu."""
+    if device_type == "cuda":
+        return torch.cuda
+    if device_type == "npu":
+        mod = import_torch_npu()
+        if mod is None:
+            raise DeviceError(
+                "device npu requested but torch_npu is not installed (pip install relay-rl[npu])"
+            )
+        return mod.npu
+    return None
+
+
+def ray_accelerator_ids(device_type: str) -> list[str]:
+    """The accelerator ids Ray assigned to the calling actor ([] outside Ray or for cpu)."""
+    resource = _RAY_RESOURCE.get(device_type)
+    if resource is None:
+        return []
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return []
+        return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get(resource, [])]
+    except Exception:
+        return []
+
+
+def _pick_auto() -> str:
+    if _npu_available():
+        return "npu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def _parse_spec(spec: str) -> tuple[str, int | None]:
+    kind, _, index = spec.strip().lower().partition(":")
+    if kind not in ("auto", "cpu", "cuda", "npu"):
+        raise DeviceError(f"learner.device={spec!r}: expected auto, cpu, cuda[:i] or npu[:i]")
+    if index and not index.isdigit():
+        raise DeviceError(f"learner.device={spec!r}: device index must be a whole number")
+    return kind, int(index) if index else None
+
+
+def _ordinal(kind: str, index: int | None, allowed_ids: list[int]) -> int:
+    """Local ordinal inside this process, honouring Ray's assignment and npu_ids."""
+    assigned = ray_accelerator_ids(kind)
+    if index is not None:
+        return index
+    if assigned:
+        # Ray narrowed the visible devices to `assigned`; ordinal 0 is the first of them.
+        return 0
+    if allowed_ids:
+        visible = os.environ.get(_VISIBLE_DEVICES_ENV[kind], "")
+        ids = [int(v) for v in visible.split(",") if v.strip().isdigit()]
+        return ids.index(allowed_ids[0]) if allowed_ids[0] in ids else allowed_ids[0]
+    return 0
+
+
+def resolve_device(spec: str = "auto", allowed_ids: list[int] | None = None) -> DeviceContext:
+    """Turn `auto`, `cpu`, `cuda[:i]`, `npu[:i]` into a DeviceContext, checking availability."""
+    kind, index = _parse_spec(spec)
+    if kind == "auto":
+        kind = _pick_auto()
+    if kind == "cpu":
+        return DeviceContext(torch.device("cpu"))
+    backend = backend_module(kind)
+    if not backend.is_available():
+        raise DeviceError(f"learner.device={spec!r}: no {kind} device is available on this host")
+    ordinal = _ordinal(kind, index, allowed_ids or [])
+    count = backend.device_count()
+    if ordinal >= count:
+        raise DeviceError(f"learner.device={spec!r}: {kind}:{ordinal} requested but {count} visible")
+    backend.set_device(ordinal)
+    return DeviceContext(torch.device(f"{kind}:{ordinal}"), ray_ids=tuple(ray_accelerator_ids(kind)))
+
+
+@dataclass(frozen=True)
+class DeviceContext:
+    """A resolved device with its autocast, scaler, sync and memory-stat operations."""
+
+    device: torch.device
+    ray_ids: tuple[str, ...] = ()
+
+    @property
+    def type(self) -> str:
+        return self.device.type
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.device.type != "cpu"
+
+    def __str__(self) -> str:
+        return str(self.device)
+
+    def autocast(self, enabled: bool, dtype: str = "bfloat16") -> contextlib.AbstractContextManager[Any]:
+        """Autocast for this device type (bf16 or fp16); a no-op context when disabled."""
+        if not enabled:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=AMP_DTYPES[dtype])
+
+    def grad_scaler(self, enabled: bool, dtype: str = "bfloat16") -> Any | None:
+        """A GradScaler for fp16 on an accelerator; None where none is needed (bf16, fp32, cpu)."""
+        if not (enabled and dtype == "float16" and self.is_accelerator):
+            return None
+        if self.type == "npu":
+            return backend_module("npu").amp.GradScaler()
+        return torch.amp.GradScaler(self.type)
+
+    def synchronize(self) -> None:
+        """Wait for queued kernels; call before reading a clock or the numbers lie."""
+        if self.is_accelerator:
+            backend_module(self.type).synchronize(self.device)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Allocated and peak device memory in bytes (0 on cpu, where torch keeps no allocator stats)."""
+        if not self.is_accelerator:
+            return {"allocated": 0, "peak": 0}
+        backend = backend_module(self.type)
+        return {
+            "allocated": int(backend.memory_allocated(self.device)),
+            "peak": int(backend.max_memory_allocated(self.device)),
+        }
+
+    def reset_peak_memory(self) -> None:
+        if self.is_accelerator:
+            backend_module(self.type).reset_peak_memory_stats(self.device)
+
+    def distributed_backend(self) -> str:
+        """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""
+        return {"npu": "hccl", "cuda": "nccl"}.get(self.type, "gloo")
+
+    @contextlib.contextmanager
+    def timed(self, out: dict[str, float], key: str) -> Iterator[None]:
+        """Add the wall seconds of the block to out[key], synchronizing at both ends."""
+        import time
+
+        self.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            out[key] = out.get(key, 0.0) + time.perf_counter() - t0
+
+
+def ray_actor_resources(
+    device_spec: str, cluster_resources: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Ray options asking for the learner's accelerator; `auto` asks for what the cluster has.
+
+    The config asks Ray for resources, never for hosts: Ray (and its autoscaler) places the actor.
+    """
+    kind, _ = _parse_spec(device_spec)
+    if kind == "auto":
+        have = cluster_resources or {}
+        kind = "npu" if have.get("NPU", 0) >= 1 else "cuda" if have.get("GPU", 0) >= 1 else "cpu"
+    if kind == "npu":
+        return {"resources": {"NPU": 1}}
+    if kind == "cuda":
+        return {"num_gpus": 1}
+    return {}

@@ -1,0 +1,124 @@
+"""Generalized advantage estimation over fixed [T, N] segments, vectorized over time.
+
+GAE is the reverse linear recurrence  A_t = delta_t + g_t * A_{t+1}  with g_t = gamma * lam * c_t,
+where c_t = 0 where the episode stops after step t (terminated, truncated, or the next step is
+padding). `compute_gae` evaluates it with a log-depth odd/even scan (O(log T) torch ops, O(T N)
+work); `compute_gae_reference` is the plain loop it is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _deltas_and_coefficients(
+    rewards: Tensor,
+    values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    bootstrap_value: Tensor,
+    last_value: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """TD errors and recurrence coefficients for the scan, all [T, N] float32, with few full passes.
+
+    A valid step followed by padding ends its chain there: the producer flags it truncated, and
+    even where it did not, no value from a padded step may leak backwards. Flags are combined
+    by float arithmetic: on CPU, torch.where/masked_fill run several times slower than a multiply.
+    """
+    # Few fresh [T, N] tensors and in-place arithmetic: at large T x N a new allocation (page
+    # faults) costs more than the op that fills it.
+    m = mask.float()
+    not_term = 1.0 - terminated.float()
+    cut = truncated.float().clone()
+    cut[:-1].sub_(m[1:]).add_(1.0).clamp_(max=1.0)  # max(truncated, next step is padding)
+    keep = 1.0 - cut
+    next_v = torch.empty_like(cut)
+    next_v[:-1].copy_(values[1:])
+    next_v[-1].copy_(last_value)
+    # cut is exactly 0 or 1, so this picks one of the two values exactly (no lerp rounding).
+    next_v.mul_(keep).addcmul_(bootstrap_value.float(), cut).mul_(not_term)
+    deltas = next_v.mul_(gamma).add_(rewards).sub_(values).mul_(m)
+    coef = keep.mul_(not_term).mul_(gamma * lam)
+    return deltas, coef
+
+
+def _reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
+    """y_t = x_t + coef_t * y_{t+1} (y_T = 0) along dim 0, in O(log T) vectorized steps.
+
+    coef, x: [T, ...]. Odd/even reduction: fold neighbouring pairs into one affine step, solve the
+    half-length problem recursively, then fill in the other half with one multiply-add.
+    """
+    length = x.shape[0]
+    if length == 1:
+        return x.clone()
+    if length % 2:
+        # Pad with an identity step at the end (coef 0, x 0) so pairs line up.
+        coef = torch.cat([coef, torch.zeros_like(coef[:1])], dim=0)
+        x = torch.cat([x, torch.zeros_like(x[:1])], dim=0)
+    c_even, c_odd = coef[0::2], coef[1::2]
+    x_even, x_odd = x[0::2], x[1::2]
+    # Pair (2i, 2i+1) maps y_{2i+2} to y_{2i} = x_2i + c_2i x_2i+1 + c_2i c_2i+1 y_{2i+2}.
+    y_even = _reverse_linear_scan(c_even * c_odd, torch.addcmul(x_even, c_even, x_odd))
+    out = torch.empty_like(x)
+    out[0::2] = y_even
+    torch.addcmul(x_odd[:-1], c_odd[:-1], y_even[1:], out=out[1::2][:-1])
+    out[-1] = x_odd[-1]  # y_{T} = 0 past the end
+    return out[:length]
+
+
+def compute_gae(
+    rewards: Tensor,
+    values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    bootstrap_value: Tensor,
+    last_value: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimates over a fixed [T, N] segment, with no Python loop over T.
+
+    rewards, values, terminated, truncated, bootstrap_value, mask: [T, N]; last_value: [N]
+    (V of the observation after the last step). `terminated` stops bootstrapping, `truncated`
+    bootstraps from `bootstrap_value` (V of the final observation), `mask` 0 marks padding.
+    Returns (advantages, returns), both [T, N] float32; zero where mask is 0.
+    """
+    deltas, coef = _deltas_and_coefficients(
+        rewards, values, terminated, truncated, bootstrap_value, last_value, mask, gamma, lam
+    )
+    m = mask.float()
+    advantages = _reverse_linear_scan(coef, deltas).mul_(m)
+    returns = (advantages + values) * m
+    return advantages, returns
+
+
+def compute_gae_reference(
+    rewards: Tensor,
+    values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    bootstrap_value: Tensor,
+    last_value: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[Tensor, Tensor]:
+    """The obvious loop over T (vectorized over N); same contract as `compute_gae`."""
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards, dtype=torch.float32)
+    running = torch.zeros_like(last_value, dtype=torch.float32)
+    for t in range(num_steps - 1, -1, -1):
+        next_valid = mask[t + 1] > 0 if t + 1 < num_steps else torch.ones_like(mask[t], dtype=torch.bool)
+        next_value = values[t + 1] if t + 1 < num_steps else last_value
+        ends = truncated[t].bool() | ~next_valid
+        next_value = torch.where(ends, bootstrap_value[t], next_value) * (1.0 - terminated[t].float())
+        delta = rewards[t] + gamma * next_value - values[t]
+        carry = (1.0 - terminated[t].float()) * (1.0 - ends.float())
+        running = torch.where(mask[t] > 0, delta + gamma * lam * carry * running, 0.0)
+        advantages[t] = running
+    return advantages, torch.where(mask > 0, advantages + values, 0.0)

@@ -1,0 +1,163 @@
+"""The update step: epochs x minibatches over a flat batch, shared by PPO and GRPO.
+
+Both algorithms differ only in their loss function (`ppo_loss`, `grpo_loss`); the loop around it
+handles the device permutation, gradient accumulation, autocast + GradScaler, global grad-norm
+clipping, skipped-step counting and the target-KL early stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from learner import losses
+from learner.device import DeviceContext
+from learner.models import ActorCritic
+from services.config import LearnerConfig
+
+Batch = dict[str, Tensor]
+LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]
+
+
+def ppo_loss(cfg: LearnerConfig) -> LossFn:
+    """Clipped surrogate + value_coef * value loss - entropy_coef * entropy.
+
+    Batch fields: obs [B, ...], actions [B, ...], logp, values, advantages, returns, mask: [B].
+    """
+
+    def loss_fn(model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        out = model.evaluate(b["obs"], b["actions"])
+        mask = b["mask"]
+        adv = (
+            losses.normalize_advantages(b["advantages"], mask)
+            if cfg.normalize_advantages
+            else b["advantages"]
+        )
+        pg = losses.clipped_surrogate(out.logp, b["logp"], adv, cfg.clip_ratio, mask)
+        assert out.value is not None, "PPO needs a critic"
+        vf = losses.value_loss(out.value, b["values"], b["returns"], mask, cfg.value_clip)
+        ent = losses.masked_mean(out.entropy, mask)
+        loss = pg + cfg.value_coef * vf - cfg.entropy_coef * ent
+        return loss, {
+            "policy_loss": pg.detach(),
+            "value_loss": vf.detach(),
+            "entropy": ent.detach(),
+            "approx_kl": losses.approx_kl(out.logp.detach(), b["logp"], mask),
+            "clip_fraction": losses.clip_fraction(out.logp.detach(), b["logp"], cfg.clip_ratio, mask),
+        }
+
+    return loss_fn
+
+
+def grpo_loss(cfg: LearnerConfig, reference: ActorCritic) -> LossFn:
+    """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy.
+
+    Batch fields: obs, actions, logp, advantages, mask; no values (GRPO has no critic).
+    """
+
+    def loss_fn(model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        out = model.evaluate(b["obs"], b["actions"])
+        mask = b["mask"]
+        with torch.no_grad():
+            ref_logp = reference.evaluate(b["obs"], b["actions"]).logp
+        pg = losses.clipped_surrogate(out.logp, b["logp"], b["advantages"], cfg.clip_ratio, mask)
+        kl = losses.kl_to_reference(out.logp, ref_logp, mask)
+        ent = losses.masked_mean(out.entropy, mask)
+        loss = pg + cfg.kl_coef * kl - cfg.entropy_coef * ent
+        return loss, {
+            "policy_loss": pg.detach(),
+            "kl_ref": kl.detach(),
+            "entropy": ent.detach(),
+            "approx_kl": losses.approx_kl(out.logp.detach(), b["logp"], mask),
+            "clip_fraction": losses.clip_fraction(out.logp.detach(), b["logp"], cfg.clip_ratio, mask),
+        }
+
+    return loss_fn
+
+
+@dataclass
+class UpdateResult:
+    """Means over the optimizer steps taken, plus counters."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+    optimizer_steps: int = 0
+    skipped_steps: int = 0
+    epochs_run: int = 0
+    samples: int = 0
+
+
+def _optimizer_step(
+    params: list[nn.Parameter], optimizer: torch.optim.Optimizer, scaler: object | None, max_grad_norm: float
+) -> tuple[Tensor, bool]:
+    """Clip and step; returns (grad_norm, skipped). A non-finite gradient never reaches the weights."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # type: ignore[attr-defined]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if scaler is not None:
+        before = scaler.get_scale()  # type: ignore[attr-defined]
+        scaler.step(optimizer)  # type: ignore[attr-defined]  # skips internally on inf/nan
+        scaler.update()  # type: ignore[attr-defined]
+        return grad_norm, scaler.get_scale() < before  # type: ignore[attr-defined]
+    if not torch.isfinite(grad_norm):  # host sync: the skip decision must be exact
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, True
+    optimizer.step()
+    return grad_norm, False
+
+
+def run_update(
+    model: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    loss_fn: LossFn,
+    cfg: LearnerConfig,
+    dev: DeviceContext,
+    scaler: object | None = None,
+    generator: torch.Generator | None = None,
+) -> UpdateResult:
+    """Epochs x minibatches of `loss_fn` over a flat batch whose fields are [B, ...] on dev.
+
+    B must be a multiple of cfg.batch_size (the config validates it), so every minibatch has the
+    same shape. Statistics accumulate on the device and are read once at the end (one host sync).
+    """
+    size = batch["mask"].shape[0]
+    num_minibatches = size // cfg.batch_size
+    micro = cfg.batch_size // cfg.grad_accum_steps
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    totals: dict[str, Tensor] = {}
+    result = UpdateResult()
+    grad_norms: list[Tensor] = []
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(size, device=dev.device, generator=generator)
+        epoch_kl = torch.zeros((), device=dev.device)
+        for mb in range(num_minibatches):
+            optimizer.zero_grad(set_to_none=True)
+            for k in range(cfg.grad_accum_steps):
+                start = mb * cfg.batch_size + k * micro
+                idx = perm[start : start + micro]
+                micro_batch = {name: t.index_select(0, idx) for name, t in batch.items()}
+                with dev.autocast(cfg.use_amp, cfg.amp_dtype):
+                    loss, stats = loss_fn(model, micro_batch)
+                scaled = loss / cfg.grad_accum_steps
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()  # type: ignore[attr-defined]
+                for name, value in stats.items():
+                    totals[name] = totals.get(name, 0.0) + value.float() / cfg.grad_accum_steps
+                epoch_kl = epoch_kl + stats["approx_kl"] / (cfg.grad_accum_steps * num_minibatches)
+            grad_norm, skipped = _optimizer_step(params, optimizer, scaler, cfg.max_grad_norm)
+            grad_norms.append(grad_norm.float())
+            result.optimizer_steps += 1
+            result.skipped_steps += int(skipped)
+            result.samples += cfg.batch_size
+        result.epochs_run += 1
+        if cfg.target_kl is not None and float(epoch_kl) > 1.5 * cfg.target_kl:  # host sync, once per epoch
+            break
+    steps = max(result.optimizer_steps, 1)
+    result.stats = {name: float(total) / steps for name, total in totals.items()}
+    norms = torch.stack(grad_norms)
+    finite = norms[torch.isfinite(norms)]
+    result.stats["grad_norm"] = float(finite.mean()) if finite.numel() else float("nan")
+    return result

@@ -1,0 +1,1 @@
+"""relay rollout workers: vector envs that emit fixed-shape [T, N] segments."""

@@ -1,0 +1,89 @@
+"""Making seeded gymnasium vector envs from `env.id` (a registered id or `module:factory`)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from learner.models import ActionSpec
+
+
+class EnvSpecError(ValueError):
+    """The env cannot be built or its spaces are not supported."""
+
+
+def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
+    """The callable named by `module:factory`, or None where the id is gymnasium's
+    `module:EnvName-v0` form (import the module, then look the id up in the registry)."""
+    module_name, _, attr = env_id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise EnvSpecError(f"env.id={env_id!r}: cannot import module {module_name!r} ({err})") from None
+    factory = getattr(module, attr, None)
+    if callable(factory):
+        return factory
+    if attr in gym.registry:
+        return None
+    raise EnvSpecError(
+        f"env.id={env_id!r}: {module_name} has no callable {attr!r} and no env registered as it"
+    )
+
+
+def make_env_fn(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+    """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
+
+    def thunk() -> gym.Env:
+        factory = _resolve_factory(env_id) if ":" in env_id else None
+        if factory is None:
+            return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+        env = factory(**kwargs)
+        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps is not None else env
+
+    return thunk
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail early with one line if the id is neither registered nor an importable factory."""
+    if ":" in env_id:
+        _resolve_factory(env_id)
+    elif env_id not in gym.registry:
+        raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
+
+
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    vectorization: str = "sync",
+    max_episode_steps: int | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> gym.vector.VectorEnv:
+    """A vector env in SAME_STEP autoreset mode.
+
+    SAME_STEP resets a finished sub-env inside the step that ended it and hands the final
+    observation back in info["final_obs"]; so no transition crosses an episode boundary and no
+    step is wasted on the NEXT_STEP mode's dummy reset transition.
+    """
+    fns = [make_env_fn(env_id, max_episode_steps, kwargs or {}) for _ in range(num_envs)]
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    if vectorization == "async":
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def action_spec(space: gym.Space) -> ActionSpec:
+    if isinstance(space, gym.spaces.Discrete):
+        return ActionSpec("discrete", int(space.n))
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return ActionSpec("continuous", int(space.shape[0]))
+    raise EnvSpecError(f"unsupported action space {space}: relay handles Discrete and 1-D Box")
+
+
+def env_seeds(run_seed: int, worker_index: int, num_envs: int) -> list[int]:
+    """Distinct, reproducible per-env seeds from the run seed and the worker index."""
+    state = np.random.SeedSequence([run_seed, worker_index]).generate_state(num_envs)
+    return [int(s) for s in state]

@@ -1,0 +1,120 @@
+"""Sampling fixed-shape [T, N] segments from a vector env with the newest weights. No Ray here.
+
+`rollout_workers/worker.py` wraps this as a Ray actor; local mode uses it in the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from learner.learner import EnvSpec, build_policy
+from learner.normalizer import Moments
+from rollout_workers.envs import action_spec, env_seeds, make_vector_env
+from services.config import RelayConfig
+
+Segment = dict[str, Any]
+
+
+class SegmentSampler:
+    """Owns one vector env of N envs and a CPU copy of the policy; `sample()` returns a Segment.
+
+    Exploration noise comes from a CPU generator seeded by (run seed, worker index), so a run
+    reproduces bit for bit whatever device the learner uses.
+    """
+
+    def __init__(self, cfg: RelayConfig, worker_index: int = 0) -> None:
+        self.cfg = cfg
+        self.worker_index = worker_index
+        ec = cfg.env
+        self.env = make_vector_env(ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs)
+        obs_shape = tuple(self.env.single_observation_space.shape or ())
+        self.spec = EnvSpec(obs_shape=obs_shape, action=action_spec(self.env.single_action_space))
+        space = self.env.single_action_space
+        self._low = getattr(space, "low", None)
+        self._high = getattr(space, "high", None)
+        torch.manual_seed(ec.seed)
+        self.policy = build_policy(cfg, self.spec).eval()
+        self.noise = torch.Generator().manual_seed(int(env_seeds(ec.seed, 10_000 + worker_index, 1)[0]))
+        self.version = -1
+        self._obs, _ = self.env.reset(seed=env_seeds(ec.seed, worker_index, ec.num_envs))
+        self._ep_return = np.zeros(ec.num_envs, dtype=np.float64)
+        self._ep_len = np.zeros(ec.num_envs, dtype=np.int64)
+
+    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load a published policy version (normalizer statistics ride along)."""
+        self.policy.load_state_dict(weights)
+        self.version = version
+
+    def _env_actions(self, actions: torch.Tensor) -> np.ndarray:
+        a = actions.numpy()
+        if self.spec.action.kind == "continuous" and self._low is not None:
+            # The env gets the clipped action; the segment keeps the sampled one so log-probs match.
+            a = np.clip(a, self._low, self._high)
+        return a
+
+    def _bootstrap(self, truncated: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+        """V(final obs) for the envs whose episode was truncated in this step; 0 elsewhere [N]."""
+        out = np.zeros(truncated.shape[0], dtype=np.float32)
+        idx = np.flatnonzero(truncated)
+        if idx.size:
+            final = np.stack([info["final_obs"][i] for i in idx]).astype(np.float32)
+            out[idx] = self.policy.value(torch.from_numpy(final)).numpy()
+        return out
+
+    def _allocate(self) -> Segment:
+        T, N = self.cfg.rollout.rollout_len, self.cfg.env.num_envs
+        act = self.spec.action
+        return {
+            "obs": np.zeros((T, N, *self.spec.obs_shape), dtype=np.float32),
+            "actions": np.zeros((T, N, *act.shape), dtype=np.int64 if act.kind == "discrete" else np.float32),
+            **{
+                k: np.zeros((T, N), dtype=np.float32)
+                for k in ("logp", "values", "rewards", "bootstrap_value")
+            },
+            **{k: np.zeros((T, N), dtype=np.float32) for k in ("terminated", "truncated", "mask")},
+        }
+
+    @torch.no_grad()
+    def sample(self) -> Segment:
+        """One Segment of exactly [T, N] (DESIGN.md), plus finished-episode statistics."""
+        seg = self._allocate()
+        episodes_ret: list[float] = []
+        episodes_len: list[int] = []
+        for t in range(self.cfg.rollout.rollout_len):
+            obs = self._obs.astype(np.float32, copy=False)
+            noise = self.spec.action.draw_noise(obs.shape[0], self.noise)
+            actions, logp, value = self.policy.act(torch.from_numpy(obs), noise)
+            next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(actions))
+            seg["obs"][t] = obs
+            seg["actions"][t] = actions.numpy()
+            seg["logp"][t] = logp.numpy()
+            seg["values"][t] = value.numpy()
+            seg["rewards"][t] = reward
+            seg["terminated"][t] = terminated
+            seg["truncated"][t] = truncated & ~terminated
+            seg["mask"][t] = 1.0
+            seg["bootstrap_value"][t] = self._bootstrap(truncated & ~terminated, info)
+            self._ep_return += reward
+            self._ep_len += 1
+            for i in np.flatnonzero(terminated | truncated):
+                episodes_ret.append(float(self._ep_return[i]))
+                episodes_len.append(int(self._ep_len[i]))
+                self._ep_return[i] = 0.0
+                self._ep_len[i] = 0
+            self._obs = next_obs
+        seg["last_value"] = self.policy.value(torch.from_numpy(self._obs.astype(np.float32))).numpy()
+        seg["weights_version"] = self.version
+        seg["worker_index"] = self.worker_index
+        seg["episode_returns"] = episodes_ret
+        seg["episode_lengths"] = episodes_len
+        seg["env_steps"] = int(seg["mask"].sum())
+        flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape))
+        seg["obs_moments"] = Moments.of(flat).to_numpy()
+        return seg
+
+    def close(self) -> None:
+        self.env.close()

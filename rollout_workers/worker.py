@@ -1,0 +1,41 @@
+"""The rollout worker as a Ray actor: a thin shell around `SegmentSampler`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from learner.learner import EnvSpec
+from rollout_workers.sampler import Segment, SegmentSampler
+from services.config import RelayConfig
+
+
+class RolloutWorker:
+    """CPU actor owning one vector env; picks up new weights by ref, returns one Segment per call."""
+
+    def __init__(self, cfg_data: dict[str, Any], worker_index: int) -> None:
+        # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
+        torch.set_num_threads(1)
+        self.sampler = SegmentSampler(RelayConfig.model_validate(cfg_data), worker_index)
+
+    def env_spec(self) -> EnvSpec:
+        return self.sampler.spec
+
+    def sample(self, version: int, weights_ref: list[ray.ObjectRef]) -> Segment:
+        """A Segment acted with weights `version` (fetched from the object store only when new)."""
+        if version != self.sampler.version:
+            self.sampler.set_weights(version, ray.get(weights_ref[0]))
+        return self.sampler.sample()
+
+
+def create_rollout_workers(cfg: RelayConfig) -> list[Any]:
+    """One actor per worker, CPU only; Ray restarts a dead one (the driver counts restarts)."""
+    cls = ray.remote(RolloutWorker).options(
+        num_cpus=cfg.rollout.num_cpus_per_worker,
+        max_restarts=cfg.rollout.max_restarts,
+        max_task_retries=0,
+    )
+    data = cfg.model_dump(mode="json")
+    return [cls.remote(data, i) for i in range(cfg.rollout.num_workers)]

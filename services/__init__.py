@@ -1,0 +1,1 @@
+"""relay services: config, command line, training driver, checkpoints, metrics."""

@@ -1,0 +1,150 @@
+"""Where sampling and learning run: in-process (local mode) or as Ray actors (sync or async).
+
+Both expose `step(progress) -> round result` (see `Learner.train_round`), so the driver loop
+does not know which one it drives.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from learner.learner import Learner
+from rollout_workers.sampler import SegmentSampler
+from services.config import RelayConfig
+
+
+class Backend(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+    def step(self, progress: float) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Sampler and learner in this process: the same code as the actors, for debugging and tests."""
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        self.sampler = SegmentSampler(cfg, 0)
+        self.learner = Learner(cfg, self.sampler.spec)
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "local", "device": str(self.learner.dev), "workers": 0}
+
+    def step(self, progress: float) -> dict[str, Any]:
+        if self.sampler.version != self.learner.version:
+            self.sampler.set_weights(self.learner.version, self.learner.weights())
+        out = self.learner.train_round([self.sampler.sample()], progress)
+        out["lost_segments"] = 0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+class RayBackend:
+    """Rollout worker actors + one learner actor. Segments go worker -> learner by object ref.
+
+    sync: each round, every worker samples once with the current weights (policy lag 0).
+    async: workers keep up to `max_segments_in_flight` samples outstanding while the learner
+    updates; submissions stop while a backlog waits, so object-store use stays bounded.
+    """
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        import ray
+
+        from learner.actor import create_learner_actor
+        from rollout_workers.worker import create_rollout_workers
+
+        self._ray = ray
+        self.cfg = cfg
+        self.workers = create_rollout_workers(cfg)
+        env_spec = ray.get(self.workers[0].env_spec.remote())
+        self.learner = create_learner_actor(cfg, env_spec)
+        self.version, self.weights_ref = ray.get(self.learner.publish.remote())
+        self._in_flight: dict[Any, int] = {}
+        self._ready: list[Any] = []
+
+    def describe(self) -> dict[str, Any]:
+        info = self._ray.get(self.learner.describe.remote())
+        return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
+
+    def step(self, progress: float) -> dict[str, Any]:
+        if self.cfg.rollout.mode == "sync":
+            refs = [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
+        else:
+            refs = self._next_async_round()
+        out = self._ray.get(self.learner.train_round.remote(refs, progress))
+        if "weights" in out:
+            self.version, self.weights_ref = out.pop("weights")
+        return out
+
+    def _top_up(self) -> None:
+        """Keep each worker busy, within the in-flight bound (outstanding + waiting segments)."""
+        limit = self.cfg.rollout.max_segments_in_flight
+        budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready)
+        outstanding = [0] * len(self.workers)
+        for w in self._in_flight.values():
+            outstanding[w] += 1
+        for w, worker in enumerate(self.workers):
+            while outstanding[w] < limit and budget > 0:
+                self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = w
+                outstanding[w] += 1
+                budget -= 1
+
+    def _next_async_round(self) -> list[Any]:
+        need = self.cfg.segments_per_update
+        self._top_up()
+        while len(self._ready) < need:
+            # fetch_local=False: the driver only learns that a segment exists; the learner fetches it.
+            done, _ = self._ray.wait(list(self._in_flight), num_returns=1, fetch_local=False)
+            for ref in done:
+                self._in_flight.pop(ref)
+                self._ready.append(ref)
+            self._top_up()
+        batch, self._ready = self._ready[:need], self._ready[need:]
+        self._top_up()
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._ray.get(self.learner.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._ray.get(self.learner.load_state_dict.remote(state))
+        self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
+
+    def close(self) -> None:
+        for actor in [*self.workers, self.learner]:
+            self._ray.kill(actor)
+
+
+def init_ray(cfg: RelayConfig, address: str | None) -> bool:
+    """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, logging_level=logging.WARNING)
+        return False
+    # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as processes do).
+    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + 1
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+    return True
+
+
+def make_backend(cfg: RelayConfig) -> Backend:
+    return LocalBackend(cfg) if cfg.rollout.num_workers == 0 else RayBackend(cfg)

@@ -1,0 +1,53 @@
+"""Terminal progress: a tqdm bar on a TTY, plain throttled lines otherwise (logs, ray job logs)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from services.config import RelayConfig
+
+LINE_INTERVAL_S = 2.0
+
+
+def _fmt_return(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+class Progress:
+    def __init__(self, cfg: RelayConfig, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        mode = cfg.metrics.progress
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "lines"
+        self.mode = mode
+        self._last_line = 0.0
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=cfg.stop.env_steps, unit="step", unit_scale=True, file=self.stream)
+
+    def update(self, rec: dict[str, Any]) -> None:
+        if self._bar is not None:
+            self._bar.update(rec["env_steps"] - self._bar.n)
+            self._bar.set_postfix(
+                it=rec["iteration"], ret=_fmt_return(rec["episode_return_mean"]),
+                sps=f"{rec['env_steps_per_s']:.0f}", refresh=False,
+            )  # fmt: skip
+        elif self.mode == "lines" and time.monotonic() - self._last_line >= LINE_INTERVAL_S:
+            self._last_line = time.monotonic()
+            print(
+                f"iter {rec['iteration']:5d}  steps {rec['env_steps']:9d}  "
+                f"return {_fmt_return(rec['episode_return_mean']):>7}  "
+                f"steps/s {rec['env_steps_per_s']:8.0f}  wall {rec['wall_s']:7.1f}s",
+                file=self.stream,
+                flush=True,
+            )
+
+    def close(self, reason: str | None) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self.mode != "none":
+            print(f"stopped: {reason or 'error'}", file=self.stream, flush=True)

@@ -1,0 +1,36 @@
+"""Restoring a TrainingLoop from its run's newest valid checkpoint (`relay resume`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from services.checkpoints import load_newest_valid
+
+if TYPE_CHECKING:
+    from services.train import TrainingLoop
+
+
+class NoCheckpointError(Exception):
+    pass
+
+
+def restore(loop: TrainingLoop) -> None:
+    """Load learner state and counters; metrics continue where the checkpoint left them."""
+    from services.train import Counters
+
+    found = load_newest_valid(loop.run.checkpoints)
+    if found is None:
+        raise NoCheckpointError(f"no valid checkpoint in {loop.run.checkpoints}")
+    path, state = found
+    loop.backend.load_state_dict(state["learner"])
+    loop.c = Counters(**state["counters"])
+    loop.returns.clear()
+    loop.returns.extend(loop.c.returns)
+    loop.lengths.clear()
+    loop.lengths.extend(loop.c.lengths)
+    print(
+        f"relay: resuming from {path.name} (iteration {loop.c.iteration}, {loop.c.env_steps} env steps)",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -1,0 +1,97 @@
+"""Sampling real gymnasium envs into fixed [T, N] segments: shapes, autoreset, bootstrap, seeding."""
+
+import numpy as np
+import pytest
+import torch
+
+from learner.buffer import SegmentRingBuffer
+from learner.learner import segment_spec
+from rollout_workers.envs import EnvSpecError, action_spec, env_seeds, make_vector_env
+from rollout_workers.sampler import SegmentSampler
+from services.config import build_config
+
+
+def _cfg(*overrides):
+    return build_config(
+        {},
+        [
+            "rollout.num_workers=0",
+            "env.num_envs=4",
+            "rollout.rollout_len=50",
+            "learner.buffer_size=200",
+            "learner.batch_size=200",
+            *overrides,
+        ],
+    )
+
+
+def test_segment_has_fixed_shapes_and_fits_the_buffer():
+    cfg = _cfg()
+    s = SegmentSampler(cfg)
+    seg = s.sample()
+    assert seg["obs"].shape == (50, 4, 4) and seg["actions"].shape == (50, 4)
+    for k in ("logp", "values", "rewards", "terminated", "truncated", "mask", "bootstrap_value"):
+        assert seg[k].shape == (50, 4), k
+    assert seg["last_value"].shape == (4,)
+    assert seg["env_steps"] == 200 and seg["mask"].all()
+    buf = SegmentRingBuffer(segment_spec(cfg, s.spec), 1)
+    buf.add(seg)
+
+
+def test_truncation_bootstraps_from_the_final_observation_and_no_step_crosses_episodes():
+    cfg = _cfg("env.max_episode_steps=7")
+    s = SegmentSampler(cfg)
+    seg = s.sample()
+    trunc = seg["truncated"].astype(bool)
+    assert trunc.any()
+    # every truncated step has V(final obs) as its bootstrap (a critic at init is not exactly 0)
+    assert np.all(seg["bootstrap_value"][trunc] != 0.0)
+    assert np.all(seg["bootstrap_value"][~trunc] == 0.0)
+    # SAME_STEP autoreset: the step after a truncation starts a new episode at the reset obs,
+    # whose cart position is small, never the final obs of the previous one
+    assert all(length <= 7 for length in seg["episode_lengths"])
+    assert not (seg["terminated"].astype(bool) & trunc).any()
+
+
+def test_same_seed_reproduces_bit_for_bit_and_workers_differ():
+    a = SegmentSampler(_cfg(), worker_index=0).sample()
+    b = SegmentSampler(_cfg(), worker_index=0).sample()
+    c = SegmentSampler(_cfg(), worker_index=1).sample()
+    for k in ("obs", "actions", "logp", "rewards"):
+        assert np.array_equal(a[k], b[k]), k
+    assert not np.array_equal(a["obs"], c["obs"])
+
+
+def test_continuous_actions_are_clipped_for_the_env_but_kept_raw_in_the_segment():
+    cfg = _cfg("env.id=Pendulum-v1", "model.init_log_std=1.5")
+    seg = SegmentSampler(cfg).sample()
+    assert seg["actions"].shape == (50, 4, 1)
+    assert np.abs(seg["actions"]).max() > 2.0  # Pendulum's bound; the raw sample exceeds it
+
+
+def test_weights_and_normalizer_stats_load_into_the_worker():
+    cfg = _cfg()
+    s = SegmentSampler(cfg)
+    weights = {k: v.clone() for k, v in s.policy.state_dict().items()}
+    weights["normalizer.mean"] = torch.full_like(weights["normalizer.mean"], 3.0)
+    s.set_weights(5, weights)
+    seg = s.sample()
+    assert seg["weights_version"] == 5
+    assert torch.equal(s.policy.normalizer.mean, torch.full((4,), 3.0))
+    assert seg["obs_moments"]["count"] == 200
+
+
+def test_env_helpers():
+    assert env_seeds(0, 0, 3) == env_seeds(0, 0, 3) and env_seeds(0, 0, 3) != env_seeds(0, 1, 3)
+    env = make_vector_env("CartPole-v1", 2, "sync")
+    assert action_spec(env.single_action_space).kind == "discrete"
+    import gymnasium as gym
+
+    with pytest.raises(EnvSpecError, match="unsupported action space"):
+        action_spec(gym.spaces.MultiBinary(3))
+
+
+def test_user_factory_env_ids():
+    cfg = _cfg("env.id=gymnasium.envs.classic_control.cartpole:CartPoleEnv", "env.max_episode_steps=20")
+    seg = SegmentSampler(cfg).sample()
+    assert max(seg["episode_lengths"], default=0) <= 20

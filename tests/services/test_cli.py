@@ -1,0 +1,124 @@
+"""The relay command line: validate, bad input as one line with exit 2, local-mode training."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.cli import main
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_validate_prints_resolved_config(capsys):
+    assert main(["validate", str(ROOT / "configs/cartpole_ppo.yaml"), "--set", "learner.lr=0.002"]) == 0
+    out = capsys.readouterr().out
+    assert "lr: 0.002" in out and "id: CartPole-v1" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["validate", "missing.yaml"], "config file not found"),
+        (["validate", "configs/cartpole_ppo.yaml", "--set", "learner.epochs=0"], "learner.epochs"),
+        (["validate", "configs/cartpole_ppo.yaml", "--set", "learner"], "expected key.path=value"),
+        (
+            ["train", "configs/cartpole_ppo.yaml", "--set", "env.id=NoSuchEnv-v9"],
+            "not a registered gymnasium env",
+        ),
+        (["train", "configs/cartpole_ppo.yaml", "--set", "learner.device=tpu"], "learner.device"),
+        (["resume", "/nonexistent/run"], "not a run directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_local_mode_trains_writes_metrics_and_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main(
+        [
+            "train",
+            str(ROOT / "configs/cartpole_ppo.yaml"),
+            "--run-dir",
+            str(run),
+            "--set",
+            "rollout.num_workers=0",
+            "--set",
+            "learner.buffer_size=512",
+            "--set",
+            "stop.env_steps=6000",
+            "--set",
+            "checkpoint.interval=4",
+        ]
+    )
+    assert code == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) >= 10
+    required = {
+        "iteration",
+        "env_steps",
+        "wall_s",
+        "episodes",
+        "episode_return_mean",
+        "episode_len_mean",
+        "env_steps_per_s",
+        "learner_samples_per_s",
+        "policy_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "grad_norm",
+        "lr",
+        "weights_version",
+        "policy_lag_mean",
+        "buffer_fill",
+        "device",
+        "device_memory_bytes",
+        "worker_restarts",
+        "rejected_segments",
+        "amp_skipped_steps",
+        "value_loss",
+        "explained_variance",
+    }
+    assert required <= set(lines[-1])
+    assert "startup_s" in lines[0]
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+    assert lines[-1]["env_steps"] >= 6000
+    assert (run / "config.yaml").is_file()
+    ckpts = sorted(p.name for p in (run / "checkpoints").glob("ckpt-*.pt"))
+    assert 1 <= len(ckpts) <= 3 and ckpts[-1].endswith(f"{lines[-1]['iteration']:08d}.pt")
+    assert "stopped: env_steps" in capsys.readouterr().err
+
+
+def test_python_dash_m_services_train_is_the_same_entry(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.train",
+            "configs/cartpole_ppo.yaml",
+            "--run-dir",
+            str(tmp_path / "r"),
+            "--set",
+            "rollout.num_workers=0",
+            "--set",
+            "learner.buffer_size=512",
+            "--set",
+            "stop.env_steps=1024",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 2

@@ -1,0 +1,92 @@
+"""Config: defaults, overrides, unknown keys, cross-field rules with numbers, shipped configs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.config import ConfigError, RelayConfig, build_config, dump_config, load_config
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+
+
+def test_defaults_are_valid_and_every_field_is_documented():
+    cfg = RelayConfig()
+    assert cfg.learner.algo == "ppo"
+
+    def walk(model_cls):
+        for name, field in model_cls.model_fields.items():
+            assert field.description, f"{model_cls.__name__}.{name} has no description"
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann)
+
+    walk(RelayConfig)
+
+
+def test_overrides_parse_yaml_values():
+    cfg = build_config(
+        {}, ["learner.lr=1e-3", "model.hidden_sizes=[32, 32]", "stop.wall_s=null", "learner.use_amp=true"]
+    )
+    assert cfg.learner.lr == 1e-3 and cfg.model.hidden_sizes == [32, 32]
+    assert cfg.stop.wall_s is None and cfg.learner.use_amp is True
+
+
+def test_unknown_keys_are_errors():
+    with pytest.raises(ConfigError, match=r"learner.lrr: unknown key"):
+        build_config({"learner": {"lrr": 1}})
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_config({}, ["nosuchsection.x=1"])
+
+
+def test_cross_field_messages_name_fields_and_numbers():
+    with pytest.raises(ConfigError) as err:
+        build_config(
+            {},
+            [
+                "learner.buffer_size=1024",
+                "rollout.num_workers=2",
+                "rollout.rollout_len=128",
+                "env.num_envs=8",
+            ],
+        )
+    msg = str(err.value)
+    assert "learner.buffer_size=1024 holds fewer than one round of segments" in msg
+    assert "rollout.num_workers=2 x rollout.rollout_len=128 x env.num_envs=8 = 2048 steps" in msg
+    assert "\n" not in msg
+
+
+def test_all_cross_field_problems_are_reported_together():
+    with pytest.raises(ConfigError) as err:
+        build_config({}, ["env.num_envs=10", "learner.group_size=4", "learner.batch_size=3000"])
+    msg = str(err.value)
+    assert "env.num_envs=10 is not divisible by learner.group_size=4" in msg
+    assert "learner.batch_size=3000" in msg
+
+
+def test_grpo_needs_groups_and_no_stop_criterion_is_an_error():
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        build_config({}, ["learner.algo=grpo"])
+    with pytest.raises(ConfigError, match="no stop criterion"):
+        build_config({}, ["stop.env_steps=null", "learner.lr_anneal=false"])
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate_and_round_trip(path):
+    cfg = load_config(path)
+    again = build_config(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+
+
+def test_required_configs_are_shipped():
+    names = {p.name for p in CONFIGS}
+    assert {"cartpole_ppo.yaml", "pendulum_ppo.yaml", "cartpole_grpo.yaml"} <= names
