@@ -93,8 +93,9 @@ def main() -> None:
     print("# loop = compute_gae_reference (the obvious per-step loop, vectorized over N);")
     print("# lean = TD errors vectorized, only the recurrence looped (the strongest loop baseline)")
     header = (
-        f"{'T x N':>12} | {'scan ms':>8} | {'loop ms':>8} | {'lean ms':>8} | {'vs loop':>7} | {'vs lean':>7} | "
-        f"{'scan ops':>8} | {'loop ops':>8} | {'lean ops':>8} | {'max |diff|':>10}"
+        f"{'T x N':>12} | {'scan ms':>8} | {'loop ms':>8} | {'lean ms':>8} | "
+        f"{'vs loop':>7} | {'vs lean':>7} | {'scan ops':>8} | {'loop ops':>8} | {'lean ops':>8} | "
+        f"{'max |diff|':>10}"
     )
     print(header)
     print("-" * len(header))
