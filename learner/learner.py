@@ -139,9 +139,16 @@ class Learner:
     def _ppo_batch(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         lc = self.cfg.learner
         adv, ret = compute_gae(
-            data["rewards"], data["values"], data["terminated"], data["truncated"],
-            data["bootstrap_value"], data["last_value"], data["mask"], lc.gamma, lc.gae_lambda,
-        )  # fmt: skip
+            data["rewards"],
+            data["values"],
+            data["terminated"],
+            data["truncated"],
+            data["bootstrap_value"],
+            data["last_value"],
+            data["mask"],
+            lc.gamma,
+            lc.gae_lambda,
+        )
         return {
             "obs": data["obs"].flatten(0, 1),
             "actions": data["actions"].flatten(0, 1),
@@ -172,9 +179,15 @@ class Learner:
             data = _time_major(self.buffer.gather(slots))
             batch = self._ppo_batch(data)
             result = run_update(
-                self.model, self.optimizer, batch, ppo_loss(self.cfg.learner), self.cfg.learner,
-                self.dev, self.scaler, self.generator,
-            )  # fmt: skip
+                self.model,
+                self.optimizer,
+                batch,
+                ppo_loss(self.cfg.learner),
+                self.cfg.learner,
+                self.dev,
+                self.scaler,
+                self.generator,
+            )
             ev = explained_variance(batch["values"], batch["returns"], batch["mask"])
         # Normalizer statistics change only between updates, so the stats that ship with version v
         # are exactly the ones the learner trains version v's data with.

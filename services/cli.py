@@ -26,9 +26,13 @@ class InputError(Exception):
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config file")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config leaf, e.g. --set learner.lr=1e-3 (repeatable)",
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,9 +33,11 @@ class Progress:
         if self._bar is not None:
             self._bar.update(rec["env_steps"] - self._bar.n)
             self._bar.set_postfix(
-                it=rec["iteration"], ret=_fmt_return(rec["episode_return_mean"]),
-                sps=f"{rec['env_steps_per_s']:.0f}", refresh=False,
-            )  # fmt: skip
+                it=rec["iteration"],
+                ret=_fmt_return(rec["episode_return_mean"]),
+                sps=f"{rec['env_steps_per_s']:.0f}",
+                refresh=False,
+            )
         elif self.mode == "lines" and time.monotonic() - self._last_line >= LINE_INTERVAL_S:
             self._last_line = time.monotonic()
             print(

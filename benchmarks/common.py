@@ -1,0 +1,44 @@
+"""Helpers shared by the benchmark scripts: a header naming the machine, and plain tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def machine_header(title: str) -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    return (
+        f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M')}  {cpu}  {os.cpu_count()} cores  "
+        f"python {platform.python_version()}  torch {torch.__version__}"
+    )
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda r: "| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(list(headers)), sep, *(line(r) for r in cells)])
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []

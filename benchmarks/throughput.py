@@ -1,0 +1,161 @@
+"""Env steps/s of relay vs the raw stepping ceiling and RLlib PPO, side by side in one run.
+
+    pip install -e ".[cpu,bench]"
+    python benchmarks/throughput.py [--seconds 20] [--workers 1,2] [--no-rllib]
+
+For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor per worker):
+  ceiling   the same vector envs stepped with random actions, no policy (W actors in parallel);
+  sampling  relay's RolloutWorker.sample() alone: policy inference on the CPU, segments built;
+  training  relay end to end (`relay train`, sync mode): sampling + learner updates;
+  rllib     RLlib PPO with W env runners x 8 envs, env steps sampled per second of train().
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, read_metrics, table
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT))
+NUM_ENVS = 8
+
+
+@ray.remote(num_cpus=1)
+class RandomStepper:
+    """The ceiling: the vector env alone, stepped with random actions."""
+
+    def __init__(self, seed: int) -> None:
+        from rollout_workers.envs import make_vector_env
+
+        self.env = make_vector_env("CartPole-v1", NUM_ENVS, "sync")
+        self.env.reset(seed=seed)
+        self.rng = np.random.default_rng(seed)
+
+    def run(self, seconds: float) -> int:
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            self.env.step(self.rng.integers(0, 2, NUM_ENVS))
+            steps += NUM_ENVS
+        return steps
+
+
+def ceiling(workers: int, seconds: float) -> float:
+    actors = [RandomStepper.remote(i) for i in range(workers)]
+    ray.get([a.run.remote(0.5) for a in actors])  # warm-up
+    t0 = time.perf_counter()
+    steps = sum(ray.get([a.run.remote(seconds) for a in actors]))
+    return steps / (time.perf_counter() - t0)
+
+
+def sampling(workers: int, seconds: float) -> float:
+    from rollout_workers.worker import RolloutWorker
+    from services.config import build_config
+
+    cfg = build_config(
+        {},
+        [
+            f"rollout.num_workers={workers}",
+            "rollout.rollout_len=128",
+            f"env.num_envs={NUM_ENVS}",
+            f"learner.buffer_size={workers * 128 * NUM_ENVS}",
+        ],
+    )
+    cls = ray.remote(RolloutWorker).options(num_cpus=1)
+    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
+    # Version -1 is what a fresh worker holds: it samples with its initial weights, no fetch.
+    ref: list = []
+    ray.get([a.sample.remote(-1, ref) for a in actors])  # warm-up
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        segs = ray.get([a.sample.remote(-1, ref) for a in actors])
+        steps += sum(s["env_steps"] for s in segs)
+    return steps / (time.perf_counter() - t0)
+
+
+def training(workers: int, seconds: float) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.train",
+                "configs/cartpole_ppo.yaml",
+                "--run-dir",
+                str(run),
+                "--set",
+                f"rollout.num_workers={workers}",
+                "--set",
+                f"learner.buffer_size={workers * 1024}",
+                "--set",
+                "stop.episode_return_mean=null",
+                "--set",
+                "stop.env_steps=10000000",
+                "--set",
+                f"stop.wall_s={seconds}",
+                "--set",
+                "metrics.progress=none",
+            ],
+            cwd=ROOT,
+            check=True,
+        )
+        return read_metrics(run)[-1]["env_steps_per_s"]
+
+
+def rllib(workers: int, seconds: float) -> float:
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    algo = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=workers, num_envs_per_env_runner=NUM_ENVS)
+        .training(train_batch_size_per_learner=workers * 1024, minibatch_size=256, num_epochs=10)
+        .debugging(seed=0)
+        .build_algo()
+    )
+    algo.train()  # warm-up
+    t0, steps0 = time.perf_counter(), None
+    steps = 0
+    while time.perf_counter() - t0 < seconds:
+        result = algo.train()
+        steps = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+        steps0 = steps0 if steps0 is not None else steps - workers * 1024
+    algo.stop()
+    return (steps - (steps0 or 0)) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--no-rllib", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for w in [int(x) for x in args.workers.split(",")]:
+        ray.init(num_cpus=max(3, w + 1), include_dashboard=False, log_to_driver=False)
+        ceil, samp = ceiling(w, args.seconds), sampling(w, args.seconds)
+        rl = None if args.no_rllib else rllib(w, args.seconds)
+        ray.shutdown()
+        train = training(w, args.seconds)
+        rows.append([w, ceil, samp, f"{samp / ceil:.0%}", train, rl, f"{train / rl:.1f}x" if rl else None])
+    print(machine_header(f"throughput, CartPole-v1, {NUM_ENVS} envs per worker, env steps/s"))
+    print(
+        table(
+            ["workers", "ceiling", "sampling", "sampling/ceiling", "training", "rllib ppo", "training/rllib"],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
