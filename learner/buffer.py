@@ -39,6 +39,7 @@ class SegmentSpec:
     action_shape: tuple[int, ...]
     obs_dtype: torch.dtype = torch.float32
     action_dtype: torch.dtype = torch.float32
+    grouped: bool = False  # GRPO segments add `outcome` [N], each env's episodic return
 
     def field_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Every stored field: name -> (shape, dtype)."""
@@ -49,6 +50,8 @@ class SegmentSpec:
             "last_value": ((self.num_envs,), torch.float32),
         }
         shapes.update({name: (tn, dtype) for name, dtype in STEP_FIELDS.items()})
+        if self.grouped:
+            shapes["outcome"] = ((self.num_envs,), torch.float32)
         return shapes
 
 

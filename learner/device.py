@@ -171,6 +171,10 @@ class DeviceContext:
         if self.is_accelerator:
             backend_module(self.type).reset_peak_memory_stats(self.device)
 
+    def optimizer_options(self) -> dict[str, bool]:
+        """Adam implementation: fused kernels on cpu/cuda (one launch per step), foreach on npu."""
+        return {"foreach": True} if self.type == "npu" else {"fused": True}
+
     def distributed_backend(self) -> str:
         """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""
         return {"npu": "hccl", "cuda": "nccl"}.get(self.type, "gloo")

@@ -17,10 +17,10 @@ import torch
 from learner.buffer import SegmentRejected, SegmentRingBuffer, SegmentSpec
 from learner.device import DeviceContext, resolve_device
 from learner.gae import compute_gae
-from learner.losses import explained_variance
+from learner.losses import explained_variance, group_relative_advantages
 from learner.models import ActionSpec, ActorCritic
 from learner.normalizer import Moments
-from learner.update import ppo_loss, run_update
+from learner.update import grpo_loss, ppo_loss, run_update
 from services.config import RelayConfig
 
 
@@ -57,6 +57,7 @@ def segment_spec(cfg: RelayConfig, env: EnvSpec) -> SegmentSpec:
         obs_shape=env.obs_shape,
         action_shape=env.action.shape,
         action_dtype=env.action.dtype,
+        grouped=cfg.learner.algo == "grpo",
     )
 
 
@@ -64,7 +65,7 @@ def _time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """[k, T, N, ...] segment stacks -> [T, k*N, ...] (k segments side by side as more envs)."""
     out = {}
     for name, t in fields.items():
-        if name == "last_value":
+        if name in ("last_value", "outcome"):
             out[name] = t.reshape(-1)
         else:
             out[name] = t.transpose(0, 1).reshape(t.shape[1], -1, *t.shape[3:])
@@ -84,7 +85,9 @@ class Learner:
         self.reference: ActorCritic | None = None
         if cfg.learner.algo == "grpo":
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learner.lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=cfg.learner.lr, eps=1e-5, **self.dev.optimizer_options()
+        )
         self.scaler = self.dev.grad_scaler(cfg.learner.use_amp, cfg.learner.amp_dtype)
         self.buffer = SegmentRingBuffer(segment_spec(cfg, env), cfg.buffer_segments, self.dev.device)
         self.generator = self._device_generator(cfg.env.seed)
@@ -101,28 +104,31 @@ class Learner:
         return gen
 
     # ---- data in -------------------------------------------------------------------------------
-    def ingest(self, segment: Mapping[str, Any]) -> bool:
-        """Copy a segment into the ring buffer; False (and counted) if it was rejected."""
+    def ingest(self, segment: Mapping[str, Any]) -> str | None:
+        """Copy a segment into the ring buffer; returns why it was rejected (counted), else None."""
         try:
             self.buffer.add(segment)
-        except SegmentRejected:
-            return False
+        except SegmentRejected as err:
+            return str(err)
         moments = segment.get("obs_moments")
         if moments is not None and moments["count"] > 0:
             self._pending.append(Moments.from_numpy(moments))
         self._fresh_segments += 1
         self._behaviour_versions.append(int(segment.get("weights_version", self.version)))
-        return True
+        return None
 
     def train_round(self, segments: list[Mapping[str, Any]], progress: float = 0.0) -> dict[str, Any]:
         """Ingest segments and, once a full round is in, update. Returns what the driver logs.
 
-        {"episode_returns", "episode_lengths", "env_steps", "rejected", "metrics" (None if no update)}.
+        {"episode_returns", "episode_lengths", "env_steps", "rejected", "reject_reason",
+        "metrics" (None if no update)}.
         """
         out: dict[str, Any] = {"episode_returns": [], "episode_lengths": [], "env_steps": 0, "rejected": 0}
         for seg in segments:
-            if not self.ingest(seg):
+            reason = self.ingest(seg)
+            if reason is not None:
                 out["rejected"] += 1
+                out["reject_reason"] = reason
                 continue
             out["episode_returns"] += list(seg.get("episode_returns", []))
             out["episode_lengths"] += list(seg.get("episode_lengths", []))
@@ -159,6 +165,34 @@ class Learner:
             "mask": data["mask"].flatten(),
         }
 
+    def _grpo_batch(self, data: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Group-relative advantages from each member's outcome, given to every valid step of it."""
+        lc = self.cfg.learner
+        outcome = data["outcome"].view(-1, lc.group_size)  # [groups, G]; groups never span segments
+        adv, std = group_relative_advantages(outcome, lc.group_eps)
+        mask = data["mask"]
+        batch = {
+            "obs": data["obs"].flatten(0, 1),
+            "actions": data["actions"].flatten(0, 1),
+            "logp": data["logp"].flatten(),
+            "advantages": (adv.reshape(1, -1) * mask).flatten(),
+            "mask": mask.flatten(),
+        }
+        stats = {
+            "group_reward_std": float(std.mean()),
+            "zero_std_group_fraction": float((std == 0).float().mean()),
+            "group_reward_mean": float(outcome.mean()),
+        }
+        return batch, stats
+
+    def _batch_and_loss(
+        self, data: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], Any, dict[str, float]]:
+        if self.reference is None:
+            return self._ppo_batch(data), ppo_loss(self.cfg.learner), {}
+        batch, stats = self._grpo_batch(data)
+        return batch, grpo_loss(self.cfg.learner, self.reference), stats
+
     def _set_lr(self, progress: float) -> float:
         lr = self.cfg.learner.lr * (max(0.0, 1.0 - progress) if self.cfg.learner.lr_anneal else 1.0)
         for group in self.optimizer.param_groups:
@@ -170,25 +204,26 @@ class Learner:
 
         progress in [0, 1] (env steps done / budget) drives lr annealing.
         """
-        if self.cfg.learner.algo != "ppo":
-            raise NotImplementedError("learner.algo=grpo training is not available yet; use ppo")
         timings: dict[str, float] = {}
         lr = self._set_lr(progress)
         with self.dev.timed(timings, "update_s"):
             slots = self.buffer.latest_slots(self.cfg.segments_per_update)
             data = _time_major(self.buffer.gather(slots))
-            batch = self._ppo_batch(data)
+            batch, loss_fn, algo_stats = self._batch_and_loss(data)
             result = run_update(
                 self.model,
                 self.optimizer,
                 batch,
-                ppo_loss(self.cfg.learner),
+                loss_fn,
                 self.cfg.learner,
                 self.dev,
                 self.scaler,
                 self.generator,
             )
-            ev = explained_variance(batch["values"], batch["returns"], batch["mask"])
+            if "returns" in batch:
+                algo_stats["explained_variance"] = float(
+                    explained_variance(batch["values"], batch["returns"], batch["mask"])
+                )
         # Normalizer statistics change only between updates, so the stats that ship with version v
         # are exactly the ones the learner trains version v's data with.
         for moments in self._pending:
@@ -198,13 +233,14 @@ class Learner:
         self._fresh_segments = 0
         self._behaviour_versions.clear()
         self.updates += 1
+        self._maybe_refresh_reference()
         self.amp_skipped_steps += result.skipped_steps
         if self.updates % self.cfg.learner.broadcast_interval == 0:
             self.version += 1
         mem = self.dev.memory_stats()
         return {
             **result.stats,
-            "explained_variance": float(ev),
+            **algo_stats,
             "lr": lr,
             "learner_samples_per_s": result.samples / max(timings["update_s"], 1e-9),
             "update_s": timings["update_s"],
@@ -217,7 +253,18 @@ class Learner:
             "device_memory_peak_bytes": mem["peak"],
             "amp_skipped_steps": self.amp_skipped_steps,
             "rejected_segments": self.buffer.rejected,
+            "parameters": self.parameter_count,
         }
+
+    def _maybe_refresh_reference(self) -> None:
+        interval = self.cfg.learner.ref_update_interval
+        if self.reference is not None and interval and self.updates % interval == 0:
+            self.reference.load_state_dict(self.model.state_dict())
+
+    @property
+    def parameter_count(self) -> int:
+        """Trainable parameters (GRPO builds no value network, so it has fewer)."""
+        return sum(p.numel() for p in self.model.parameters())
 
     # ---- weights and state -----------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:

@@ -61,15 +61,16 @@ def make_vector_env(
     vectorization: str = "sync",
     max_episode_steps: int | None = None,
     kwargs: dict[str, Any] | None = None,
+    autoreset: bool = True,
 ) -> gym.vector.VectorEnv:
-    """A vector env in SAME_STEP autoreset mode.
+    """A vector env in SAME_STEP autoreset mode (or none, for grouped sampling's own resets).
 
     SAME_STEP resets a finished sub-env inside the step that ended it and hands the final
     observation back in info["final_obs"]; so no transition crosses an episode boundary and no
     step is wasted on the NEXT_STEP mode's dummy reset transition.
     """
     fns = [make_env_fn(env_id, max_episode_steps, kwargs or {}) for _ in range(num_envs)]
-    mode = gym.vector.AutoresetMode.SAME_STEP
+    mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
     if vectorization == "async":
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)

@@ -30,7 +30,11 @@ class SegmentSampler:
         self.cfg = cfg
         self.worker_index = worker_index
         ec = cfg.env
-        self.env = make_vector_env(ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs)
+        self.grouped = cfg.learner.algo == "grpo"
+        self.group_size = cfg.learner.group_size
+        self.env = make_vector_env(
+            ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs, autoreset=not self.grouped
+        )
         obs_shape = tuple(self.env.single_observation_space.shape or ())
         self.spec = EnvSpec(obs_shape=obs_shape, action=action_spec(self.env.single_action_space))
         space = self.env.single_action_space
@@ -40,6 +44,8 @@ class SegmentSampler:
         self.policy = build_policy(cfg, self.spec).eval()
         self.noise = torch.Generator().manual_seed(int(env_seeds(ec.seed, 10_000 + worker_index, 1)[0]))
         self.version = -1
+        # Grouped sampling draws one "prompt" seed per group per segment from its own stream.
+        self._prompts = np.random.default_rng(env_seeds(ec.seed, 20_000 + worker_index, 1)[0])
         self._obs, _ = self.env.reset(seed=env_seeds(ec.seed, worker_index, ec.num_envs))
         self._ep_return = np.zeros(ec.num_envs, dtype=np.float64)
         self._ep_len = np.zeros(ec.num_envs, dtype=np.int64)
@@ -68,7 +74,9 @@ class SegmentSampler:
     def _allocate(self) -> Segment:
         T, N = self.cfg.rollout.rollout_len, self.cfg.env.num_envs
         act = self.spec.action
+        extra = {"outcome": np.zeros(N, dtype=np.float32)} if self.grouped else {}
         return {
+            **extra,
             "obs": np.zeros((T, N, *self.spec.obs_shape), dtype=np.float32),
             "actions": np.zeros((T, N, *act.shape), dtype=np.int64 if act.kind == "discrete" else np.float32),
             **{
@@ -78,21 +86,43 @@ class SegmentSampler:
             **{k: np.zeros((T, N), dtype=np.float32) for k in ("terminated", "truncated", "mask")},
         }
 
+    def _act(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        noise = self.spec.action.draw_noise(obs.shape[0], self.noise)
+        return self.policy.act(torch.from_numpy(obs), noise)
+
+    def _record(self, seg: Segment, t: int, obs: np.ndarray, act: tuple[torch.Tensor, ...]) -> None:
+        actions, logp, value = act
+        seg["obs"][t] = obs
+        seg["actions"][t] = actions.numpy()
+        seg["logp"][t] = logp.numpy()
+        seg["values"][t] = value.numpy()
+
+    def _finish(self, seg: Segment, returns: list[float], lengths: list[int]) -> Segment:
+        seg["weights_version"] = self.version
+        seg["worker_index"] = self.worker_index
+        seg["episode_returns"] = returns
+        seg["episode_lengths"] = lengths
+        seg["env_steps"] = int(seg["mask"].sum())
+        valid = seg["mask"].reshape(-1) > 0
+        flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
+        seg["obs_moments"] = Moments.of(flat).to_numpy() if flat.shape[0] else {"count": 0}
+        return seg
+
     @torch.no_grad()
     def sample(self) -> Segment:
         """One Segment of exactly [T, N] (DESIGN.md), plus finished-episode statistics."""
+        return self._sample_grouped() if self.grouped else self._sample_continuing()
+
+    def _sample_continuing(self) -> Segment:
+        """Envs run on across segments; a truncated step bootstraps from V(final obs)."""
         seg = self._allocate()
         episodes_ret: list[float] = []
         episodes_len: list[int] = []
         for t in range(self.cfg.rollout.rollout_len):
             obs = self._obs.astype(np.float32, copy=False)
-            noise = self.spec.action.draw_noise(obs.shape[0], self.noise)
-            actions, logp, value = self.policy.act(torch.from_numpy(obs), noise)
-            next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(actions))
-            seg["obs"][t] = obs
-            seg["actions"][t] = actions.numpy()
-            seg["logp"][t] = logp.numpy()
-            seg["values"][t] = value.numpy()
+            act = self._act(obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(act[0]))
+            self._record(seg, t, obs, act)
             seg["rewards"][t] = reward
             seg["terminated"][t] = terminated
             seg["truncated"][t] = truncated & ~terminated
@@ -107,14 +137,46 @@ class SegmentSampler:
                 self._ep_len[i] = 0
             self._obs = next_obs
         seg["last_value"] = self.policy.value(torch.from_numpy(self._obs.astype(np.float32))).numpy()
-        seg["weights_version"] = self.version
-        seg["worker_index"] = self.worker_index
-        seg["episode_returns"] = episodes_ret
-        seg["episode_lengths"] = episodes_len
-        seg["env_steps"] = int(seg["mask"].sum())
-        flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape))
-        seg["obs_moments"] = Moments.of(flat).to_numpy()
-        return seg
+        return self._finish(seg, episodes_ret, episodes_len)
+
+    def _sample_grouped(self) -> Segment:
+        """GRPO layout: N envs = N/G groups of G members reset with the same seed (one prompt).
+
+        Every member plays one episode; a member that finishes waits as padding (mask 0) until
+        the segment ends, and `outcome` [N] holds each member's episodic return. An episode still
+        running after T steps is cut there (flagged truncated) and scored by its return so far.
+        """
+        T, N, G = self.cfg.rollout.rollout_len, self.cfg.env.num_envs, self.group_size
+        seg = self._allocate()
+        group_seeds = self._prompts.integers(0, 2**31 - 1, N // G)
+        obs, _ = self.env.reset(seed=[int(group_seeds[i // G]) for i in range(N)])
+        active = np.ones(N, dtype=bool)
+        ret = np.zeros(N, dtype=np.float64)
+        length = np.zeros(N, dtype=np.int64)
+        for t in range(T):
+            if not active.any():
+                break  # the rest of the segment stays zero padding
+            obs = obs.astype(np.float32, copy=False)
+            act = self._act(obs)
+            next_obs, reward, terminated, truncated, _ = self.env.step(self._env_actions(act[0]))
+            self._record(seg, t, obs, act)
+            seg["mask"][t] = active
+            seg["rewards"][t] = reward * active
+            seg["terminated"][t] = terminated & active
+            seg["truncated"][t] = truncated & ~terminated & active
+            ret += reward * active
+            length += active
+            done = terminated | truncated
+            active &= ~done
+            if done.any():
+                # Finished members idle in fresh episodes whose steps are masked out.
+                next_obs, _ = self.env.reset(options={"reset_mask": done})
+            obs = next_obs
+        if active.any():
+            seg["truncated"][T - 1] = np.maximum(seg["truncated"][T - 1], active)
+        seg["outcome"] = ret.astype(np.float32)
+        seg["last_value"] = np.zeros(N, dtype=np.float32)  # critic-free: nothing to bootstrap
+        return self._finish(seg, [float(r) for r in ret], [int(n) for n in length])
 
     def close(self) -> None:
         self.env.close()

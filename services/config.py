@@ -163,6 +163,12 @@ class RelayConfig(_Section):
         return self
 
 
+def _round_desc(cfg: RelayConfig) -> str:
+    if cfg.rollout.num_workers == 0:
+        return "1 segment in local mode (rollout.num_workers=0)"
+    return f"rollout.num_workers={cfg.rollout.num_workers}"
+
+
 def _cross_field_problems(cfg: RelayConfig) -> list[str]:
     """Every cross-field rule that fails, each naming fields and numbers."""
     problems: list[str] = []
@@ -175,12 +181,12 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
     if lrn.buffer_size < cfg.update_steps:
         problems.append(
             f"learner.buffer_size={lrn.buffer_size} holds fewer than one round of segments "
-            f"(rollout.num_workers={cfg.rollout.num_workers} x {shape} = {cfg.update_steps} steps)"
+            f"({_round_desc(cfg)} x {shape} = {cfg.update_steps} steps)"
         )
     if cfg.update_steps % lrn.batch_size:
         problems.append(
             f"learner.batch_size={lrn.batch_size} does not divide the {cfg.update_steps} steps of an update "
-            f"(max(rollout.num_workers, 1)={cfg.segments_per_update} x {shape})"
+            f"({_round_desc(cfg)} x {shape})"
         )
     elif lrn.batch_size % lrn.grad_accum_steps:
         problems.append(

@@ -20,6 +20,12 @@ from services.progress import Progress
 from services.run_dir import MetricsWriter, RunDir
 
 RETURN_WINDOW = 20
+# Rounds in a row without an update before the run gives up (every segment rejected or lost).
+MAX_IDLE_ROUNDS = 20
+
+
+class NoProgressError(RuntimeError):
+    """Rounds keep producing no usable segment; training cannot go on."""
 
 
 @dataclass
@@ -54,6 +60,7 @@ class TrainingLoop:
         self.returns: deque[float] = deque(self.c.returns, maxlen=RETURN_WINDOW)
         self.lengths: deque[int] = deque(self.c.lengths, maxlen=RETURN_WINDOW)
         self.stopped_by: str | None = None
+        self._idle_rounds = 0
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
@@ -102,6 +109,14 @@ class TrainingLoop:
             rec["startup_s"] = round(startup_s, 4)
         return rec
 
+    def _count_idle_round(self, out: dict[str, Any]) -> None:
+        self._idle_rounds += 1
+        if out.get("reject_reason"):
+            print(f"relay: segment rejected: {out['reject_reason']}", file=sys.stderr, flush=True)
+        if self._idle_rounds >= MAX_IDLE_ROUNDS:
+            why = out.get("reject_reason") or "segments lost (workers failing)"
+            raise NoProgressError(f"no update in {MAX_IDLE_ROUNDS} rounds in a row: {why}")
+
     def checkpoint(self) -> None:
         self.c.returns, self.c.lengths = list(self.returns), list(self.lengths)
         state = {
@@ -124,7 +139,9 @@ class TrainingLoop:
                 self.c.wall_s = wall_base + time.perf_counter() - t0
                 self._absorb(out)
                 if out["metrics"] is None:
+                    self._count_idle_round(out)
                     continue
+                self._idle_rounds = 0
                 self.c.iteration += 1
                 rec = self._record(out["metrics"], startup_s if self.c.iteration == 1 else None)
                 writer.write(rec)

@@ -52,3 +52,28 @@ def test_cartpole_through_ray_actors_learns(local_ray, tmp_path, mode):
     else:
         assert max(lags) > 0  # async workers sample while the learner updates
     assert lines[-1]["worker_restarts"] == 0 and lines[-1]["rejected_segments"] == 0
+
+
+def test_grpo_token_task_through_ray_rises_above_random(local_ray, tmp_path):
+    run = tmp_path / "grpo"
+    code = main(
+        [
+            "train",
+            "configs/reverse_digits_grpo.yaml",
+            "--run-dir",
+            str(run),
+            "--set",
+            "stop.env_steps=12000",
+            "--set",
+            "stop.episode_return_mean=null",
+            "--set",
+            "metrics.progress=none",
+        ]
+    )
+    assert code == 0
+    lines = _lines(run)
+    assert lines[0]["group_reward_mean"] < 0.35  # random policy: 1/vocab = 0.2
+    late = [x["group_reward_mean"] for x in lines[-5:]]
+    assert sum(late) / len(late) > 0.3, late
+    assert lines[0]["kl_ref"] < 0.05  # starts at the reference (exactly 0 before the first step)
+    assert "value_loss" not in lines[-1]

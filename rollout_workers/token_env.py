@@ -1,0 +1,62 @@
+"""A token-generation task for GRPO at a size that trains on a CPU: reverse a prompt of digits.
+
+The LLM-RLHF shape: a prompt, a policy emitting one token per step up to a fixed length, and a
+verifier scoring the finished sequence, with reward only at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+
+class ReverseDigitsEnv(gym.Env[np.ndarray, int]):
+    """Prompt: `length` digits in [0, vocab). The policy emits `length` tokens; the verifier's
+    reward at the last step is the fraction of positions equal to the reversed prompt (0..1).
+
+    Observation (float32): one-hot prompt [length x vocab], one-hot tokens emitted so far
+    [length x vocab] (zeros where not yet emitted), one-hot position [length].
+    A uniformly random policy scores 1 / vocab on average.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+
+    def __init__(self, length: int = 5, vocab: int = 5) -> None:
+        self.length, self.vocab = length, vocab
+        size = 2 * length * vocab + length
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(vocab)
+        self._prompt = np.zeros(length, dtype=np.int64)
+        self._emitted: list[int] = []
+
+    def _obs(self) -> np.ndarray:
+        L, V = self.length, self.vocab
+        obs = np.zeros(2 * L * V + L, dtype=np.float32)
+        obs[np.arange(L) * V + self._prompt] = 1.0
+        for i, tok in enumerate(self._emitted):
+            obs[L * V + i * V + tok] = 1.0
+        if len(self._emitted) < L:
+            obs[2 * L * V + len(self._emitted)] = 1.0
+        return obs
+
+    def score(self, tokens: list[int]) -> float:
+        """The verifier: fraction of positions matching the reversed prompt."""
+        return float(np.mean(np.asarray(tokens) == self._prompt[::-1]))
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._prompt = self.np_random.integers(0, self.vocab, self.length)
+        self._emitted = []
+        return self._obs(), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if len(self._emitted) >= self.length:
+            raise RuntimeError("step() after the sequence finished; call reset()")
+        self._emitted.append(int(action))
+        done = len(self._emitted) == self.length
+        reward = self.score(self._emitted) if done else 0.0
+        return self._obs(), reward, done, False, {}
