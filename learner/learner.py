@@ -61,6 +61,13 @@ def segment_spec(cfg: RelayConfig, env: EnvSpec) -> SegmentSpec:
     )
 
 
+def _peak_rss_bytes() -> int:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
 def _time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """[k, T, N, ...] segment stacks -> [T, k*N, ...] (k segments side by side as more envs)."""
     out = {}
@@ -254,12 +261,22 @@ class Learner:
             "amp_skipped_steps": self.amp_skipped_steps,
             "rejected_segments": self.buffer.rejected,
             "parameters": self.parameter_count,
+            "learner_state_bytes": self.state_bytes(),
+            "host_memory_peak_bytes": _peak_rss_bytes(),
         }
 
     def _maybe_refresh_reference(self) -> None:
         interval = self.cfg.learner.ref_update_interval
         if self.reference is not None and interval and self.updates % interval == 0:
             self.reference.load_state_dict(self.model.state_dict())
+
+    def state_bytes(self) -> int:
+        """Bytes the learner keeps on its device: weights, Adam moments, reference policy, ring buffer."""
+        tensors = list(self.model.parameters())
+        tensors += [t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
+        if self.reference is not None:
+            tensors += list(self.reference.parameters())
+        return sum(t.numel() * t.element_size() for t in tensors) + self.buffer.nbytes()
 
     @property
     def parameter_count(self) -> int:
