@@ -66,5 +66,8 @@ class LearnerActor:
 
 
 def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:
-    options = {"num_cpus": 1, **ray_actor_resources(cfg.learner.device, ray.cluster_resources())}
+    options: dict[str, Any] = {"num_cpus": 1}
+    options.update(ray_actor_resources(cfg.learner.device, ray.cluster_resources()))
+    if cfg.learner.ray_resources:
+        options["resources"] = {**options.get("resources", {}), **cfg.learner.ray_resources}
     return ray.remote(LearnerActor).options(**options).remote(cfg.model_dump(mode="json"), env)

@@ -104,6 +104,7 @@ class Learner:
         self._pending: list[Moments] = []
         self._fresh_segments = 0
         self._behaviour_versions: list[int] = []
+        self._incarnations: dict[int, str] = {}
 
     def _device_generator(self, seed: int) -> torch.Generator:
         gen = torch.Generator(device=self.dev.device)
@@ -131,6 +132,7 @@ class Learner:
         "metrics" (None if no update)}.
         """
         out: dict[str, Any] = {"episode_returns": [], "episode_lengths": [], "env_steps": 0, "rejected": 0}
+        out["worker_restarts"] = sum(self._note_incarnation(seg) for seg in segments)
         for seg in segments:
             reason = self.ingest(seg)
             if reason is not None:
@@ -142,6 +144,15 @@ class Learner:
             out["env_steps"] += int(seg.get("env_steps", 0))
         out["metrics"] = self.update(progress) if self.ready else None
         return out
+
+    def _note_incarnation(self, segment: Mapping[str, Any]) -> bool:
+        """True when a worker's segment comes from a new incarnation (the worker was restarted)."""
+        worker, incarnation = segment.get("worker_index"), segment.get("incarnation")
+        if worker is None or incarnation is None:
+            return False
+        previous = self._incarnations.get(worker)
+        self._incarnations[worker] = incarnation
+        return previous is not None and previous != incarnation
 
     @property
     def ready(self) -> bool:

@@ -127,7 +127,9 @@ class ActorCritic(nn.Module):
                 trunk.checkpointing = enabled
 
     def _features(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
-        x = self.normalizer(obs.reshape(obs.shape[0], -1).float())
+        x = obs.reshape(obs.shape[0], -1)
+        # The normalizer computes in float32 whatever the model dtype; its output takes the weights'.
+        x = self.normalizer(x if x.is_floating_point() else x.float()).to(self.pi_head.weight.dtype)
         pi = self.pi_trunk(x)
         if self.v_head is None:
             return pi, None

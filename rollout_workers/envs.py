@@ -88,3 +88,14 @@ def env_seeds(run_seed: int, worker_index: int, num_envs: int) -> list[int]:
     """Distinct, reproducible per-env seeds from the run seed and the worker index."""
     state = np.random.SeedSequence([run_seed, worker_index]).generate_state(num_envs)
     return [int(s) for s in state]
+
+
+def probe_spaces(
+    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]
+) -> tuple[tuple[int, ...], ActionSpec]:
+    """Observation shape and action spec of one env, built and closed here."""
+    env = make_env_fn(env_id, max_episode_steps, kwargs)()
+    try:
+        return tuple(env.observation_space.shape or ()), action_spec(env.action_space)
+    finally:
+        env.close()

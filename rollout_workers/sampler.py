@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +19,7 @@ from rollout_workers.envs import action_spec, env_seeds, make_vector_env
 from services.config import RelayConfig
 
 Segment = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class SegmentSampler:
@@ -32,9 +35,8 @@ class SegmentSampler:
         ec = cfg.env
         self.grouped = cfg.learner.algo == "grpo"
         self.group_size = cfg.learner.group_size
-        self.env = make_vector_env(
-            ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs, autoreset=not self.grouped
-        )
+        self.env_errors = 0
+        self.env = self._make_env()
         obs_shape = tuple(self.env.single_observation_space.shape or ())
         self.spec = EnvSpec(obs_shape=obs_shape, action=action_spec(self.env.single_action_space))
         space = self.env.single_action_space
@@ -49,6 +51,12 @@ class SegmentSampler:
         self._obs, _ = self.env.reset(seed=env_seeds(ec.seed, worker_index, ec.num_envs))
         self._ep_return = np.zeros(ec.num_envs, dtype=np.float64)
         self._ep_len = np.zeros(ec.num_envs, dtype=np.int64)
+
+    def _make_env(self) -> Any:
+        ec = self.cfg.env
+        return make_vector_env(
+            ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs, autoreset=not self.grouped
+        )
 
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Load a published policy version (normalizer statistics ride along)."""
@@ -103,6 +111,7 @@ class SegmentSampler:
         seg["episode_returns"] = returns
         seg["episode_lengths"] = lengths
         seg["env_steps"] = int(seg["mask"].sum())
+        seg["env_errors"] = self.env_errors
         valid = seg["mask"].reshape(-1) > 0
         flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
         seg["obs_moments"] = Moments.of(flat).to_numpy() if flat.shape[0] else {"count": 0}
@@ -114,30 +123,79 @@ class SegmentSampler:
         return self._sample_grouped() if self.grouped else self._sample_continuing()
 
     def _sample_continuing(self) -> Segment:
-        """Envs run on across segments; a truncated step bootstraps from V(final obs)."""
+        """Envs run on across segments; a truncated step bootstraps from V(final obs).
+
+        An env that raises, or returns non-finite observations or rewards, never reaches the
+        learner: the failed step is masked, the step before it is cut (truncated, bootstrapped
+        from V of the last good observation) and the env is reset; the run goes on.
+        """
         seg = self._allocate()
-        episodes_ret: list[float] = []
-        episodes_len: list[int] = []
+        episodes: tuple[list[float], list[int]] = ([], [])
         for t in range(self.cfg.rollout.rollout_len):
             obs = self._obs.astype(np.float32, copy=False)
             act = self._act(obs)
-            next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(act[0]))
             self._record(seg, t, obs, act)
-            seg["rewards"][t] = reward
-            seg["terminated"][t] = terminated
-            seg["truncated"][t] = truncated & ~terminated
-            seg["mask"][t] = 1.0
-            seg["bootstrap_value"][t] = self._bootstrap(truncated & ~terminated, info)
-            self._ep_return += reward
-            self._ep_len += 1
-            for i in np.flatnonzero(terminated | truncated):
-                episodes_ret.append(float(self._ep_return[i]))
-                episodes_len.append(int(self._ep_len[i]))
-                self._ep_return[i] = 0.0
-                self._ep_len[i] = 0
+            try:
+                next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(act[0]))
+            except Exception as err:  # any env failure is handled the same way
+                self._rebuild_env(seg, t, err)
+                continue
+            bad = ~np.isfinite(reward) | ~np.isfinite(next_obs.reshape(len(reward), -1)).all(axis=1)
+            ok = ~bad
+            seg["rewards"][t] = np.where(ok, reward, 0.0)
+            seg["terminated"][t] = terminated & ok
+            seg["truncated"][t] = truncated & ~terminated & ok
+            seg["mask"][t] = ok
+            seg["bootstrap_value"][t] = self._bootstrap(truncated & ~terminated & ok, info)
+            self._track_episodes(np.where(ok, reward, 0.0), (terminated | truncated) & ok, episodes)
+            if bad.any():
+                next_obs = self._reset_bad_envs(seg, t, bad, next_obs)
             self._obs = next_obs
         seg["last_value"] = self.policy.value(torch.from_numpy(self._obs.astype(np.float32))).numpy()
-        return self._finish(seg, episodes_ret, episodes_len)
+        return self._finish(seg, *episodes)
+
+    def _track_episodes(
+        self, reward: np.ndarray, done: np.ndarray, out: tuple[list[float], list[int]]
+    ) -> None:
+        self._ep_return += reward
+        self._ep_len += 1
+        for i in np.flatnonzero(done):
+            out[0].append(float(self._ep_return[i]))
+            out[1].append(int(self._ep_len[i]))
+        self._ep_return[done] = 0.0
+        self._ep_len[done] = 0
+
+    def _cut_before(self, seg: Segment, t: int, envs: np.ndarray) -> None:
+        """Step t of `envs` is lost: end their chain at t-1, bootstrapping from V(obs_t)."""
+        seg["mask"][t, envs] = 0.0
+        if t > 0:
+            prev_ok = (seg["mask"][t - 1, envs] > 0) & (seg["terminated"][t - 1, envs] == 0)
+            seg["truncated"][t - 1, envs] = np.maximum(seg["truncated"][t - 1, envs], prev_ok)
+            seg["bootstrap_value"][t - 1, envs] = np.where(prev_ok, seg["values"][t, envs], 0.0)
+        self._ep_return[envs] = 0.0
+        self._ep_len[envs] = 0
+
+    def _reset_bad_envs(self, seg: Segment, t: int, bad: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        self.env_errors += int(bad.sum())
+        log.warning(
+            "worker %d: %d env(s) returned non-finite values; resetting them", self.worker_index, bad.sum()
+        )
+        self._cut_before(seg, t, bad)
+        reset_obs, _ = self.env.reset(options={"reset_mask": bad})
+        return np.where(bad.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)
+
+    def _rebuild_env(self, seg: Segment, t: int, err: Exception) -> None:
+        """The vector env raised: its state is unknown, so build a fresh one and reset it."""
+        self.env_errors += 1
+        log.warning("worker %d: env raised %s: %s; rebuilding it", self.worker_index, type(err).__name__, err)
+        self._cut_before(seg, t, np.ones(self.cfg.env.num_envs, dtype=bool))
+        with contextlib.suppress(Exception):  # a broken env may fail to close too
+            self.env.close()
+        self.env = self._make_env()
+        ec = self.cfg.env
+        self._obs, _ = self.env.reset(
+            seed=env_seeds(ec.seed, 1_000 * (self.env_errors + 1) + self.worker_index, ec.num_envs)
+        )
 
     def _sample_grouped(self) -> Segment:
         """GRPO layout: N envs = N/G groups of G members reset with the same seed (one prompt).

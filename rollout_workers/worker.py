@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import ray
@@ -19,6 +20,8 @@ class RolloutWorker:
         # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
         torch.set_num_threads(1)
         self.sampler = SegmentSampler(RelayConfig.model_validate(cfg_data), worker_index)
+        # A fresh id per (re)start: the learner counts restarts as changes of it.
+        self.incarnation = uuid.uuid4().hex
 
     def env_spec(self) -> EnvSpec:
         return self.sampler.spec
@@ -27,7 +30,9 @@ class RolloutWorker:
         """A Segment acted with weights `version` (fetched from the object store only when new)."""
         if version != self.sampler.version:
             self.sampler.set_weights(version, ray.get(weights_ref[0]))
-        return self.sampler.sample()
+        segment = self.sampler.sample()
+        segment["incarnation"] = self.incarnation
+        return segment
 
 
 def create_rollout_workers(cfg: RelayConfig) -> list[Any]:

@@ -9,9 +9,14 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from learner.learner import Learner
+from learner.learner import EnvSpec, Learner
+from rollout_workers.envs import probe_spaces
 from rollout_workers.sampler import SegmentSampler
 from services.config import RelayConfig
+
+
+class LearnerLost(RuntimeError):
+    """The learner actor died; the driver restarts it from the newest checkpoint."""
 
 
 class Backend(Protocol):
@@ -19,6 +24,7 @@ class Backend(Protocol):
     def step(self, progress: float) -> dict[str, Any]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def restart_learner(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -45,6 +51,9 @@ class LocalBackend:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
 
+    def restart_learner(self) -> None:
+        self.learner = Learner(self.learner.cfg, self.sampler.spec)
+
     def close(self) -> None:
         self.sampler.close()
 
@@ -64,11 +73,14 @@ class RayBackend:
         from rollout_workers.worker import create_rollout_workers
 
         self._ray = ray
+        self._create_learner = create_learner_actor
         self.cfg = cfg
-        self.workers = create_rollout_workers(cfg)
-        env_spec = ray.get(self.workers[0].env_spec.remote())
-        self.learner = create_learner_actor(cfg, env_spec)
+        ec = cfg.env
+        self.env_spec = EnvSpec(*probe_spaces(ec.id, ec.max_episode_steps, ec.kwargs))
+        # The learner is placed first, so rollout workers can never take the CPUs of its node.
+        self.learner = create_learner_actor(cfg, self.env_spec)
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())
+        self.workers = create_rollout_workers(cfg)
         self._in_flight: dict[Any, int] = {}
         self._ready: list[Any] = []
 
@@ -81,7 +93,10 @@ class RayBackend:
             refs = [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
         else:
             refs = self._next_async_round()
-        out = self._ray.get(self.learner.train_round.remote(refs, progress))
+        try:
+            out = self._ray.get(self.learner.train_round.remote(refs, progress))
+        except self._ray.exceptions.RayActorError as err:
+            raise LearnerLost(str(err).splitlines()[0]) from None
         if "weights" in out:
             self.version, self.weights_ref = out.pop("weights")
         return out
@@ -118,6 +133,12 @@ class RayBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ray.get(self.learner.load_state_dict.remote(state))
+        self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
+
+    def restart_learner(self) -> None:
+        """A fresh learner actor (its state comes from the newest checkpoint, loaded by the caller)."""
+        self._ray.kill(self.learner)
+        self.learner = self._create_learner(self.cfg, self.env_spec)
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
 
     def close(self) -> None:

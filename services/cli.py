@@ -13,7 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from learner.device import DeviceError
 from services.config import ConfigError, RelayConfig, dump_config, load_config
+from services.policy_io import PolicyLoadError
 from services.resume import NoCheckpointError
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -55,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate = sub.add_parser("validate", help="check a config and print the resolved one")
     _add_config_args(validate)
+    export = sub.add_parser("export", help="export a checkpoint's policy (checked against onnxruntime)")
+    export.add_argument("checkpoint", help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt)")
+    export.add_argument("--format", choices=["onnx"], default="onnx")
+    export.add_argument("--out", help="output file (default: the checkpoint's name with .onnx)")
+    verify = sub.add_parser("verify", help="precision table, fingerprint and latency of a policy")
+    verify.add_argument("model", help="a relay checkpoint, an exported .onnx, or an ML-Agents .onnx/.pt")
+    verify.add_argument("--dtypes", default="float32,float16,bfloat16")
+    verify.add_argument("--device", default="auto", help="auto, cpu, cuda[:i], npu[:i]")
+    verify.add_argument("--batch", type=int, default=256, help="the batch-B of the latency table")
+    verify.add_argument("--min-cosine", type=float, default=0.999)
+    verify.add_argument("--max-abs", type=float, default=0.01)
+    verify.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -128,6 +142,36 @@ def _cmd_resume(args: argparse.Namespace, t_start: float) -> int:
     return run_training(cfg, str(run), args.address, t_start, resume=True)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from services.export import export_onnx
+    from services.policy_io import load_relay_checkpoint
+
+    ckpt = Path(args.checkpoint)
+    if not ckpt.is_file():
+        raise InputError(f"{ckpt}: no such checkpoint")
+    out = Path(args.out) if args.out else ckpt.with_suffix(".onnx")
+    report = export_onnx(load_relay_checkpoint(ckpt), out)
+    print(
+        f"wrote {report.path} (checked on {report.checked} observations against onnxruntime: "
+        f"max abs error {report.max_abs_error:.2e})"
+    )
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from services.policy_io import load_policy
+    from services.verify import DTYPES, VerifyOptions, run_verify
+
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise InputError(f"--dtypes {args.dtypes!r}: choose from {', '.join(DTYPES)}")
+    opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed)
+    text, passed = run_verify(load_policy(args.model), opts)
+    print(text)
+    return EXIT_OK if passed else EXIT_FAILURE
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args = build_parser().parse_args(argv)
@@ -135,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         "validate": lambda: _cmd_validate(args),
         "train": lambda: _cmd_train(args, t_start),
         "resume": lambda: _cmd_resume(args, t_start),
+        "export": lambda: _cmd_export(args),
+        "verify": lambda: _cmd_verify(args),
     }
     try:
         return handlers[args.command]()
-    except (ConfigError, InputError, NoCheckpointError) as err:
+    except (ConfigError, InputError, NoCheckpointError, PolicyLoadError, DeviceError) as err:
         print(f"relay {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as err:

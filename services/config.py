@@ -63,6 +63,10 @@ class LearnerConfig(_Section):
         default_factory=list,
         description="Accelerator ids the learner may use; empty lets Ray assign them (the normal case).",
     )
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Extra Ray resources the learner actor asks for (e.g. {NPU: 1} to pin a node type).",
+    )
     buffer_size: int = Field(
         4096, ge=1, description="Ring buffer capacity in env steps (a whole number of segments)."
     )

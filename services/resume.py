@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from services.checkpoints import load_newest_valid
@@ -29,8 +32,28 @@ def restore(loop: TrainingLoop) -> None:
     loop.returns.extend(loop.c.returns)
     loop.lengths.clear()
     loop.lengths.extend(loop.c.lengths)
+    _truncate_metrics(loop.run.metrics_path, loop.c.iteration)
     print(
         f"relay: resuming from {path.name} (iteration {loop.c.iteration}, {loop.c.env_steps} env steps)",
         file=sys.stderr,
         flush=True,
     )
+
+
+def _truncate_metrics(path: Path, iteration: int) -> None:
+    """Drop metrics lines past the checkpoint (they will be written again), atomically."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["iteration"] <= iteration:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError):
+            continue  # a torn line from a kill: dropped
+    tmp = path.with_suffix(".jsonl.tmp")
+    with tmp.open("w") as f:
+        f.write("".join(x + "\n" for x in kept))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from services.backends import Backend
-from services.checkpoints import save_checkpoint
+from services.backends import Backend, LearnerLost
+from services.checkpoints import load_newest_valid, save_checkpoint
 from services.config import RelayConfig
 from services.progress import Progress
 from services.run_dir import MetricsWriter, RunDir
@@ -22,6 +22,7 @@ from services.run_dir import MetricsWriter, RunDir
 RETURN_WINDOW = 20
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
 MAX_IDLE_ROUNDS = 20
+MAX_LEARNER_RESTARTS = 3
 
 
 class NoProgressError(RuntimeError):
@@ -37,6 +38,8 @@ class Counters:
     episodes: int = 0
     wall_s: float = 0.0
     worker_restarts: int = 0
+    learner_restarts: int = 0
+    lost_segments: int = 0
     rejected_segments: int = 0
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
@@ -87,7 +90,8 @@ class TrainingLoop:
         self.c.episodes += len(out["episode_returns"])
         self.returns.extend(out["episode_returns"])
         self.lengths.extend(out["episode_lengths"])
-        self.c.worker_restarts += out.get("lost_segments", 0)
+        self.c.worker_restarts += out.get("worker_restarts", 0)
+        self.c.lost_segments += out.get("lost_segments", 0)
         self.c.rejected_segments += out["rejected"]
 
     def _record(self, metrics: dict[str, Any], startup_s: float | None) -> dict[str, Any]:
@@ -103,18 +107,32 @@ class TrainingLoop:
             "env_steps_per_s": self.c.env_steps / max(self.c.wall_s, 1e-9),
             **metrics,
             "worker_restarts": self.c.worker_restarts,
+            "learner_restarts": self.c.learner_restarts,
+            "lost_segments": self.c.lost_segments,
             "rejected_segments": self.c.rejected_segments,
         }
         if startup_s is not None:
             rec["startup_s"] = round(startup_s, 4)
         return rec
 
+    def _recover_learner(self, err: LearnerLost) -> None:
+        """Restart the learner and load the newest checkpoint; the run's counters go on."""
+        self.c.learner_restarts += 1
+        if self.c.learner_restarts > MAX_LEARNER_RESTARTS:
+            raise RuntimeError(f"learner died {self.c.learner_restarts} times; giving up ({err})")
+        self.backend.restart_learner()
+        found = load_newest_valid(self.run.checkpoints)
+        if found is not None:
+            self.backend.load_state_dict(found[1]["learner"])
+        where = found[0].name if found else "initial weights (no checkpoint yet)"
+        print(f"relay: learner lost ({err}); restarted from {where}", file=sys.stderr, flush=True)
+
     def _count_idle_round(self, out: dict[str, Any]) -> None:
         self._idle_rounds += 1
         if out.get("reject_reason"):
             print(f"relay: segment rejected: {out['reject_reason']}", file=sys.stderr, flush=True)
         if self._idle_rounds >= MAX_IDLE_ROUNDS:
-            why = out.get("reject_reason") or "segments lost (workers failing)"
+            why = out.get("reject_reason") or "every segment was lost (rollout workers keep failing)"
             raise NoProgressError(f"no update in {MAX_IDLE_ROUNDS} rounds in a row: {why}")
 
     def checkpoint(self) -> None:
@@ -135,7 +153,11 @@ class TrainingLoop:
         last_ckpt = self.c.iteration
         try:
             while (reason := self._stop_reason()) is None:
-                out = self.backend.step(self._progress_fraction())
+                try:
+                    out = self.backend.step(self._progress_fraction())
+                except LearnerLost as err:
+                    self._recover_learner(err)
+                    continue
                 self.c.wall_s = wall_base + time.perf_counter() - t0
                 self._absorb(out)
                 if out["metrics"] is None:

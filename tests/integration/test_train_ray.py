@@ -9,15 +9,6 @@ from services.cli import main
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _lines(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 

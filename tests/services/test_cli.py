@@ -122,3 +122,42 @@ def test_python_dash_m_services_train_is_the_same_entry(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 2
+
+
+TIMING_KEYS = {
+    "wall_s",
+    "env_steps_per_s",
+    "learner_samples_per_s",
+    "update_s",
+    "startup_s",
+    "host_memory_peak_bytes",
+}
+
+
+def test_a_seed_fixes_the_run(tmp_path):
+    """Two runs with the same config and seed produce the same metrics, timing aside."""
+    runs = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        assert (
+            main(
+                [
+                    "train",
+                    str(ROOT / "configs/pendulum_ppo.yaml"),
+                    "--run-dir",
+                    str(run),
+                    "--set",
+                    "rollout.num_workers=0",
+                    "--set",
+                    "learner.buffer_size=1024",
+                    "--set",
+                    "stop.env_steps=5000",
+                    "--set",
+                    "metrics.progress=none",
+                ]
+            )
+            == 0
+        )
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        runs.append([{k: v for k, v in x.items() if k not in TIMING_KEYS} for x in lines])
+    assert runs[0] == runs[1]

@@ -1,0 +1,199 @@
+"""`relay verify MODEL`: precision table, action fingerprint and latency on a device.
+
+Precision: for each dtype, actions on the device vs a CPU float32 reference on 100 normally
+distributed observations (plus recorded ones when the model carries its env): cosine similarity
+and max abs error; pass when cosine >= 0.999 and max abs <= 0.01. The normalizer stays float32 in
+every dtype. Actions are the deterministic ones (the mean, after the source's action transform)
+for continuous policies and the action probabilities for discrete ones.
+
+Fingerprint: sha256 of the stochastic actions for a fixed seed and observation stream; noise is
+drawn on the CPU, so the sequence is the same on any device. Continuous actions are rounded to
+1e-4 first, which absorbs last-bit float differences between devices' kernels.
+
+Latency: batch-1 and batch-B forward after warm-up (p50/p95/p99 ms), the first (cold) call on its
+own, next to onnxruntime's on the same machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from learner.device import AMP_DTYPES, DeviceContext, resolve_device
+from services.policy_io import PolicyHandle, recorded_observations
+
+DTYPES = {"float32": torch.float32, **AMP_DTYPES}
+
+
+@dataclass
+class PrecisionRow:
+    dtype: str
+    cosine: float
+    max_abs: float
+    passed: bool
+
+
+@torch.no_grad()
+def policy_outputs(handle: PolicyHandle, model: torch.nn.Module, obs: Tensor) -> Tensor:
+    """What precision is judged on: transformed mean actions, or action probabilities. [B, A] fp32."""
+    params, _ = model.distribution_params(obs)
+    if handle.continuous:
+        return handle.action_transform(params.float())
+    return torch.softmax(params.float(), dim=-1)
+
+
+def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> torch.nn.Module:
+    return copy.deepcopy(handle.model).to(device=dev.device, dtype=dtype).eval()
+
+
+def precision_table(
+    handle: PolicyHandle,
+    dev: DeviceContext,
+    dtypes: list[str],
+    obs: np.ndarray,
+    min_cosine: float = 0.999,
+    max_abs: float = 0.01,
+) -> list[PrecisionRow]:
+    x = torch.from_numpy(obs.astype(np.float32))
+    reference = policy_outputs(handle, handle.model.float().cpu(), x).double()
+    rows = []
+    for name in dtypes:
+        dtype = DTYPES[name]
+        got = policy_outputs(handle, _on(handle, dev, dtype), x.to(dev.device, dtype)).cpu().double()
+        cos = float(torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0))
+        err = float((got - reference).abs().max())
+        rows.append(PrecisionRow(name, cos, err, cos >= min_cosine and err <= max_abs))
+    return rows
+
+
+@torch.no_grad()
+def fingerprint(
+    handle: PolicyHandle, dev: DeviceContext, seed: int = 0, steps: int = 256, batch: int = 8
+) -> str:
+    """sha256 of stochastic actions over a seeded observation stream (noise from a CPU generator)."""
+    gen = torch.Generator().manual_seed(seed)
+    model = _on(handle, dev, torch.float32)
+    digest = hashlib.sha256()
+    for _ in range(steps):
+        obs = torch.randn(batch, handle.obs_dim, generator=gen)
+        noise = handle.model.action.draw_noise(batch, gen)
+        params, _ = model.distribution_params(obs.to(dev.device))
+        actions = model.sample_actions(params, noise.to(dev.device)).cpu()
+        if handle.continuous:
+            actions = torch.round(handle.action_transform(actions) * 1e4).to(torch.int64)
+        digest.update(actions.numpy().astype(np.int64).tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Latency:
+    runtime: str
+    batch: int
+    cold_ms: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(samples, n=100, method="inclusive")
+    return q[49], q[94], q[98]
+
+
+def torch_latency(handle: PolicyHandle, dev: DeviceContext, batch: int, runs: int = 200) -> Latency:
+    model = _on(handle, dev, torch.float32)
+    x = torch.randn(batch, handle.obs_dim, device=dev.device)
+
+    def call() -> float:
+        dev.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.distribution_params(x)
+        dev.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    cold = call()
+    for _ in range(20):
+        call()
+    p50, p95, p99 = _percentiles([call() for _ in range(runs)])
+    return Latency(f"torch {dev}", batch, cold, p50, p95, p99)
+
+
+def ort_latency(model_bytes: bytes, obs_dim: int, batch: int, runs: int = 200) -> Latency:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    x = {"obs": np.random.default_rng(0).standard_normal((batch, obs_dim)).astype(np.float32)}
+
+    def call() -> float:
+        t0 = time.perf_counter()
+        session.run(None, x)
+        return (time.perf_counter() - t0) * 1e3
+
+    cold = call()
+    for _ in range(20):
+        call()
+    p50, p95, p99 = _percentiles([call() for _ in range(runs)])
+    return Latency("onnxruntime cpu", batch, cold, p50, p95, p99)
+
+
+@dataclass
+class VerifyOptions:
+    dtypes: list[str]
+    device: str = "auto"
+    batch: int = 256
+    min_cosine: float = 0.999
+    max_abs: float = 0.01
+    seed: int = 0
+
+
+def verification_observations(handle: PolicyHandle, seed: int) -> np.ndarray:
+    obs = np.random.default_rng(seed).standard_normal((100, handle.obs_dim)).astype(np.float32)
+    if handle.config is not None:
+        obs = np.concatenate([obs, recorded_observations(handle, 100, seed)])
+    return obs
+
+
+def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
+    """The full report as text, and whether every requested dtype passed."""
+    from services.export import onnx_bytes
+
+    dev = resolve_device(opts.device)
+    obs = verification_observations(handle, opts.seed)
+    rows = precision_table(handle, dev, opts.dtypes, obs, opts.min_cosine, opts.max_abs)
+    lines = [
+        f"model: {handle.source}  obs_dim={handle.obs_dim}  device={dev}  observations={len(obs)}",
+        "",
+        f"precision vs cpu float32 (pass: cosine >= {opts.min_cosine}, max abs <= {opts.max_abs})",
+        f"{'dtype':>9} | {'cosine':>10} | {'max abs':>10} | result",
+        "-" * 44,
+    ]
+    lines += [
+        f"{r.dtype:>9} | {r.cosine:10.6f} | {r.max_abs:10.2e} | {'pass' if r.passed else 'FAIL'}"
+        for r in rows
+    ]
+    lines += [
+        "",
+        f"fingerprint (seed {opts.seed}, stochastic, noise on cpu): {fingerprint(handle, dev, opts.seed)}",
+    ]
+    model_bytes = onnx_bytes(handle)
+    lines += [
+        "",
+        "latency ms (after 20 warm-up calls, 200 timed)",
+        f"{'runtime':>16} | {'batch':>5} | {'cold':>8} | {'p50':>8} | {'p95':>8} | {'p99':>8}",
+        "-" * 66,
+    ]
+    for batch in (1, opts.batch):
+        for lat in (torch_latency(handle, dev, batch), ort_latency(model_bytes, handle.obs_dim, batch)):
+            lines.append(
+                f"{lat.runtime:>16} | {lat.batch:>5} | {lat.cold_ms:8.3f} | {lat.p50_ms:8.3f} | "
+                f"{lat.p95_ms:8.3f} | {lat.p99_ms:8.3f}"
+            )
+    return "\n".join(lines), all(r.passed for r in rows)

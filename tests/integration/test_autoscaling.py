@@ -1,0 +1,138 @@
+"""Ray's own autoscaler on fake nodes with deploy/cluster.yaml's node types (scaled down).
+
+A run asking for more rollout workers than the head holds makes the autoscaler add CPU rollout
+nodes; the learner lands on the node type advertising the NPU resource; idle nodes go away after.
+The NPU here is Ray's custom resource on a fake node (no Ascend device exists on CI machines), so
+the learner asks for it through `learner.ray_resources` and computes on the CPU.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from ray.cluster_utils import AutoscalingCluster
+
+from services.backends import RayBackend
+from services.config import load_config
+from services.run_dir import RunDir
+from services.train import TrainingLoop
+
+pytestmark = pytest.mark.ray
+ROOT = Path(__file__).parents[2]
+
+
+def _scaled_down_node_types() -> dict:
+    """deploy/cluster.yaml's worker node types with the same names and resource kinds, small sizes."""
+    deploy = yaml.safe_load((ROOT / "deploy/cluster.yaml").read_text())["available_node_types"]
+    assert set(deploy["rollout.cpu"]["resources"]) == {"CPU"}
+    assert set(deploy["learner.npu"]["resources"]) == {"CPU", "NPU"}
+    return {
+        "rollout.cpu": {"resources": {"CPU": 2}, "node_config": {}, "min_workers": 0, "max_workers": 2},
+        "learner.npu": {
+            "resources": {"CPU": 1, "NPU": 1},
+            "node_config": {},
+            "min_workers": 0,
+            "max_workers": 1,
+        },
+    }
+
+
+class FakeNodesCluster(AutoscalingCluster):
+    """Ray's AutoscalingCluster on the fake_multinode provider.
+
+    Ray's wheel does not ship the example config AutoscalingCluster reads its defaults from, so
+    the cluster-wide fields are given here.
+    """
+
+    def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):
+        config = {
+            "cluster_name": "relay-fake",
+            "max_workers": 8,
+            "provider": {
+                "type": "fake_multinode",
+                "use_node_id_as_ip": True,
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+            },
+            "available_node_types": {
+                **worker_node_types,
+                "ray.head.default": {"resources": head_resources, "node_config": {}, "max_workers": 0},
+            },
+            "head_node_type": "ray.head.default",
+            "auth": {},
+            "upscaling_speed": 1.0,
+            "idle_timeout_minutes": 0.1,
+            "docker": {},
+            "initialization_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
+            "head_start_ray_commands": [],
+            "worker_start_ray_commands": [],
+            "file_mounts": {},
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": [],
+            "rsync_filter": [],
+        }
+        config.update(config_kwargs)
+        return config
+
+
+def _alive_nodes() -> list[dict]:
+    return [n for n in ray.nodes() if n["Alive"]]
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}: {_alive_nodes()}"
+        time.sleep(1)
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch):
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    cluster = FakeNodesCluster(
+        head_resources={"CPU": 0}, worker_node_types=_scaled_down_node_types(), idle_timeout_minutes=0.1
+    )
+    cluster.start()
+    ray.init("auto")
+    yield
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_cluster, tmp_path):
+    assert len(_alive_nodes()) == 1  # the head alone, with no CPU for workers
+    cfg = load_config(
+        "configs/cartpole_ppo.yaml",
+        [
+            "rollout.num_workers=3",
+            "learner.buffer_size=1536",
+            "learner.batch_size=512",
+            "learner.device=cpu",
+            "learner.ray_resources={NPU: 1}",
+            "stop.env_steps=6000",
+            "stop.episode_return_mean=null",
+            "metrics.progress=none",
+        ],
+    )
+    backend = RayBackend(cfg)  # returns once the learner is placed (the NPU node came up)
+    try:
+        ray.get([w.env_spec.remote() for w in backend.workers], timeout=180)  # rollout nodes came up
+        nodes = _alive_nodes()
+        rollout_nodes = [n for n in nodes if n["Resources"].get("CPU") == 2]
+        npu_nodes = [n for n in nodes if n["Resources"].get("NPU")]
+        assert len(rollout_nodes) == 2  # 3 one-CPU workers need two 2-CPU nodes
+        assert len(npu_nodes) == 1
+        assert ray.get(backend.learner.describe.remote())["node_id"] == npu_nodes[0]["NodeID"]
+        loop = TrainingLoop(cfg, RunDir.create(cfg, str(tmp_path / "run")), backend)
+        assert loop.run_until_stop() == "env_steps"
+    finally:
+        backend.close()
+    _wait_for(lambda: len(_alive_nodes()) == 1, 120, "idle nodes to be removed")

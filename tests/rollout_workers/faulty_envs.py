@@ -1,0 +1,44 @@
+"""Envs that fail on purpose, for fault-tolerance tests (imported as `module:factory` env ids)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class FaultyCartPole(gym.Wrapper):
+    """CartPole whose step raises, or returns NaN observations or an inf reward, at given calls.
+
+    Counts are per env instance; `raise_at`, `nan_obs_at`, `inf_reward_at` are sets of step calls.
+    """
+
+    def __init__(
+        self,
+        raise_at: tuple[int, ...] = (),
+        nan_obs_at: tuple[int, ...] = (),
+        inf_reward_at: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.calls = 0
+        self.raise_at, self.nan_obs_at, self.inf_reward_at = (
+            set(raise_at),
+            set(nan_obs_at),
+            set(inf_reward_at),
+        )
+
+    def step(self, action: Any):
+        self.calls += 1
+        if self.calls in self.raise_at:
+            raise RuntimeError(f"simulator crashed at call {self.calls}")
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.calls in self.nan_obs_at:
+            obs = np.full_like(obs, np.nan)
+        if self.calls in self.inf_reward_at:
+            reward = float("inf")
+        return obs, reward, terminated, truncated, info
+
+
+def make(**kwargs: Any) -> gym.Env:
+    return FaultyCartPole(**{k: tuple(v) for k, v in kwargs.items()})

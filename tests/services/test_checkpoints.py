@@ -1,0 +1,149 @@
+"""Checkpoints and resume: atomic writes, corrupt newest skipped, safe loading, counters continue."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
+from services.cli import main
+from services.run_dir import MetricsWriter
+
+ROOT = Path(__file__).parents[2]
+LOCAL = [
+    "--set",
+    "rollout.num_workers=0",
+    "--set",
+    "learner.buffer_size=512",
+    "--set",
+    "metrics.progress=none",
+]
+
+
+def test_keep_prunes_oldest_and_no_temp_files_remain(tmp_path):
+    for i in range(1, 6):
+        save_checkpoint(tmp_path, i, {"i": i, "w": torch.ones(3) * i}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000005.pt"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path, caplog):
+    save_checkpoint(tmp_path, 1, {"i": 1}, keep=3)
+    newest = save_checkpoint(tmp_path, 2, {"i": 2, "w": torch.zeros(1000)}, keep=3)
+    newest.write_bytes(newest.read_bytes()[:100])
+    path, state = load_newest_valid(tmp_path)
+    assert path.name == "ckpt-00000001.pt" and state["i"] == 1
+    assert "ckpt-00000002.pt is unreadable" in caplog.text
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_a_checkpoint_never_executes_code(tmp_path):
+    save_checkpoint(tmp_path, 1, {"i": 1}, keep=3)
+    torch.save({"payload": Evil()}, tmp_path / "ckpt-00000002.pt")
+    path, _ = load_newest_valid(tmp_path)  # weights_only=True refuses the pickled callable
+    assert path.name == "ckpt-00000001.pt"
+
+
+def test_metrics_writer_cuts_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iteration": 1}\n{"iteration": 2, "env_st')
+    w = MetricsWriter(path)
+    w.write({"iteration": 2})
+    w.close()
+    assert [json.loads(x)["iteration"] for x in path.read_text().splitlines()] == [1, 2]
+
+
+def _lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_continues_counters_and_metrics(tmp_path):
+    run = tmp_path / "run"
+    args = [
+        "train",
+        "configs/cartpole_ppo.yaml",
+        "--run-dir",
+        str(run),
+        *LOCAL,
+        "--set",
+        "checkpoint.interval=3",
+    ]
+    assert main([*args, "--set", "stop.env_steps=4000", "--set", "stop.episode_return_mean=null"]) == 0
+    first = _lines(run)
+    # Simulate lines written after the newest checkpoint by a run that then crashed.
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({**first[-1], "iteration": first[-1]["iteration"] + 1}) + "\n")
+    assert main(["resume", str(run), "--set", "stop.env_steps=8000"]) == 0
+    lines = _lines(run)
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+    assert lines[len(first)]["env_steps"] > first[-1]["env_steps"]
+    assert lines[-1]["env_steps"] >= 8000
+    assert lines[-1]["weights_version"] == lines[-1]["iteration"]
+
+
+def test_resume_without_checkpoints_is_a_clear_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((ROOT / "configs/cartpole_ppo.yaml").read_text())
+    assert main(["resume", str(run)]) == 2
+    assert "no valid checkpoint" in capsys.readouterr().err
+
+
+def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
+    """Kill the driver with SIGKILL at random moments while it checkpoints every iteration."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.train",
+        "configs/cartpole_ppo.yaml",
+        "--run-dir",
+        str(run),
+        *LOCAL,
+        "--set",
+        "checkpoint.interval=1",
+        "--set",
+        "checkpoint.keep=2",
+        "--set",
+        "stop.env_steps=1000000",
+        "--set",
+        "stop.episode_return_mean=null",
+    ]
+    for delay in (3.0, 3.7, 4.4):
+        proc = subprocess.Popen(
+            cmd
+            if not list_checkpoints(run / "checkpoints")
+            else [sys.executable, "-m", "services.cli", "resume", str(run), *LOCAL[2:]],
+            cwd=ROOT,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for line in (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)[:-1]:
+            json.loads(line)  # every complete line parses
+    assert load_newest_valid(run / "checkpoints") is not None
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "resume", str(run), "--set", "stop.env_steps=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = _lines(run)
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)

@@ -1,0 +1,58 @@
+"""deploy/: the cluster-launcher configs pass Ray's own schema; KubeRay manifests carry what relay needs."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+DEPLOY = Path(__file__).parents[1] / "deploy"
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster-gpu.yaml"])
+def test_cluster_configs_validate_against_rays_autoscaler_schema(name):
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    validate_config(prepare_config(config))  # what `ray up` does: fill defaults, then check
+    types = config["available_node_types"]
+    assert config["head_node_type"] in types
+    rollout = types["rollout.cpu"]
+    assert rollout["max_workers"] > rollout["min_workers"]  # autoscaled
+    assert set(rollout["resources"]) == {"CPU"}  # rollout nodes are CPU only
+
+
+def test_npu_node_type_declares_the_npu_resource_by_hand():
+    config = yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+    npu = config["available_node_types"]["learner.npu"]
+    assert npu["resources"]["NPU"] == 8
+    assert any("torch_npu" in cmd for cmd in npu["worker_setup_commands"])
+
+
+def test_schema_check_is_not_vacuous():
+    config = yaml.safe_load((DEPLOY / "cluster.yaml").read_text())
+    config["available_node_types"]["rollout.cpu"]["max_wrokers"] = 3
+    with pytest.raises(jsonschema.ValidationError):
+        validate_config(prepare_config(config))
+
+
+def _worker_groups(doc: dict) -> dict[str, dict]:
+    spec = doc["spec"].get("rayClusterSpec", doc["spec"])
+    assert spec["enableInTreeAutoscaling"] is True
+    return {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+
+
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+def test_kuberay_manifests(name):
+    doc = yaml.safe_load((DEPLOY / "kuberay" / name).read_text())
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] in ("RayCluster", "RayJob")
+    groups = _worker_groups(doc)
+    rollout, npu = groups["rollout-cpu"], groups["learner-npu"]
+    assert rollout["maxReplicas"] > rollout["minReplicas"]
+    limits = npu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["huawei.com/Ascend910"] == 8
+    # rayStartParams.resources is a JSON object inside a quoted string: '"{\"NPU\": 8}"'
+    raw = npu["rayStartParams"]["resources"]
+    assert json.loads(json.loads(raw)) == {"NPU": 8}
+    if doc["kind"] == "RayJob":
+        assert doc["spec"]["entrypoint"].startswith("python -m services.train ")
