@@ -49,7 +49,7 @@ class Moments:
     @staticmethod
     def from_numpy(d: dict[str, Any]) -> Moments:
         return Moments(
-            float(d["count"]), torch.as_tensor(d["mean"]).float(), torch.as_tensor(d["var_sum"]).float()
+            float(d["count"]), torch.tensor(d["mean"]).float(), torch.tensor(d["var_sum"]).float()
         )
 
 

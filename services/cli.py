@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--run-dir", help="run directory (default: <metrics.runs_dir>/<run_name>)")
     train.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    train.add_argument("--dashboard", action="store_true", help="serve the metrics dashboard beside the run")
+    train.add_argument("--dashboard-host", default="127.0.0.1", help="dashboard bind address")
+    train.add_argument("--dashboard-port", type=int, default=8000, help="dashboard port (0: any free one)")
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir", help="run directory holding config.yaml and checkpoints/")
     resume.add_argument("--address", help="Ray cluster address")
@@ -57,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate = sub.add_parser("validate", help="check a config and print the resolved one")
     _add_config_args(validate)
+    dash = sub.add_parser(
+        "dashboard", help="serve the learner metrics dashboard for a run or a folder of runs"
+    )
+    dash.add_argument("path", help="a run directory or a folder of run directories")
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (another one must be asked for)")
+    dash.add_argument("--port", type=int, default=8000)
     export = sub.add_parser("export", help="export a checkpoint's policy (checked against onnxruntime)")
     export.add_argument("checkpoint", help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt)")
     export.add_argument("--format", choices=["onnx"], default="onnx")
@@ -91,7 +100,12 @@ def _check_runnable(cfg: RelayConfig) -> None:
 
 
 def run_training(
-    cfg: RelayConfig, run_dir: str | None, address: str | None, t_start: float, resume: bool = False
+    cfg: RelayConfig,
+    run_dir: str | None,
+    address: str | None,
+    t_start: float,
+    resume: bool = False,
+    dashboard: tuple[str, int] | None = None,
 ) -> int:
     """Build everything, train, tear down. Returns an exit code."""
     from services.backends import init_ray, make_backend
@@ -101,6 +115,7 @@ def run_training(
 
     _check_runnable(cfg)
     run = RunDir.create(cfg, run_dir)
+    board = _start_dashboard(run.root, dashboard) if dashboard else None
     started_ray = cfg.rollout.num_workers > 0 and init_ray(cfg, address)
     backend = None
     try:
@@ -121,6 +136,8 @@ def run_training(
         (run.root / "error.log").write_text(traceback.format_exc())
         raise
     finally:
+        if board is not None:
+            board.stop()
         if backend is not None:
             backend.close()
         if started_ray:
@@ -129,9 +146,33 @@ def run_training(
             ray.shutdown()
 
 
+def _start_dashboard(root: Path, where: tuple[str, int]) -> Any:
+    from services.dashboard import Dashboard
+
+    try:
+        board = Dashboard(root, *where).start()
+    except OSError as err:
+        raise InputError(f"dashboard cannot listen on {where[0]}:{where[1]} ({err.strerror})") from None
+    print(f"relay: dashboard at {board.url}", file=sys.stderr, flush=True)
+    return board
+
+
 def _cmd_train(args: argparse.Namespace, t_start: float) -> int:
     cfg = load_config(args.config, args.overrides)
-    return run_training(cfg, args.run_dir, args.address, t_start)
+    board = (args.dashboard_host, args.dashboard_port) if args.dashboard else None
+    return run_training(cfg, args.run_dir, args.address, t_start, dashboard=board)
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if not path.is_dir():
+        raise InputError(f"{path}: no such folder")
+    board = _start_dashboard(path, (args.host, args.port))
+    try:
+        board.wait()  # serve until Ctrl-C
+    except KeyboardInterrupt:
+        board.stop()
+    return EXIT_OK
 
 
 def _cmd_resume(args: argparse.Namespace, t_start: float) -> int:
@@ -180,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": lambda: _cmd_train(args, t_start),
         "resume": lambda: _cmd_resume(args, t_start),
         "export": lambda: _cmd_export(args),
+        "dashboard": lambda: _cmd_dashboard(args),
         "verify": lambda: _cmd_verify(args),
     }
     try:

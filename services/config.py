@@ -124,7 +124,7 @@ class CheckpointConfig(_Section):
 class MetricsConfig(_Section):
     runs_dir: str = Field("runs", description="Folder holding run directories.")
     run_name: str | None = Field(None, description="Run directory name (default: <env>-<algo>-<time>).")
-    tensorboard: bool = Field(False, description="Also write TensorBoard event files under events/.")
+    tensorboard: bool = Field(True, description="Also write TensorBoard event files under events/.")
     progress: Literal["auto", "bar", "lines", "none"] = Field(
         "auto", description="Terminal progress: a bar on a TTY, plain lines otherwise."
     )

@@ -17,7 +17,8 @@ from services.backends import Backend, LearnerLost
 from services.checkpoints import load_newest_valid, save_checkpoint
 from services.config import RelayConfig
 from services.progress import Progress
-from services.run_dir import MetricsWriter, RunDir
+from services.run_dir import RunDir
+from services.sinks import MetricsSinks
 
 RETURN_WINDOW = 20
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
@@ -146,7 +147,9 @@ class TrainingLoop:
 
     def run_until_stop(self, startup_s: float | None = None) -> str:
         """Train until a stop criterion; returns which one (or 'interrupted')."""
-        writer = MetricsWriter(self.run.metrics_path)
+        writer = MetricsSinks(
+            self.run, self.cfg.metrics.tensorboard, prometheus=self.cfg.rollout.num_workers > 0
+        )
         progress = Progress(self.cfg)
         wall_base = self.c.wall_s
         t0 = time.perf_counter()

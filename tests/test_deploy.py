@@ -56,3 +56,13 @@ def test_kuberay_manifests(name):
     assert json.loads(json.loads(raw)) == {"NPU": 8}
     if doc["kind"] == "RayJob":
         assert doc["spec"]["entrypoint"].startswith("python -m services.train ")
+
+
+def test_grafana_dashboard_queries_relays_metrics():
+    from services.dashboard_metrics import DASHBOARD_METRICS
+
+    dash = json.loads((DEPLOY / "grafana" / "relay-learner.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for key in DASHBOARD_METRICS:
+        assert f"ray_relay_{key}{{" in exprs, key
+    assert 'run=~"$run"' in exprs and dash["templating"]["list"][1]["name"] == "run"

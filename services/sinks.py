@@ -1,0 +1,105 @@
+"""Where each metrics record goes: metrics.jsonl always, TensorBoard and Prometheus (through Ray's
+metrics, `ray.util.metrics`) when enabled, all with the same names (Prometheus adds `ray_relay_`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from services.run_dir import MetricsWriter, RunDir
+
+log = logging.getLogger(__name__)
+
+
+def numeric_items(record: dict[str, Any]) -> list[tuple[str, float]]:
+    return [
+        (k, float(v))
+        for k, v in record.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+    ]
+
+
+class TensorBoardSink:
+    """Scalars under runs/<name>/events/, one per metric name, step = env_steps."""
+
+    def __init__(self, run: RunDir) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run.events))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["env_steps"])
+        for key, value in numeric_items(record):
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class PrometheusSink:
+    """Gauges `relay_<metric>{run=...}`, a counter of env steps and a histogram of update times,
+    exported by Ray's metrics agent (Ray's Prometheus endpoint and Grafana show them)."""
+
+    def __init__(self, run_name: str) -> None:
+        from ray.util import metrics
+
+        self._metrics = metrics
+        self.tags = {"run": run_name}
+        self.gauges: dict[str, Any] = {}
+        self.env_steps = metrics.Counter(
+            "relay_env_steps_total", "Valid env steps sampled", tag_keys=("run",)
+        )
+        self.update_seconds = metrics.Histogram(
+            "relay_update_seconds",
+            "Learner update time per iteration",
+            boundaries=[0.01, 0.03, 0.1, 0.3, 1, 3, 10],
+            tag_keys=("run",),
+        )
+        self._last_steps = 0
+
+    def _gauge(self, key: str) -> Any:
+        if key not in self.gauges:
+            self.gauges[key] = self._metrics.Gauge(
+                f"relay_{key}", f"relay learner metric {key}", tag_keys=("run",)
+            )
+        return self.gauges[key]
+
+    def write(self, record: dict[str, Any]) -> None:
+        for key, value in numeric_items(record):
+            self._gauge(key).set(value, tags=self.tags)
+        steps = int(record["env_steps"])
+        if steps > self._last_steps:
+            self.env_steps.inc(steps - self._last_steps, tags=self.tags)
+            self._last_steps = steps
+        if "update_s" in record:
+            self.update_seconds.observe(float(record["update_s"]), tags=self.tags)
+
+    def close(self) -> None:
+        pass
+
+
+class MetricsSinks:
+    """One record in, every enabled sink out. A failing optional sink is logged, never fatal."""
+
+    def __init__(self, run: RunDir, tensorboard: bool, prometheus: bool) -> None:
+        self.jsonl = MetricsWriter(run.metrics_path)
+        self.extra: list[Any] = []
+        if tensorboard:
+            self.extra.append(TensorBoardSink(run))
+        if prometheus:
+            self.extra.append(PrometheusSink(run.root.name))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.jsonl.write(record)
+        for sink in self.extra:
+            try:
+                sink.write(record)
+            except Exception as err:  # a metrics backend must never stop training
+                log.warning("metrics sink %s failed: %s", type(sink).__name__, err)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        for sink in self.extra:
+            sink.close()

@@ -1,0 +1,144 @@
+"""The learner metrics dashboard: its HTTP API's edge cases, and a real headless Chromium watching
+the return chart gain points as metrics.jsonl lines land (screenshot saved under artifacts/)."""
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from services.dashboard import Dashboard
+
+ROOT = Path(__file__).parents[2]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def line(i: int, **extra) -> str:
+    rec = {
+        "iteration": i,
+        "env_steps": 1024 * i,
+        "wall_s": 0.2 * i,
+        "episode_return_mean": 20.0 + 10 * i,
+        "episode_return_min": 10.0 + 5 * i,
+        "episode_return_max": 40.0 + 12 * i,
+        "episode_len_mean": 20.0 + 10 * i,
+        "policy_loss": -0.01,
+        "value_loss": 1.0 / i,
+        "entropy": 0.69 - 0.01 * i,
+        "approx_kl": 0.004,
+        "clip_fraction": 0.05,
+        "explained_variance": 0.5,
+        "grad_norm": 0.3,
+        "lr": 1e-3,
+        "env_steps_per_s": 5000.0,
+        "learner_samples_per_s": 90000.0,
+        "policy_lag_mean": 0.0,
+        "weights_version": i,
+        "buffer_fill": 1.0,
+        "device_memory_bytes": 0,
+        "device_memory_peak_bytes": 0,
+        "amp_skipped_steps": 0,
+        "worker_restarts": 0,
+        "rejected_segments": 0,
+        **extra,
+    }
+    return json.dumps(rec) + "\n"
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "metrics.jsonl").write_text("".join(line(i) for i in range(1, 4)))
+    (root / "empty").mkdir()
+    (root / "empty" / "config.yaml").write_text("env: {}\n")
+    board = Dashboard(root, port=0).start()
+    yield root, board
+    board.stop()
+
+
+def get(board, path):
+    try:
+        with urllib.request.urlopen(board.url.rstrip("/") + path, timeout=10) as res:
+            return res.status, json.loads(res.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_api_lists_runs_and_serves_lines_incrementally(runs):
+    root, board = runs
+    assert get(board, "/api/runs") == (200, {"root": str(root.resolve()), "runs": ["a", "empty"]})
+    status, body = get(board, "/api/metrics?run=a&since=1")
+    assert status == 200 and body["next"] == 3 and [x["iteration"] for x in body["lines"]] == [2, 3]
+    assert get(board, "/api/metrics?run=empty")[1] == {
+        "run": "empty",
+        "next": 0,
+        "lines": [],
+        "note": "no metrics yet",
+    }
+
+
+def test_torn_last_line_waits_until_complete(runs):
+    root, board = runs
+    with (root / "a" / "metrics.jsonl").open("a") as f:
+        f.write(line(4)[:40])
+    assert get(board, "/api/metrics?run=a&since=3")[1]["lines"] == []
+    with (root / "a" / "metrics.jsonl").open("a") as f:
+        f.write(line(4)[40:])
+    assert [x["iteration"] for x in get(board, "/api/metrics?run=a&since=3")[1]["lines"]] == [4]
+
+
+def test_missing_vanished_and_outside_runs_get_clear_errors(runs):
+    root, board = runs
+    assert get(board, "/api/metrics?run=nope") == (
+        404,
+        {"error": "run 'nope' not found (or its directory was removed)"},
+    )
+    assert get(board, "/api/metrics?run=../../etc")[0] == 403
+    assert get(board, "/static/../dashboard.py")[0] == 404
+    assert get(board, "/api/metrics?run=a&since=x")[0] == 400
+    shutil.rmtree(root / "a")
+    assert get(board, "/api/metrics?run=a")[0] == 404
+    shutil.rmtree(root)
+    status, body = get(board, "/api/runs")
+    assert status == 404 and "does not exist" in body["error"]
+
+
+def test_a_real_browser_watches_the_return_chart_grow(runs):
+    """Headless Chromium (Debian's package, driven by Playwright) loads the page of a run being written."""
+    from playwright.sync_api import sync_playwright
+
+    root, board = runs
+    assert Path(CHROMIUM).exists(), "Debian's chromium package is required (.ci/run installs it)"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(board.url)
+        page.wait_for_function(
+            "window.relayDashboard && window.relayDashboard.points('return') === 3", timeout=20000
+        )
+        with (root / "a" / "metrics.jsonl").open("a") as f:
+            f.write("".join(line(i) for i in range(4, 12)))
+        page.wait_for_function("window.relayDashboard.points('return') === 11", timeout=20000)
+        assert page.locator("#card-return canvas").count() == 1
+        assert page.locator(".card").count() >= 14
+        assert "2 run(s)" in page.locator("#status").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "dashboard-test.png"), full_page=True)
+        browser.close()
+    assert not errors, errors
+    assert (ARTIFACTS / "dashboard-test.png").stat().st_size > 10_000
