@@ -48,9 +48,7 @@ class Moments:
 
     @staticmethod
     def from_numpy(d: dict[str, Any]) -> Moments:
-        return Moments(
-            float(d["count"]), torch.tensor(d["mean"]).float(), torch.tensor(d["var_sum"]).float()
-        )
+        return Moments(float(d["count"]), torch.tensor(d["mean"]).float(), torch.tensor(d["var_sum"]).float())
 
 
 class ObsNormalizer(nn.Module):

@@ -25,16 +25,20 @@ class InputError(Exception):
     """Bad input from the user (exit 2)."""
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="YAML config file")
+def _add_set_arg(p: argparse.ArgumentParser, example: str) -> None:
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config leaf, e.g. --set learner.lr=1e-3 (repeatable)",
+        help=f"override a config leaf, e.g. --set {example} (repeatable)",
     )
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file")
+    _add_set_arg(p, "learner.lr=1e-3")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,14 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run from its newest valid checkpoint")
     resume.add_argument("run_dir", help="run directory holding config.yaml and checkpoints/")
     resume.add_argument("--address", help="Ray cluster address")
-    resume.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config leaf (e.g. a larger stop.env_steps)",
-    )
+    _add_set_arg(resume, "stop.env_steps=200000")
     validate = sub.add_parser("validate", help="check a config and print the resolved one")
     _add_config_args(validate)
     dash = sub.add_parser(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import main
+from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
 
@@ -44,21 +45,13 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
 
 def test_local_mode_trains_writes_metrics_and_checkpoints(tmp_path, capsys):
     run = tmp_path / "run"
-    code = main(
-        [
-            "train",
-            str(ROOT / "configs/cartpole_ppo.yaml"),
-            "--run-dir",
-            str(run),
-            "--set",
-            "rollout.num_workers=0",
-            "--set",
-            "learner.buffer_size=512",
-            "--set",
-            "stop.env_steps=6000",
-            "--set",
-            "checkpoint.interval=4",
-        ]
+    code = train_local(
+        "cartpole_ppo.yaml",
+        run,
+        "learner.buffer_size=512",
+        "stop.env_steps=6000",
+        "checkpoint.interval=4",
+        "metrics.progress=lines",
     )
     assert code == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -139,25 +132,7 @@ def test_a_seed_fixes_the_run(tmp_path):
     runs = []
     for name in ("a", "b"):
         run = tmp_path / name
-        assert (
-            main(
-                [
-                    "train",
-                    str(ROOT / "configs/pendulum_ppo.yaml"),
-                    "--run-dir",
-                    str(run),
-                    "--set",
-                    "rollout.num_workers=0",
-                    "--set",
-                    "learner.buffer_size=1024",
-                    "--set",
-                    "stop.env_steps=5000",
-                    "--set",
-                    "metrics.progress=none",
-                ]
-            )
-            == 0
-        )
+        assert train_local("pendulum_ppo.yaml", run, "learner.buffer_size=1024", "stop.env_steps=5000") == 0
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         runs.append([{k: v for k, v in x.items() if k not in TIMING_KEYS} for x in lines])
     assert runs[0] == runs[1]

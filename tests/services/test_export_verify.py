@@ -12,6 +12,7 @@ import torch
 from services import export as export_mod
 from services.cli import main
 from services.policy_io import DeterministicPolicy, load_policy
+from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
 
@@ -19,25 +20,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture(scope="module", params=["cartpole_ppo", "pendulum_ppo"])
 def checkpoint(request, tmp_path_factory):
     run = tmp_path_factory.mktemp(request.param)
-    assert (
-        main(
-            [
-                "train",
-                str(ROOT / f"configs/{request.param}.yaml"),
-                "--run-dir",
-                str(run),
-                "--set",
-                "rollout.num_workers=0",
-                "--set",
-                "learner.buffer_size=1024",
-                "--set",
-                "stop.env_steps=3000",
-                "--set",
-                "metrics.progress=none",
-            ]
-        )
-        == 0
-    )
+    assert train_local(f"{request.param}.yaml", run, "learner.buffer_size=1024", "stop.env_steps=3000") == 0
     return sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
 
 
@@ -104,23 +87,8 @@ def test_metrics_of_amp_training_on_cpu(tmp_path):
     """bf16 autocast on the CPU trains; normalizer statistics stay float32 in the checkpoint."""
     run = tmp_path / "amp"
     assert (
-        main(
-            [
-                "train",
-                str(ROOT / "configs/cartpole_ppo.yaml"),
-                "--run-dir",
-                str(run),
-                "--set",
-                "rollout.num_workers=0",
-                "--set",
-                "learner.buffer_size=512",
-                "--set",
-                "learner.use_amp=true",
-                "--set",
-                "stop.env_steps=4000",
-                "--set",
-                "metrics.progress=none",
-            ]
+        train_local(
+            "cartpole_ppo.yaml", run, "learner.buffer_size=512", "learner.use_amp=true", "stop.env_steps=4000"
         )
         == 0
     )
