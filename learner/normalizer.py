@@ -68,9 +68,11 @@ class ObsNormalizer(nn.Module):
         self.register_buffer("steps", torch.ones((), dtype=torch.float32))
 
     def _apply(self, fn: Any, recurse: bool = True) -> ObsNormalizer:  # type: ignore[override]
+        # Keep the float32 originals: casting var_sum ~1e5 to float16 and back would give inf.
+        saved = {name: self._buffers[name] for name in self._STAT_NAMES}
         super()._apply(fn, recurse)
-        for name in self._STAT_NAMES:
-            self._buffers[name] = self._buffers[name].float()
+        for name, original in saved.items():
+            self._buffers[name] = original.to(device=self._buffers[name].device, dtype=torch.float32)
         return self
 
     @property

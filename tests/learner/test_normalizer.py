@@ -59,6 +59,16 @@ def test_half_model_keeps_float32_stats_and_no_nan_at_large_counts():
     assert norm.var_sum.dtype == torch.float32
 
 
+def test_large_statistics_survive_a_cast_of_the_model_to_half():
+    """Regression: .half() used to round-trip the stats through float16 (var_sum 1.5e5 -> inf)."""
+    norm = ObsNormalizer((2,))
+    norm.var_sum.copy_(torch.tensor([1.5e5, 7.0e4]))
+    norm.steps.fill_(2e6)
+    half = norm.half().to(torch.bfloat16)
+    assert half.var_sum.tolist() == [1.5e5, 7.0e4] and half.steps.item() == 2e6
+    assert torch.isfinite(half(torch.ones(3, 2, dtype=torch.bfloat16))).all()
+
+
 def test_disabled_normalizer_is_identity():
     norm = ObsNormalizer((2,), enabled=False)
     x = torch.randn(3, 2)
