@@ -42,6 +42,21 @@ class LearnerActor:
             self._published = (self.learner.version, [ray.put(self.learner.weights())])
         return self._published
 
+    def rendezvous(self) -> tuple[str, int]:
+        """Address and a free port on this node for the learners' process group (rank 0 hosts it)."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join_group(self, rank: int, world: int, address: str, port: int) -> int:
+        from learner.distributed import init_group
+
+        init_group(self.learner.dev, rank, world, address, port)
+        return rank
+
     def train_round(self, segment_refs: list[ray.ObjectRef], progress: float) -> dict[str, Any]:
         """Fetch the segments (dropping any whose worker died), ingest them, update when a round is in."""
         segments, lost = [], 0
@@ -51,7 +66,9 @@ class LearnerActor:
             except ray.exceptions.RayError as err:
                 lost += 1
                 log.warning("dropped a segment whose worker failed: %s", type(err).__name__)
-        out = self.learner.train_round(segments, progress)
+        from learner.distributed import world_size
+
+        out = self.learner.train_round(segments, progress, lockstep=world_size() > 1)
         out["lost_segments"] = lost
         if out["metrics"] is not None:
             out["weights"] = self.publish()

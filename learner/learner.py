@@ -16,6 +16,7 @@ import torch
 
 from learner.buffer import SegmentRejected, SegmentRingBuffer, SegmentSpec
 from learner.device import DeviceContext, resolve_device
+from learner.distributed import gather_moments, world_size
 from learner.gae import compute_gae
 from learner.losses import explained_variance, group_relative_advantages
 from learner.models import ActionSpec, ActorCritic
@@ -125,7 +126,9 @@ class Learner:
         self._behaviour_versions.append(int(segment.get("weights_version", self.version)))
         return None
 
-    def train_round(self, segments: list[Mapping[str, Any]], progress: float = 0.0) -> dict[str, Any]:
+    def train_round(
+        self, segments: list[Mapping[str, Any]], progress: float = 0.0, lockstep: bool = False
+    ) -> dict[str, Any]:
         """Ingest segments and, once a full round is in, update. Returns what the driver logs.
 
         {"episode_returns", "episode_lengths", "env_steps", "rejected", "reject_reason",
@@ -142,7 +145,10 @@ class Learner:
             out["episode_returns"] += list(seg.get("episode_returns", []))
             out["episode_lengths"] += list(seg.get("episode_lengths", []))
             out["env_steps"] += int(seg.get("env_steps", 0))
-        out["metrics"] = self.update(progress) if self.ready else None
+        # Data-parallel replicas must all take part in every update (their gradients are averaged):
+        # in lockstep a replica that lost a segment trains on its newest ones again.
+        can_update = self.ready or (lockstep and self.buffer.size >= self.segments_per_update)
+        out["metrics"] = self.update(progress) if can_update else None
         return out
 
     def _note_incarnation(self, segment: Mapping[str, Any]) -> bool:
@@ -155,9 +161,14 @@ class Learner:
         return previous is not None and previous != incarnation
 
     @property
+    def segments_per_update(self) -> int:
+        """This learner's share of a round (all of it without data parallelism)."""
+        return self.cfg.segments_per_update // world_size()
+
+    @property
     def ready(self) -> bool:
         """Enough fresh segments for one update."""
-        return self._fresh_segments >= self.cfg.segments_per_update
+        return self._fresh_segments >= self.segments_per_update
 
     # ---- the update ----------------------------------------------------------------------------
     def _ppo_batch(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -225,7 +236,7 @@ class Learner:
         timings: dict[str, float] = {}
         lr = self._set_lr(progress)
         with self.dev.timed(timings, "update_s"):
-            slots = self.buffer.latest_slots(self.cfg.segments_per_update)
+            slots = self.buffer.latest_slots(self.segments_per_update)
             data = _time_major(self.buffer.gather(slots))
             batch, loss_fn, algo_stats = self._batch_and_loss(data)
             result = run_update(
@@ -244,7 +255,7 @@ class Learner:
                 )
         # Normalizer statistics change only between updates, so the stats that ship with version v
         # are exactly the ones the learner trains version v's data with.
-        for moments in self._pending:
+        for moments in gather_moments(self._pending):
             self.model.normalizer.update(moments)
         self._pending.clear()
         lag = [self.version - v for v in self._behaviour_versions]

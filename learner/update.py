@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from learner import losses
 from learner.device import DeviceContext
+from learner.distributed import average_gradients, mean_across_learners
 from learner.models import ActorCritic
 from services.config import LearnerConfig
 
@@ -92,7 +93,12 @@ class UpdateResult:
 def _optimizer_step(
     params: list[nn.Parameter], optimizer: torch.optim.Optimizer, scaler: object | None, max_grad_norm: float
 ) -> tuple[Tensor, bool]:
-    """Clip and step; returns (grad_norm, skipped). A non-finite gradient never reaches the weights."""
+    """Clip and step; returns (grad_norm, skipped). A non-finite gradient never reaches the weights.
+
+    With data-parallel learners the (still scaled) gradients are averaged first, so an inf on
+    one replica reaches all of them and every replica takes the same skip decision.
+    """
+    average_gradients(params)
     if scaler is not None:
         scaler.unscale_(optimizer)  # type: ignore[attr-defined]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -153,7 +159,8 @@ def run_update(
             result.skipped_steps += int(skipped)
             result.samples += cfg.batch_size
         result.epochs_run += 1
-        if cfg.target_kl is not None and float(epoch_kl) > 1.5 * cfg.target_kl:  # host sync, once per epoch
+        # host sync, once per epoch; averaged so every data-parallel replica stops together
+        if cfg.target_kl is not None and float(mean_across_learners(epoch_kl)) > 1.5 * cfg.target_kl:
             break
     steps = max(result.optimizer_steps, 1)
     result.stats = {name: float(total) / steps for name, total in totals.items()}

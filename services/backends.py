@@ -77,8 +77,13 @@ class RayBackend:
         self.cfg = cfg
         ec = cfg.env
         self.env_spec = EnvSpec(*probe_spaces(ec.id, ec.max_episode_steps, ec.kwargs))
-        # The learner is placed first, so rollout workers can never take the CPUs of its node.
-        self.learner = create_learner_actor(cfg, self.env_spec)
+        # Learners are placed first, so rollout workers can never take the CPUs of their nodes.
+        self.learners = [create_learner_actor(cfg, self.env_spec) for _ in range(cfg.learner.num_learners)]
+        self.learner = self.learners[0]  # rank 0 publishes weights and reports metrics
+        if len(self.learners) > 1:
+            address, port = ray.get(self.learner.rendezvous.remote())
+            n = len(self.learners)
+            ray.get([lrn.join_group.remote(rank, n, address, port) for rank, lrn in enumerate(self.learners)])
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())
         self.workers = create_rollout_workers(cfg)
         self._in_flight: dict[Any, int] = {}
@@ -93,10 +98,14 @@ class RayBackend:
             refs = [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
         else:
             refs = self._next_async_round()
+        n = len(self.learners)
         try:
-            out = self._ray.get(self.learner.train_round.remote(refs, progress))
+            outs = self._ray.get(
+                [lrn.train_round.remote(refs[r::n], progress) for r, lrn in enumerate(self.learners)]
+            )
         except self._ray.exceptions.RayActorError as err:
             raise LearnerLost(str(err).splitlines()[0]) from None
+        out = _merge_rounds(outs)
         if "weights" in out:
             self.version, self.weights_ref = out.pop("weights")
         return out
@@ -132,18 +141,33 @@ class RayBackend:
         return self._ray.get(self.learner.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._ray.get(self.learner.load_state_dict.remote(state))
+        self._ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
 
     def restart_learner(self) -> None:
         """A fresh learner actor (its state comes from the newest checkpoint, loaded by the caller)."""
+        if len(self.learners) > 1:
+            raise RuntimeError("a data-parallel learner group cannot be restarted yet; use relay resume")
         self._ray.kill(self.learner)
         self.learner = self._create_learner(self.cfg, self.env_spec)
+        self.learners = [self.learner]
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
 
     def close(self) -> None:
-        for actor in [*self.workers, self.learner]:
+        for actor in [*self.workers, *self.learners]:
             self._ray.kill(actor)
+
+
+def _merge_rounds(outs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round's result from every data-parallel learner: counts add up, rank 0 reports metrics."""
+    merged = dict(outs[0])
+    for other in outs[1:]:
+        for key in ("episode_returns", "episode_lengths"):
+            merged[key] = merged[key] + other[key]
+        for key in ("env_steps", "rejected", "lost_segments", "worker_restarts"):
+            merged[key] = merged.get(key, 0) + other.get(key, 0)
+        merged.setdefault("reject_reason", other.get("reject_reason"))
+    return merged
 
 
 def init_ray(cfg: RelayConfig, address: str | None) -> bool:
@@ -158,7 +182,7 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
         ray.init(address=address, logging_level=logging.WARNING)
         return False
     # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as processes do).
-    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + 1
+    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
     ray.init(
         num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
         include_dashboard=False,

@@ -59,6 +59,9 @@ class RolloutConfig(_Section):
 class LearnerConfig(_Section):
     algo: Literal["ppo", "grpo"] = Field("ppo", description="Update rule: PPO (actor-critic) or GRPO.")
     device: str = Field("auto", description="auto (npu, then cuda, then cpu), cpu, cuda[:i] or npu[:i].")
+    num_learners: int = Field(
+        1, ge=1, description="Data-parallel learner actors, one accelerator each (HCCL on npu, NCCL on cuda)."
+    )
     npu_ids: list[int] = Field(
         default_factory=list,
         description="Accelerator ids the learner may use; empty lets Ray assign them (the normal case).",
@@ -187,15 +190,22 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
             f"learner.buffer_size={lrn.buffer_size} holds fewer than one round of segments "
             f"({_round_desc(cfg)} x {shape} = {cfg.update_steps} steps)"
         )
-    if cfg.update_steps % lrn.batch_size:
+    per_learner = cfg.update_steps // lrn.num_learners
+    if per_learner % lrn.batch_size:
+        who = "" if lrn.num_learners == 1 else f" each of learner.num_learners={lrn.num_learners} gets"
         problems.append(
-            f"learner.batch_size={lrn.batch_size} does not divide the {cfg.update_steps} steps of an update "
+            f"learner.batch_size={lrn.batch_size} does not divide the {per_learner} steps{who} of an update "
             f"({_round_desc(cfg)} x {shape})"
         )
     elif lrn.batch_size % lrn.grad_accum_steps:
         problems.append(
             f"learner.batch_size={lrn.batch_size} is not divisible by "
             f"learner.grad_accum_steps={lrn.grad_accum_steps}"
+        )
+    if lrn.num_learners > 1 and (cfg.rollout.num_workers == 0 or cfg.rollout.num_workers % lrn.num_learners):
+        problems.append(
+            f"learner.num_learners={lrn.num_learners} must divide "
+            f"rollout.num_workers={cfg.rollout.num_workers} (each learner takes the same share of a round)"
         )
     if cfg.env.num_envs % lrn.group_size:
         problems.append(
