@@ -15,6 +15,7 @@ import torch
 
 from learner.learner import EnvSpec, build_policy
 from learner.normalizer import Moments
+from rollout_workers.cpu_policy import NumpyPolicy
 from rollout_workers.envs import action_spec, env_seeds, make_vector_env
 from services.config import RelayConfig
 
@@ -44,6 +45,10 @@ class SegmentSampler:
         self._high = getattr(space, "high", None)
         torch.manual_seed(ec.seed)
         self.policy = build_policy(cfg, self.spec).eval()
+        # Acting runs the same weights through numpy (tied to the torch forward by a test).
+        mc = cfg.model
+        self.fast = NumpyPolicy(self.spec.action, mc.activation, mc.shared_trunk, mc.normalize_obs)
+        self.fast.load(self.policy.state_dict())
         self.noise = torch.Generator().manual_seed(int(env_seeds(ec.seed, 10_000 + worker_index, 1)[0]))
         self.version = -1
         # Grouped sampling draws one "prompt" seed per group per segment from its own stream.
@@ -61,10 +66,11 @@ class SegmentSampler:
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Load a published policy version (normalizer statistics ride along)."""
         self.policy.load_state_dict(weights)
+        self.fast.load(weights)
         self.version = version
 
-    def _env_actions(self, actions: torch.Tensor) -> np.ndarray:
-        a = actions.numpy()
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
+        a = actions
         if self.spec.action.kind == "continuous" and self._low is not None:
             # The env gets the clipped action; the segment keeps the sampled one so log-probs match.
             a = np.clip(a, self._low, self._high)
@@ -76,7 +82,7 @@ class SegmentSampler:
         idx = np.flatnonzero(truncated)
         if idx.size:
             final = np.stack([info["final_obs"][i] for i in idx]).astype(np.float32)
-            out[idx] = self.policy.value(torch.from_numpy(final)).numpy()
+            out[idx] = self.fast.value(final)
         return out
 
     def _allocate(self) -> Segment:
@@ -94,16 +100,17 @@ class SegmentSampler:
             **{k: np.zeros((T, N), dtype=np.float32) for k in ("terminated", "truncated", "mask")},
         }
 
-    def _act(self, obs: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        noise = self.spec.action.draw_noise(obs.shape[0], self.noise)
-        return self.policy.act(torch.from_numpy(obs), noise)
+    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # Noise from the seeded torch CPU generator: the same bits whatever runs the network.
+        noise = self.spec.action.draw_noise(obs.shape[0], self.noise).numpy()
+        return self.fast.act(obs, noise)
 
-    def _record(self, seg: Segment, t: int, obs: np.ndarray, act: tuple[torch.Tensor, ...]) -> None:
+    def _record(self, seg: Segment, t: int, obs: np.ndarray, act: tuple[np.ndarray, ...]) -> None:
         actions, logp, value = act
         seg["obs"][t] = obs
-        seg["actions"][t] = actions.numpy()
-        seg["logp"][t] = logp.numpy()
-        seg["values"][t] = value.numpy()
+        seg["actions"][t] = actions
+        seg["logp"][t] = logp
+        seg["values"][t] = value
 
     def _finish(self, seg: Segment, returns: list[float], lengths: list[int]) -> Segment:
         seg["weights_version"] = self.version
@@ -151,7 +158,7 @@ class SegmentSampler:
             if bad.any():
                 next_obs = self._reset_bad_envs(seg, t, bad, next_obs)
             self._obs = next_obs
-        seg["last_value"] = self.policy.value(torch.from_numpy(self._obs.astype(np.float32))).numpy()
+        seg["last_value"] = self.fast.value(self._obs.astype(np.float32))
         return self._finish(seg, *episodes)
 
     def _track_episodes(
