@@ -99,6 +99,16 @@ def test_resume_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert "no valid checkpoint" in capsys.readouterr().err
 
 
+def _wait_for_new_checkpoint(folder: Path, after: int, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        names = [p.name for p in list_checkpoints(folder)]
+        if names and int(names[-1][5:13]) > after:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint past iteration {after} within {timeout}s")
+
+
 def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
     """Kill the driver with SIGKILL at random moments while it checkpoints every iteration."""
     run = tmp_path / "run"
@@ -119,13 +129,14 @@ def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
         "--set",
         "stop.episode_return_mean=null",
     ]
-    for delay in (3.0, 3.7, 4.4):
+    for delay in (0.3, 0.75, 1.2):
+        resuming = bool(list_checkpoints(run / "checkpoints"))
         proc = subprocess.Popen(
-            cmd
-            if not list_checkpoints(run / "checkpoints")
-            else [sys.executable, "-m", "services.cli", "resume", str(run), *LOCAL[2:]],
+            [sys.executable, "-m", "services.cli", "resume", str(run), *LOCAL[2:]] if resuming else cmd,
             cwd=ROOT,
         )
+        # Kill once this process is checkpointing every iteration (start-up time varies with load).
+        _wait_for_new_checkpoint(run / "checkpoints", after=len(_lines(run)) if resuming else 0)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
