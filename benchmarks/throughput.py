@@ -5,7 +5,8 @@
 
 For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor per worker):
   ceiling   the same vector envs stepped with random actions, no policy (W actors in parallel);
-  sampling  relay's RolloutWorker.sample() alone: policy inference on the CPU, segments built;
+  sampling  relay's RolloutWorker.sample() alone (two calls in flight per worker): policy
+            inference on the CPU, segments built and shipped through the object store;
   training  relay end to end (`relay train`, sync mode): sampling + learner updates;
   rllib     RLlib PPO with W env runners x 8 envs, env steps sampled per second of train().
 """
@@ -75,10 +76,14 @@ def sampling(workers: int, seconds: float) -> float:
     # Version -1 is what a fresh worker holds: it samples with its initial weights, no fetch.
     ref: list = []
     ray.get([a.sample.remote(-1, ref) for a in actors])  # warm-up
+    # Two calls in flight per worker, as in async mode: the worker never waits for the driver.
+    in_flight = {a.sample.remote(-1, ref): a for a in actors for _ in range(2)}
     steps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        segs = ray.get([a.sample.remote(-1, ref) for a in actors])
-        steps += sum(s["env_steps"] for s in segs)
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        actor = in_flight.pop(done[0])
+        steps += ray.get(done[0])["env_steps"]
+        in_flight[actor.sample.remote(-1, ref)] = actor
     return steps / (time.perf_counter() - t0)
 
 
