@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,3 +45,24 @@ def _fmt(value: Any) -> str:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def train_relay(config: str, sets: list[str]) -> list[dict[str, Any]]:
+    """Run `python -m services.train CONFIG` (quiet, in a temporary run dir) and return its metrics lines."""
+    root = Path(__file__).parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.train",
+            config,
+            "--run-dir",
+            str(run),
+            "--set",
+            "metrics.progress=none",
+        ]
+        for kv in sets:
+            cmd += ["--set", kv]
+        subprocess.run(cmd, cwd=root, check=True)
+        return read_metrics(run)

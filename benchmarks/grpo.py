@@ -11,34 +11,14 @@ Runs (seed 0, through Ray actors, 2 rollout workers):
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, read_metrics, table
+from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
-
-
-def run(config: str, sets: list[str]) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "services.train",
-            config,
-            "--run-dir",
-            f"{tmp}/run",
-            "--set",
-            "metrics.progress=none",
-        ]
-        for kv in sets:
-            cmd += ["--set", kv]
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        return read_metrics(Path(tmp) / "run")
 
 
 def first(lines: list[dict[str, Any]], key: str, target: float) -> dict[str, Any] | None:
@@ -50,12 +30,12 @@ def main() -> None:
     parser.add_argument("--max-wall", type=float, default=600.0)
     args = parser.parse_args()
     wall = f"stop.wall_s={args.max_wall}"
-    token = run(
+    token = train_relay(
         "configs/reverse_digits_grpo.yaml", [wall, "stop.episode_return_mean=null", "stop.env_steps=400000"]
     )
     token_hit = first(token, "group_reward_mean", 0.9)
-    grpo = run("configs/cartpole_grpo.yaml", [wall])
-    ppo = run("configs/cartpole_ppo.yaml", [wall])
+    grpo = train_relay("configs/cartpole_grpo.yaml", [wall])
+    ppo = train_relay("configs/cartpole_ppo.yaml", [wall])
 
     print(machine_header("GRPO (seed 0, 2 rollout workers, learner on cpu)"))
     print("\n## ReverseDigits (length 5, vocab 5): mean verifier reward per update, random policy = 0.2")

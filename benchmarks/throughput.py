@@ -14,9 +14,7 @@ For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, read_metrics, table
+from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,33 +86,17 @@ def sampling(workers: int, seconds: float) -> float:
 
 
 def training(workers: int, seconds: float) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "services.train",
-                "configs/cartpole_ppo.yaml",
-                "--run-dir",
-                str(run),
-                "--set",
-                f"rollout.num_workers={workers}",
-                "--set",
-                f"learner.buffer_size={workers * 1024}",
-                "--set",
-                "stop.episode_return_mean=null",
-                "--set",
-                "stop.env_steps=10000000",
-                "--set",
-                f"stop.wall_s={seconds}",
-                "--set",
-                "metrics.progress=none",
-            ],
-            cwd=ROOT,
-            check=True,
-        )
-        return read_metrics(run)[-1]["env_steps_per_s"]
+    lines = train_relay(
+        "configs/cartpole_ppo.yaml",
+        [
+            f"rollout.num_workers={workers}",
+            f"learner.buffer_size={workers * 1024}",
+            "stop.episode_return_mean=null",
+            "stop.env_steps=10000000",
+            f"stop.wall_s={seconds}",
+        ],
+    )
+    return lines[-1]["env_steps_per_s"]
 
 
 def rllib(workers: int, seconds: float) -> float:

@@ -11,9 +11,7 @@ runs out. Wall time counts from the first environment step; start-up is its own 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, read_metrics, table
+from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 WINDOW = 20
@@ -58,27 +56,12 @@ class Outcome:
 
 
 def run_relay(task: Task, max_wall: float, extra: list[str]) -> Outcome:
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        cmd = [
-            sys.executable,
-            "-m",
-            "services.train",
-            task.relay_config,
-            "--run-dir",
-            str(run),
-            "--set",
-            f"stop.episode_return_mean={task.target}",
-            "--set",
-            f"stop.env_steps={task.max_steps}",
-            "--set",
-            f"stop.wall_s={max_wall}",
-            "--set",
-            "metrics.progress=none",
-            *extra,
-        ]
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        lines = read_metrics(run)
+    sets = [
+        f"stop.episode_return_mean={task.target}",
+        f"stop.env_steps={task.max_steps}",
+        f"stop.wall_s={max_wall}",
+    ]
+    lines = train_relay(task.relay_config, sets + extra)
     hit = next((x for x in lines if (x["episode_return_mean"] or -1e9) >= task.target), None)
     last = hit or lines[-1]
     return Outcome(
@@ -220,7 +203,7 @@ def main() -> None:
     parser.add_argument("--relay-set", action="append", default=[], help="extra --set for relay runs")
     args = parser.parse_args()
     systems = args.only.split(",")
-    extra = [x for kv in args.relay_set for x in ("--set", kv)]
+    extra = list(args.relay_set)
     outcomes: list[Outcome] = []
     for key in args.envs.split(","):
         task = TASKS[key]

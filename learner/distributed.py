@@ -58,8 +58,3 @@ def gather_moments(local: list[Moments]) -> list[Moments]:
     gathered: list[list[dict] | None] = [None] * world_size()
     dist.all_gather_object(gathered, [m.to_numpy() for m in local])
     return [Moments.from_numpy(d) for part in gathered for d in (part or [])]
-
-
-def leave_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

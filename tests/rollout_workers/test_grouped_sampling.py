@@ -12,15 +12,18 @@ def _cfg(env_id: str, *overrides: str):
     return build_config({}, [f"env.id={env_id}", "learner.algo=grpo", "rollout.num_workers=0", *overrides])
 
 
+CARTPOLE_TWO_GROUPS_OF_FOUR = (
+    "CartPole-v1",
+    "env.num_envs=8",
+    "learner.group_size=4",
+    "rollout.rollout_len=500",
+    "learner.buffer_size=4000",
+    "learner.batch_size=1000",
+)
+
+
 def test_members_of_a_group_start_identical_and_groups_differ():
-    cfg = _cfg(
-        "CartPole-v1",
-        "env.num_envs=8",
-        "learner.group_size=4",
-        "rollout.rollout_len=500",
-        "learner.buffer_size=4000",
-        "learner.batch_size=1000",
-    )
+    cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
     seg = SegmentSampler(cfg).sample()
     first = seg["obs"][0]  # [N, 4]
     for g in range(2):
@@ -30,14 +33,7 @@ def test_members_of_a_group_start_identical_and_groups_differ():
 
 
 def test_finished_members_are_padding_and_outcome_is_their_return():
-    cfg = _cfg(
-        "CartPole-v1",
-        "env.num_envs=8",
-        "learner.group_size=4",
-        "rollout.rollout_len=500",
-        "learner.buffer_size=4000",
-        "learner.batch_size=1000",
-    )
+    cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
     seg = SegmentSampler(cfg).sample()
     assert seg["obs"].shape == (500, 8, 4) and seg["outcome"].shape == (8,)
     lengths = seg["mask"].sum(axis=0)
