@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     wall = f"stop.wall_s={args.max_wall}"
     token = train_relay(
-        "configs/reverse_digits_grpo.yaml", [wall, "stop.episode_return_mean=null", "stop.env_steps=400000"]
+        "configs/reverse_digits_grpo.yaml", [wall, "stop.episode_return_mean=null", "stop.env_steps=100000"]
     )
     token_hit = first(token, "group_reward_mean", 0.9)
     grpo = train_relay("configs/cartpole_grpo.yaml", [wall])

@@ -21,6 +21,7 @@ from learner.gae import compute_gae
 from learner.losses import explained_variance, group_relative_advantages
 from learner.models import ActionSpec, ActorCritic
 from learner.normalizer import Moments
+from learner.sequence import TokenTransformer
 from learner.update import grpo_loss, ppo_loss, run_update
 from services.config import RelayConfig
 
@@ -39,6 +40,15 @@ class EnvSpec:
 
 def build_policy(cfg: RelayConfig, env: EnvSpec) -> ActorCritic:
     """The policy network the config describes (critic-free for GRPO)."""
+    make_trunk = None
+    if cfg.model.kind == "transformer":
+        tc = cfg.model.transformer
+
+        def make_trunk() -> TokenTransformer:
+            return TokenTransformer(
+                env.obs_dim, token_vocab(cfg, env.action), tc.d_model, tc.heads, tc.layers, tc.ff_mult
+            )
+
     return ActorCritic(
         obs_dim=env.obs_dim,
         action=env.action,
@@ -48,7 +58,18 @@ def build_policy(cfg: RelayConfig, env: EnvSpec) -> ActorCritic:
         critic=cfg.learner.algo == "ppo",
         init_log_std=cfg.model.init_log_std,
         normalize_obs=cfg.model.normalize_obs,
+        make_trunk=make_trunk,
     )
+
+
+def token_vocab(cfg: RelayConfig, action: ActionSpec) -> int:
+    """The token ids a transformer policy reads: configured, else the discrete actions it writes."""
+    vocab = cfg.model.transformer.vocab_size
+    if vocab is not None:
+        return vocab
+    if action.kind != "discrete":
+        raise ValueError("model.transformer.vocab_size must be set for an env with continuous actions")
+    return action.size
 
 
 def segment_spec(cfg: RelayConfig, env: EnvSpec) -> SegmentSpec:

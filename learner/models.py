@@ -1,4 +1,5 @@
-"""Policies: MLP actor-critic for Discrete and Box actions, and a critic-free policy for GRPO.
+"""Policies: actor-critic for Discrete and Box actions (MLP trunks, or a token transformer), and
+a critic-free policy for GRPO.
 
 Exploration noise always comes from the caller (`act(obs, noise)`), drawn on the CPU from a seeded
 generator, so sampling is bit-identical whatever device runs the network.
@@ -7,6 +8,7 @@ generator, so sampling is bit-identical whatever device runs the network.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -88,6 +90,8 @@ class ActorCritic(nn.Module):
     """Normalizer -> trunk(s) -> categorical logits or Gaussian mean (+ state-independent log-std).
 
     With `critic=False` no value network is built (GRPO), saving its parameters and memory.
+    `make_trunk` builds each trunk (any module mapping [B, obs_dim] to [B, out_dim] with `out_dim`
+    and `checkpointing` attributes); by default an MLP of `hidden` widths.
     """
 
     def __init__(
@@ -100,18 +104,21 @@ class ActorCritic(nn.Module):
         critic: bool = True,
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
+        make_trunk: Callable[[], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.action = action
         self.normalizer = ObsNormalizer((obs_dim,), enabled=normalize_obs)
-        self.pi_trunk = Trunk(obs_dim, hidden, activation)
-        self.v_trunk: Trunk | None = None
+        make_trunk = make_trunk or (lambda: Trunk(obs_dim, hidden, activation))
+        self.pi_trunk = make_trunk()
+        self.v_trunk: nn.Module | None = None
         if critic and not shared_trunk:
-            self.v_trunk = Trunk(obs_dim, hidden, activation)
+            self.v_trunk = make_trunk()
         self.shared_trunk = shared_trunk
-        self.pi_head = nn.Linear(self.pi_trunk.out_dim, action.size)
+        out_dim = int(self.pi_trunk.out_dim)
+        self.pi_head = nn.Linear(out_dim, action.size)
         _init_linear(self.pi_head, 0.01)
-        self.v_head: nn.Linear | None = nn.Linear(self.pi_trunk.out_dim, 1) if critic else None
+        self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
         if self.v_head is not None:
             _init_linear(self.v_head, 1.0)
         if action.kind == "continuous":

@@ -1,4 +1,5 @@
-"""A numpy fast path for acting on the CPU, tied to the torch policy by a test.
+"""CPU acting for rollout workers: a numpy fast path for MLP policies, tied to the torch policy
+by a test, and the torch policy itself for the others (the token transformer).
 
 Rollout workers act on batches of 8-64 observations, where torch's per-op dispatch (~5 us) costs
 more than the arithmetic; numpy does the same few matmuls in about a microsecond each. The torch
@@ -13,8 +14,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from learner.models import ActionSpec
+from learner.models import ActionSpec, ActorCritic
 from learner.normalizer import CLIP
+from services.config import ModelConfig
 
 
 def _activation(name: str):  # type: ignore[no-untyped-def]
@@ -83,3 +85,29 @@ class NumpyPolicy:
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return self._features(obs)[1]
+
+
+class TorchCpuPolicy:
+    """The torch policy itself behind NumpyPolicy's interface (numpy in, numpy out)."""
+
+    def __init__(self, policy: ActorCritic) -> None:
+        self.policy = policy.eval()
+
+    def load(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.policy.load_state_dict(state)
+
+    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        actions, logp, value = self.policy.act(torch.from_numpy(obs), torch.from_numpy(noise))
+        return actions.numpy(), logp.numpy(), value.numpy()
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return self.policy.value(torch.from_numpy(obs)).numpy()
+
+
+def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:
+    """What a rollout worker acts with: the numpy mirror for MLPs, else the torch policy."""
+    if model.kind != "mlp":
+        return TorchCpuPolicy(policy)
+    fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, model.normalize_obs)
+    fast.load(policy.state_dict())
+    return fast

@@ -15,7 +15,7 @@ import torch
 
 from learner.learner import EnvSpec, build_policy
 from learner.normalizer import Moments
-from rollout_workers.cpu_policy import NumpyPolicy
+from rollout_workers.cpu_policy import cpu_policy
 from rollout_workers.envs import action_spec, env_seeds, make_vector_env
 from services.config import RelayConfig
 
@@ -44,11 +44,8 @@ class SegmentSampler:
         self._low = getattr(space, "low", None)
         self._high = getattr(space, "high", None)
         torch.manual_seed(ec.seed)
-        self.policy = build_policy(cfg, self.spec).eval()
-        # Acting runs the same weights through numpy (tied to the torch forward by a test).
-        mc = cfg.model
-        self.fast = NumpyPolicy(self.spec.action, mc.activation, mc.shared_trunk, mc.normalize_obs)
-        self.fast.load(self.policy.state_dict())
+        # MLPs act through numpy with the same weights (tied to the torch forward by a test).
+        self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec))
         self.noise = torch.Generator().manual_seed(int(env_seeds(ec.seed, 10_000 + worker_index, 1)[0]))
         self.version = -1
         # Grouped sampling draws one "prompt" seed per group per segment from its own stream.
@@ -65,7 +62,6 @@ class SegmentSampler:
 
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Load a published policy version (normalizer statistics ride along)."""
-        self.policy.load_state_dict(weights)
         self.fast.load(weights)
         self.version = version
 

@@ -16,29 +16,25 @@ class ReverseDigitsEnv(gym.Env[np.ndarray, int]):
     """Prompt: `length` digits in [0, vocab). The policy emits `length` tokens; the verifier's
     reward at the last step is the fraction of positions equal to the reversed prompt (0..1).
 
-    Observation (float32): one-hot prompt [length x vocab], one-hot tokens emitted so far
-    [length x vocab] (zeros where not yet emitted), one-hot position [length].
-    A uniformly random policy scores 1 / vocab on average.
+    Observation: the context as token ids [2 * length], the prompt then the tokens emitted so far,
+    -1 in the slots not yet filled (what relay's transformer policy reads, `model.kind:
+    transformer`). A uniformly random policy scores 1 / vocab on average.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, length: int = 5, vocab: int = 5) -> None:
         self.length, self.vocab = length, vocab
-        size = 2 * length * vocab + length
-        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
+        self.observation_space = gym.spaces.Box(-1, vocab - 1, shape=(2 * length,), dtype=np.int64)
         self.action_space = gym.spaces.Discrete(vocab)
         self._prompt = np.zeros(length, dtype=np.int64)
         self._emitted: list[int] = []
 
     def _obs(self) -> np.ndarray:
-        L, V = self.length, self.vocab
-        obs = np.zeros(2 * L * V + L, dtype=np.float32)
-        obs[np.arange(L) * V + self._prompt] = 1.0
-        for i, tok in enumerate(self._emitted):
-            obs[L * V + i * V + tok] = 1.0
-        if len(self._emitted) < L:
-            obs[2 * L * V + len(self._emitted)] = 1.0
+        L = self.length
+        obs = np.full(2 * L, -1, dtype=np.int64)
+        obs[:L] = self._prompt
+        obs[L : L + len(self._emitted)] = self._emitted
         return obs
 
     def score(self, tokens: list[int]) -> float:

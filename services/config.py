@@ -103,7 +103,28 @@ class LearnerConfig(_Section):
     group_eps: float = Field(1e-6, gt=0, description="GRPO: epsilon in (r - mean) / (std + eps).")
 
 
+class TransformerConfig(_Section):
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        description="Token ids the policy reads are 0..vocab_size-1 (-1 marks an empty slot); "
+        "None: the number of discrete actions (the policy reads the vocabulary it writes).",
+    )
+    d_model: int = Field(64, ge=4, description="Embedding width.")
+    heads: int = Field(4, ge=1, description="Attention heads (must divide d_model).")
+    layers: int = Field(2, ge=1, description="Transformer blocks.")
+    ff_mult: int = Field(2, ge=1, description="Feed-forward width as a multiple of d_model.")
+
+
 class ModelConfig(_Section):
+    kind: Literal["mlp", "transformer"] = Field(
+        "mlp",
+        description="mlp: MLP trunks over the (normalized) observation; transformer: a tiny causal "
+        "transformer over an observation of token ids (prompt + tokens emitted so far, -1 = empty).",
+    )
+    transformer: TransformerConfig = Field(
+        default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."
+    )
     hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], description="MLP layer widths.")
     activation: Literal["silu", "tanh", "relu"] = Field("tanh", description="MLP activation.")
     shared_trunk: bool = Field(False, description="One trunk for policy and value heads.")
@@ -217,6 +238,20 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
+    return problems + _model_problems(cfg.model)
+
+
+def _model_problems(model: ModelConfig) -> list[str]:
+    if model.kind != "transformer":
+        return []
+    problems = []
+    tc = model.transformer
+    if tc.d_model % tc.heads:
+        problems.append(
+            f"model.transformer.d_model={tc.d_model} is not divisible by model.transformer.heads={tc.heads}"
+        )
+    if model.normalize_obs:
+        problems.append("model.kind=transformer reads token ids: set model.normalize_obs=false")
     return problems
 
 

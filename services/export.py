@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.policy_io import DeterministicPolicy, PolicyHandle, output_names, recorded_observations
+from services.policy_io import (
+    RELAY_CONFIG_KEY,
+    DeterministicPolicy,
+    PolicyHandle,
+    output_names,
+    recorded_observations,
+)
 
 TOLERANCE = 1e-5
 
@@ -51,7 +57,14 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
             do_constant_folding=False,
             dynamo=False,
         )
-    return buf.getvalue()
+    if handle.config is None:
+        return buf.getvalue()
+    import onnx
+
+    # The run's config rides along, so `relay verify` can rebuild any relay policy from the graph.
+    proto = onnx.load_from_string(buf.getvalue())
+    onnx.helper.set_model_props(proto, {RELAY_CONFIG_KEY: handle.config.model_dump_json()})
+    return proto.SerializeToString()
 
 
 def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> float:
@@ -70,8 +83,7 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> 
 def export_onnx(handle: PolicyHandle, out: Path, seed: int = 0) -> ExportReport:
     """Write the ONNX file atomically after checking it against onnxruntime."""
     data = onnx_bytes(handle)
-    rng = np.random.default_rng(seed)
-    batches = [rng.standard_normal((1000, handle.obs_dim)).astype(np.float32)]
+    batches = [handle.synthetic_obs(1000, torch.Generator().manual_seed(seed)).numpy()]
     if handle.config is not None:
         batches.append(recorded_observations(handle, 1000, seed))
     err = max(max_abs_error(handle, data, b) for b in batches)

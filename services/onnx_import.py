@@ -1,5 +1,7 @@
-"""Importing MLP policies from ONNX (relay's own exports, Unity ML-Agents PPO exports) and from
+"""Importing policies from ONNX (relay's own exports, Unity ML-Agents PPO exports) and from
 ML-Agents `.pt` checkpoints into relay's torch ActorCritic, so they can be verified on any device.
+
+relay's exports carry the run's config as metadata and are rebuilt from it (any model kind).
 
 ML-Agents conventions (PPO, continuous actions, e.g. the Huggy dog: 59 obs -> 21 actions, three
 SiLU layers of 512): normalizer `clamp((obs - running_mean) / sqrt(running_variance /
@@ -17,12 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from learner.learner import EnvSpec, build_policy
 from learner.models import ActionSpec, ActorCritic
-from services.policy_io import PolicyHandle, PolicyLoadError
+from services.config import RelayConfig
+from services.policy_io import RELAY_CONFIG_KEY, PolicyHandle, PolicyLoadError
 
 MLAGENTS_BODY = re.compile(r"_body_endoder\.seq_layers\.(\d+)\.weight$")
-RELAY_TRUNK = re.compile(r"^pi_trunk\.net\.(\d+)\.weight$")
-ACTIVATION_OPS = {"Tanh": "tanh", "Relu": "relu", "Sigmoid": "silu"}  # SiLU exports as Sigmoid * x
 
 
 def mlagents_clip(actions: Tensor) -> Tensor:
@@ -76,32 +78,27 @@ def mlagents_policy_from_state_dict(sd: dict[str, Any], source: str) -> PolicyHa
     return PolicyHandle(model.eval(), source, None, mlagents_clip)
 
 
-def _relay_policy_from_onnx(sd: dict[str, Any], graph: Any, source: str) -> PolicyHandle:
-    sd = {k.removeprefix("model."): v for k, v in sd.items()}
-    layers = _layers(sd, RELAY_TRUNK)
-    if not layers:
-        raise PolicyLoadError(f"{source}: neither an ML-Agents nor a relay policy graph")
-    outputs = [o.name for o in graph.output]
-    ops = [n.op_type for n in graph.node]
-    activation = next((ACTIVATION_OPS[op] for op in ops if op in ACTIVATION_OPS), "tanh")
-    head_w = _find(sd, "pi_head.weight")
-    kind = "discrete" if "logits" in outputs else "continuous"
-    model = ActorCritic(
-        layers[0][0].shape[1],
-        ActionSpec(kind, head_w.shape[0]),
-        [w.shape[0] for w, _ in layers],
-        activation=activation,
-        critic=False,
-    )
-    _load_trunk(model, layers)
-    model.pi_head.weight.data.copy_(head_w)
-    model.pi_head.bias.data.copy_(_find(sd, "pi_head.bias"))
-    if kind == "continuous":
-        model.log_std.data.copy_(_find(sd, "log_std"))
-    model.normalizer.mean.copy_(_find(sd, "normalizer.mean"))
-    model.normalizer.var_sum.copy_(_find(sd, "normalizer.var_sum"))
-    model.normalizer.steps.copy_(_find(sd, "normalizer.steps").reshape(()))
-    return PolicyHandle(model.eval(), source)
+def _relay_policy_from_config(sd: dict[str, Any], graph: Any, config_json: str, source: str) -> PolicyHandle:
+    """Any relay policy (MLP or transformer): rebuilt from the run's config, weights by name."""
+    try:
+        cfg = RelayConfig.model_validate_json(config_json)
+    except ValueError as err:
+        raise PolicyLoadError(f"{source}: unreadable relay config in the graph ({err})") from None
+    obs_dim = graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    kind = "discrete" if "logits" in [o.name for o in graph.output] else "continuous"
+    head = sd.get("model.pi_head.weight")
+    if head is None:
+        raise PolicyLoadError(f"{source}: no model.pi_head.weight in the graph")
+    model = build_policy(cfg, EnvSpec((obs_dim,), ActionSpec(kind, head.shape[0])))
+    state = {k.removeprefix("model."): torch.from_numpy(v.copy()) for k, v in sd.items()}
+    # The exported graph holds the acting path only: no value network, no unused normalizer.
+    unused = ("v_trunk.", "v_head.") + (() if cfg.model.normalize_obs else ("normalizer.",))
+    needed = [k for k in model.state_dict() if not k.startswith(unused)]
+    missing = [k for k in needed if k not in state]
+    if missing:
+        raise PolicyLoadError(f"{source}: the graph lacks {len(missing)} weights, e.g. {missing[0]}")
+    model.load_state_dict({k: state[k] for k in needed}, strict=False)
+    return PolicyHandle(model.eval(), source, cfg)
 
 
 def import_onnx_policy(path: Path) -> PolicyHandle:
@@ -116,4 +113,9 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
     sd = {init.name: numpy_helper.to_array(init) for init in proto.graph.initializer}
     if any(MLAGENTS_BODY.search(k) for k in sd):
         return mlagents_policy_from_state_dict(sd, f"ML-Agents ONNX {path.name}")
-    return _relay_policy_from_onnx(sd, proto.graph, f"relay ONNX {path.name}")
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if RELAY_CONFIG_KEY not in meta:
+        raise PolicyLoadError(
+            f"{path}: neither an ML-Agents graph nor a relay export (no {RELAY_CONFIG_KEY})"
+        )
+    return _relay_policy_from_config(sd, proto.graph, meta[RELAY_CONFIG_KEY], f"relay ONNX {path.name}")

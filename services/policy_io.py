@@ -16,8 +16,11 @@ from torch import Tensor, nn
 
 from learner.learner import EnvSpec, build_policy
 from learner.models import ActorCritic
+from learner.sequence import TokenTransformer
 from services.checkpoints import load_checkpoint
 from services.config import RelayConfig
+
+RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
 
 
 class PolicyLoadError(ValueError):
@@ -37,7 +40,17 @@ class PolicyHandle:
 
     @property
     def obs_dim(self) -> int:
-        return int(self.model.pi_trunk.net[0].in_features if len(self.model.pi_trunk.net) else 0)
+        return int(self.model.normalizer.mean.numel())
+
+    def synthetic_obs(self, batch: int, generator: torch.Generator) -> Tensor:
+        """[batch, obs_dim] inputs the policy accepts: standard normals, or for a token policy
+        random contexts (ids in its vocabulary, a random number of slots filled, -1 after)."""
+        trunk = self.model.pi_trunk
+        if not isinstance(trunk, TokenTransformer):
+            return torch.randn(batch, self.obs_dim, generator=generator)
+        ids = torch.randint(0, trunk.vocab_size, (batch, self.obs_dim), generator=generator)
+        filled = torch.randint(1, self.obs_dim + 1, (batch, 1), generator=generator)
+        return torch.where(torch.arange(self.obs_dim) < filled, ids, -1).float()
 
     @property
     def continuous(self) -> bool:

@@ -82,7 +82,7 @@ def fingerprint(
     model = _on(handle, dev, torch.float32)
     digest = hashlib.sha256()
     for _ in range(steps):
-        obs = torch.randn(batch, handle.obs_dim, generator=gen)
+        obs = handle.synthetic_obs(batch, gen)
         noise = handle.model.action.draw_noise(batch, gen)
         params, _ = model.distribution_params(obs.to(dev.device))
         actions = model.sample_actions(params, noise.to(dev.device)).cpu()
@@ -109,7 +109,7 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
 
 def torch_latency(handle: PolicyHandle, dev: DeviceContext, batch: int, runs: int = 200) -> Latency:
     model = _on(handle, dev, torch.float32)
-    x = torch.randn(batch, handle.obs_dim, device=dev.device)
+    x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).to(dev.device)
 
     def call() -> float:
         dev.synchronize()
@@ -126,11 +126,13 @@ def torch_latency(handle: PolicyHandle, dev: DeviceContext, batch: int, runs: in
     return Latency(f"torch {dev}", batch, cold, p50, p95, p99)
 
 
-def ort_latency(model_bytes: bytes, obs_dim: int, batch: int, runs: int = 200) -> Latency:
+def ort_latency(model_bytes: bytes, obs: np.ndarray, runs: int = 200) -> Latency:
+    """Latency of onnxruntime on one batch obs [B, obs_dim]."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    x = {"obs": np.random.default_rng(0).standard_normal((batch, obs_dim)).astype(np.float32)}
+    x = {"obs": obs.astype(np.float32)}
+    batch = len(obs)
 
     def call() -> float:
         t0 = time.perf_counter()
@@ -155,7 +157,7 @@ class VerifyOptions:
 
 
 def verification_observations(handle: PolicyHandle, seed: int) -> np.ndarray:
-    obs = np.random.default_rng(seed).standard_normal((100, handle.obs_dim)).astype(np.float32)
+    obs = handle.synthetic_obs(100, torch.Generator().manual_seed(seed)).numpy()
     if handle.config is not None:
         obs = np.concatenate([obs, recorded_observations(handle, 100, seed)])
     return obs
@@ -191,7 +193,8 @@ def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
         "-" * 66,
     ]
     for batch in (1, opts.batch):
-        for lat in (torch_latency(handle, dev, batch), ort_latency(model_bytes, handle.obs_dim, batch)):
+        x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).numpy()
+        for lat in (torch_latency(handle, dev, batch), ort_latency(model_bytes, x)):
             lines.append(
                 f"{lat.runtime:>16} | {lat.batch:>5} | {lat.cold_ms:8.3f} | {lat.p50_ms:8.3f} | "
                 f"{lat.p95_ms:8.3f} | {lat.p99_ms:8.3f}"

@@ -89,6 +89,6 @@ def test_token_task_groups_share_the_prompt():
         "learner.batch_size=40",
     )
     seg = SegmentSampler(cfg).sample()
-    prompt_part = seg["obs"][0, :, :25]
+    prompt_part = seg["obs"][0, :, :5]  # the prompt's token ids
     assert np.array_equal(prompt_part[0], prompt_part[3]) and seg["mask"].all()
     assert ((seg["outcome"] >= 0) & (seg["outcome"] <= 1)).all()

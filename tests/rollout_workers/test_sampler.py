@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from learner.buffer import SegmentRingBuffer
-from learner.learner import segment_spec
+from learner.learner import build_policy, segment_spec
 from rollout_workers.envs import EnvSpecError, action_spec, env_seeds, make_vector_env
 from rollout_workers.sampler import SegmentSampler
 from services.config import build_config
@@ -72,12 +72,12 @@ def test_continuous_actions_are_clipped_for_the_env_but_kept_raw_in_the_segment(
 def test_weights_and_normalizer_stats_load_into_the_worker():
     cfg = _cfg()
     s = SegmentSampler(cfg)
-    weights = {k: v.clone() for k, v in s.policy.state_dict().items()}
+    weights = build_policy(cfg, s.spec).state_dict()
     weights["normalizer.mean"] = torch.full_like(weights["normalizer.mean"], 3.0)
     s.set_weights(5, weights)
     seg = s.sample()
     assert seg["weights_version"] == 5
-    assert torch.equal(s.policy.normalizer.mean, torch.full((4,), 3.0))
+    assert np.array_equal(s.fast.mean, np.full(4, 3.0, dtype=np.float32))
     assert seg["obs_moments"]["count"] == 200
 
 

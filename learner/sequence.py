@@ -1,0 +1,86 @@
+"""A tiny decoder-only transformer trunk for token tasks: the LLM shape of a policy.
+
+The observation is the context as token ids: the prompt followed by the tokens emitted so far,
+filled left to right, with -1 in the slots not yet filled, so its shape never changes. The trunk
+embeds the ids, runs causal self-attention over all slots, and returns the features of the last
+filled slot: the position an LLM predicts its next token from. Every step re-reads the whole
+context (no cache carried between steps), so segments need no recurrent state and stay fixed-shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+class CausalBlock(nn.Module):
+    """Pre-norm block: causal multi-head self-attention, then a SiLU feed-forward. x [B, S, D]."""
+
+    def __init__(self, d_model: int, heads: int, ff_mult: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln_ff = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(
+            nn.Linear(d_model, ff_mult * d_model), nn.SiLU(), nn.Linear(ff_mult * d_model, d_model)
+        )
+
+    def forward(self, x: Tensor, causal: Tensor) -> Tensor:
+        B, S, D = x.shape
+        # [B, S, 3, H, D/H] -> three [B, H, S, D/H]
+        q, k, v = self.qkv(self.ln_attn(x)).view(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
+        # Written out rather than nn.MultiheadAttention so ONNX export and autocast see plain ops.
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D // self.heads))
+        attn = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        x = x + self.proj((attn @ v).transpose(1, 2).reshape(B, S, D))
+        return x + self.ff(self.ln_ff(x))
+
+
+class TokenTransformer(nn.Module):
+    """obs [B, S] token ids in [0, vocab_size) or -1 (empty slot) -> features [B, d_model].
+
+    Slots fill left to right; the features are those of the last filled slot (causal attention,
+    so it sees exactly the context so far). A row with no filled slot reads slot 0.
+    """
+
+    def __init__(
+        self,
+        seq_len: int,
+        vocab_size: int,
+        d_model: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        ff_mult: int = 2,
+    ) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
+        self.vocab_size = vocab_size
+        self.out_dim = d_model
+        self.checkpointing = False
+        # Id vocab_size embeds the empty slot; causal attention means no filled slot ever reads one.
+        self.embed = nn.Embedding(vocab_size + 1, d_model)
+        self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(CausalBlock(d_model, heads, ff_mult) for _ in range(layers))
+        self.ln_out = nn.LayerNorm(d_model)
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        ids = obs.long()  # ids arrive as float32 from the buffer; small ints are exact
+        filled = ids >= 0
+        x = self.embed(torch.where(filled, ids, self.vocab_size)) + self.pos
+        for block in self.blocks:
+            if self.checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, self.causal, use_reentrant=False)
+            else:
+                x = block(x, self.causal)
+        last = (filled.sum(dim=-1) - 1).clamp(min=0)  # [B]
+        x = x.gather(1, last.view(-1, 1, 1).expand(-1, 1, x.shape[-1])).squeeze(1)
+        return self.ln_out(x)
