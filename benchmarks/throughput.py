@@ -76,13 +76,18 @@ def sampling(workers: int, seconds: float) -> float:
     ray.get([a.sample.remote(-1, ref) for a in actors])  # warm-up
     # Two calls in flight per worker, as in async mode: the worker never waits for the driver.
     in_flight = {a.sample.remote(-1, ref): a for a in actors for _ in range(2)}
-    steps, t0 = 0, time.perf_counter()
+    calls, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        done, _ = ray.wait(list(in_flight), num_returns=1)
+        done, _ = ray.wait(list(in_flight), num_returns=1, fetch_local=False)
         actor = in_flight.pop(done[0])
-        steps += ray.get(done[0])["env_steps"]
+        calls += 1
+        # The driver does not unpack segments (in training it only forwards their refs to the
+        # learner); one is checked below: CartPole never masks a step, so a call is T x N steps.
+        last = done[0]
         in_flight[actor.sample.remote(-1, ref)] = actor
-    return steps / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    assert ray.get(last)["env_steps"] == cfg.segment_steps
+    return calls * cfg.segment_steps / elapsed
 
 
 def training(workers: int, seconds: float) -> float:

@@ -65,15 +65,19 @@ def make_vector_env(
 ) -> gym.vector.VectorEnv:
     """A vector env in SAME_STEP autoreset mode (or none, for grouped sampling's own resets).
 
+    Observations it returns are overwritten by its next step (copy them to keep them).
+
     SAME_STEP resets a finished sub-env inside the step that ended it and hands the final
     observation back in info["final_obs"]; so no transition crosses an episode boundary and no
     step is wasted on the NEXT_STEP mode's dummy reset transition.
     """
     fns = [make_env_fn(env_id, max_episode_steps, kwargs or {}) for _ in range(num_envs)]
     mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
+    # copy=False: step() returns the env's own observation buffer, valid until the next step;
+    # the sampler copies it into the segment before stepping again, so a second copy is waste.
     if vectorization == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn", copy=False)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
 
 
 def action_spec(space: gym.Space) -> ActionSpec:

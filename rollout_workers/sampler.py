@@ -76,10 +76,16 @@ class SegmentSampler:
         """V(final obs) for the envs whose episode was truncated in this step; 0 elsewhere [N]."""
         out = np.zeros(truncated.shape[0], dtype=np.float32)
         idx = np.flatnonzero(truncated)
-        if idx.size:
-            final = np.stack([info["final_obs"][i] for i in idx]).astype(np.float32)
-            out[idx] = self.fast.value(final)
+        final = np.stack([info["final_obs"][i] for i in idx]).astype(np.float32)
+        out[idx] = self.fast.value(final)
         return out
+
+    @staticmethod
+    def _finite_rows(reward: np.ndarray, obs: np.ndarray) -> np.ndarray | None:
+        """None when every env's reward and observation are finite (the fast path), else ok [N]."""
+        if np.isfinite(reward).all() and np.isfinite(obs).all():
+            return None
+        return np.isfinite(reward) & np.isfinite(obs.reshape(len(reward), -1)).all(axis=1)
 
     def _allocate(self) -> Segment:
         T, N = self.cfg.rollout.rollout_len, self.cfg.env.num_envs
@@ -96,10 +102,14 @@ class SegmentSampler:
             **{k: np.zeros((T, N), dtype=np.float32) for k in ("terminated", "truncated", "mask")},
         }
 
-    def _act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # Noise from the seeded torch CPU generator: the same bits whatever runs the network.
-        noise = self.spec.action.draw_noise(obs.shape[0], self.noise).numpy()
-        return self.fast.act(obs, noise)
+    def _draw_segment_noise(self) -> np.ndarray:
+        """Noise for every step of a segment, [T, N] or [T, N, A], in one draw.
+
+        From the seeded torch CPU generator: the same bits whatever runs the network.
+        """
+        T, N = self.cfg.rollout.rollout_len, self.cfg.env.num_envs
+        flat = self.spec.action.draw_noise(T * N, self.noise).numpy()
+        return flat.reshape(T, N, *flat.shape[1:])
 
     def _record(self, seg: Segment, t: int, obs: np.ndarray, act: tuple[np.ndarray, ...]) -> None:
         actions, logp, value = act
@@ -133,26 +143,30 @@ class SegmentSampler:
         from V of the last good observation) and the env is reset; the run goes on.
         """
         seg = self._allocate()
+        noise = self._draw_segment_noise()
         episodes: tuple[list[float], list[int]] = ([], [])
         for t in range(self.cfg.rollout.rollout_len):
             obs = self._obs.astype(np.float32, copy=False)
-            act = self._act(obs)
-            self._record(seg, t, obs, act)
+            act = self.fast.act(obs, noise[t])
+            self._record(seg, t, obs, act)  # before stepping: the step overwrites obs's buffer
             try:
                 next_obs, reward, terminated, truncated, info = self.env.step(self._env_actions(act[0]))
             except Exception as err:  # any env failure is handled the same way
                 self._rebuild_env(seg, t, err)
                 continue
-            bad = ~np.isfinite(reward) | ~np.isfinite(next_obs.reshape(len(reward), -1)).all(axis=1)
-            ok = ~bad
-            seg["rewards"][t] = np.where(ok, reward, 0.0)
-            seg["terminated"][t] = terminated & ok
-            seg["truncated"][t] = truncated & ~terminated & ok
-            seg["mask"][t] = ok
-            seg["bootstrap_value"][t] = self._bootstrap(truncated & ~terminated & ok, info)
-            self._track_episodes(np.where(ok, reward, 0.0), (terminated | truncated) & ok, episodes)
-            if bad.any():
-                next_obs = self._reset_bad_envs(seg, t, bad, next_obs)
+            ok = self._finite_rows(reward, next_obs)
+            if ok is not None:  # rare: some envs returned NaN/inf; their step is dropped below
+                reward, terminated, truncated = np.where(ok, reward, 0.0), terminated & ok, truncated & ok
+            cut = truncated & ~terminated
+            seg["rewards"][t] = reward
+            seg["terminated"][t] = terminated
+            seg["truncated"][t] = cut
+            seg["mask"][t] = 1.0 if ok is None else ok
+            if cut.any():
+                seg["bootstrap_value"][t] = self._bootstrap(cut, info)
+            self._track_episodes(reward, terminated | truncated, episodes)
+            if ok is not None:
+                next_obs = self._reset_bad_envs(seg, t, ~ok, next_obs)
             self._obs = next_obs
         seg["last_value"] = self.fast.value(self._obs.astype(np.float32))
         return self._finish(seg, *episodes)
@@ -162,6 +176,8 @@ class SegmentSampler:
     ) -> None:
         self._ep_return += reward
         self._ep_len += 1
+        if not done.any():
+            return
         for i in np.flatnonzero(done):
             out[0].append(float(self._ep_return[i]))
             out[1].append(int(self._ep_len[i]))
@@ -209,6 +225,7 @@ class SegmentSampler:
         """
         T, N, G = self.cfg.rollout.rollout_len, self.cfg.env.num_envs, self.group_size
         seg = self._allocate()
+        noise = self._draw_segment_noise()
         group_seeds = self._prompts.integers(0, 2**31 - 1, N // G)
         obs, _ = self.env.reset(seed=[int(group_seeds[i // G]) for i in range(N)])
         active = np.ones(N, dtype=bool)
@@ -218,9 +235,9 @@ class SegmentSampler:
             if not active.any():
                 break  # the rest of the segment stays zero padding
             obs = obs.astype(np.float32, copy=False)
-            act = self._act(obs)
+            act = self.fast.act(obs, noise[t])
+            self._record(seg, t, obs, act)  # before stepping: the step overwrites obs's buffer
             next_obs, reward, terminated, truncated, _ = self.env.step(self._env_actions(act[0]))
-            self._record(seg, t, obs, act)
             seg["mask"][t] = active
             seg["rewards"][t] = reward * active
             seg["terminated"][t] = terminated & active
