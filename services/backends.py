@@ -61,7 +61,8 @@ class LocalBackend:
 class RayBackend:
     """Rollout worker actors + one learner actor. Segments go worker -> learner by object ref.
 
-    sync: each round, every worker samples once with the current weights (policy lag 0).
+    sync: each round, every worker samples once with the current weights (policy lag 0); the next
+    round is submitted as soon as an update publishes its weights, so driver bookkeeping overlaps it.
     async: workers keep up to `max_segments_in_flight` samples outstanding while the learner
     updates; submissions stop while a backlog waits, so object-store use stays bounded.
     """
@@ -86,16 +87,22 @@ class RayBackend:
             ray.get([lrn.join_group.remote(rank, n, address, port) for rank, lrn in enumerate(self.learners)])
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())
         self.workers = create_rollout_workers(cfg)
-        self._in_flight: dict[Any, int] = {}
-        self._ready: list[Any] = []
+        self._in_flight: dict[Any, tuple[int, int]] = {}  # ref -> (worker, submission number)
+        self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
+        self._submitted = 0
+        self._next_round: list[Any] | None = None  # sync: the round already sampling
 
     def describe(self) -> dict[str, Any]:
         info = self._ray.get(self.learner.describe.remote())
         return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
 
+    def _sample_round(self) -> list[Any]:
+        """Every worker samples once with the current weights."""
+        return [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
+
     def step(self, progress: float) -> dict[str, Any]:
         if self.cfg.rollout.mode == "sync":
-            refs = [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
+            refs, self._next_round = self._next_round or self._sample_round(), None
         else:
             refs = self._next_async_round()
         n = len(self.learners)
@@ -108,6 +115,10 @@ class RayBackend:
         out = _merge_rounds(outs)
         if "weights" in out:
             self.version, self.weights_ref = out.pop("weights")
+        if self.cfg.rollout.mode == "sync":
+            # The next round starts sampling with the new weights now (policy lag stays 0), so
+            # the driver's metrics and checkpoint writing overlap it instead of delaying it.
+            self._next_round = self._sample_round()
         return out
 
     def _top_up(self) -> None:
@@ -115,27 +126,36 @@ class RayBackend:
         limit = self.cfg.rollout.max_segments_in_flight
         budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready)
         outstanding = [0] * len(self.workers)
-        for w in self._in_flight.values():
+        for w, _ in self._in_flight.values():
             outstanding[w] += 1
         for w, worker in enumerate(self.workers):
             while outstanding[w] < limit and budget > 0:
-                self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = w
+                self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = (w, self._submitted)
+                self._submitted += 1
                 outstanding[w] += 1
                 budget -= 1
+
+    def _collect_finished(self) -> None:
+        """Move every finished sample to the ready list (blocking until at least one is)."""
+        # fetch_local=False: the driver only learns that a segment exists; the learner fetches it.
+        pending = list(self._in_flight)
+        self._ray.wait(pending, num_returns=1, fetch_local=False)
+        done, _ = self._ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
+        for ref in done:
+            self._ready.append((self._in_flight.pop(ref)[1], ref))
 
     def _next_async_round(self) -> list[Any]:
         need = self.cfg.segments_per_update
         self._top_up()
         while len(self._ready) < need:
-            # fetch_local=False: the driver only learns that a segment exists; the learner fetches it.
-            done, _ = self._ray.wait(list(self._in_flight), num_returns=1, fetch_local=False)
-            for ref in done:
-                self._in_flight.pop(ref)
-                self._ready.append(ref)
+            self._collect_finished()
             self._top_up()
+        # Oldest first: ray.wait may report a newer segment before an older one that is also
+        # done, and training on the newer one first would leave the older to age (policy lag).
+        self._ready.sort(key=lambda item: item[0])
         batch, self._ready = self._ready[:need], self._ready[need:]
         self._top_up()
-        return batch
+        return [ref for _, ref in batch]
 
     def state_dict(self) -> dict[str, Any]:
         return self._ray.get(self.learner.state_dict.remote())
@@ -143,6 +163,7 @@ class RayBackend:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
+        self._next_round = None  # sampled with weights that are no longer current
 
     def restart_learner(self) -> None:
         """A fresh learner actor (its state comes from the newest checkpoint, loaded by the caller)."""
@@ -152,6 +173,7 @@ class RayBackend:
         self.learner = self._create_learner(self.cfg, self.env_spec)
         self.learners = [self.learner]
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
+        self._next_round = None
 
     def close(self) -> None:
         for actor in [*self.workers, *self.learners]:
