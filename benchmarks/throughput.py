@@ -94,7 +94,9 @@ def training(workers: int, seconds: float) -> float:
     lines = train_relay(
         "configs/cartpole_ppo.yaml",
         [
+            # The same workload as RLlib's below: 1,024 env steps per worker per update.
             f"rollout.num_workers={workers}",
+            "rollout.rollout_len=128",
             f"learner.buffer_size={workers * 1024}",
             "stop.episode_return_mean=null",
             "stop.env_steps=10000000",

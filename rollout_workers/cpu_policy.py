@@ -27,6 +27,12 @@ def _activation(name: str):  # type: ignore[no-untyped-def]
     return lambda x: x / (1.0 + np.exp(-x))  # silu
 
 
+def _as_float32(value: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
 def _block_diag(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = np.zeros((a.shape[0] + b.shape[0], a.shape[1] + b.shape[1]), dtype=np.float32)
     out[: a.shape[0], : a.shape[1]] = a
@@ -56,9 +62,9 @@ class NumpyPolicy:
         )
         return [(arr[f"{trunk}.net.{i}.weight"].T, arr[f"{trunk}.net.{i}.bias"]) for i in idx]
 
-    def load(self, state: Mapping[str, torch.Tensor]) -> None:
+    def load(self, state: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Copy weights (transposed for x @ W, fused) from the torch policy's state dict."""
-        arr = {k: v.detach().cpu().float().numpy() for k, v in state.items()}
+        arr = {k: _as_float32(v) for k, v in state.items()}
         pi = self._trunk_layers(arr, "pi_trunk")
         v = self._trunk_layers(arr, "v_trunk")
         head_w, head_b = arr["pi_head.weight"].T, arr["pi_head.bias"]
@@ -122,8 +128,11 @@ class TorchCpuPolicy:
     def __init__(self, policy: ActorCritic) -> None:
         self.policy = policy.eval()
 
-    def load(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.policy.load_state_dict(state)
+    def load(self, state: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        # torch.tensor copies: arrays from Ray's object store are read-only
+        self.policy.load_state_dict(
+            {k: v if torch.is_tensor(v) else torch.tensor(v) for k, v in state.items()}
+        )
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         actions, logp, value = self.policy.act(torch.from_numpy(obs), torch.from_numpy(noise))

@@ -60,8 +60,8 @@ class SegmentSampler:
             ec.id, ec.num_envs, ec.vectorization, ec.max_episode_steps, ec.kwargs, autoreset=not self.grouped
         )
 
-    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Load a published policy version (normalizer statistics ride along)."""
+    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Load a published policy version (normalizer statistics ride along); tensors or arrays."""
         self.fast.load(weights)
         self.version = version
 

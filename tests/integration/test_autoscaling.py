@@ -113,8 +113,7 @@ def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_c
         "configs/cartpole_ppo.yaml",
         [
             "rollout.num_workers=3",
-            "learner.buffer_size=1536",
-            "learner.batch_size=512",
+            "learner.buffer_size=768",
             "learner.device=cpu",
             "learner.ray_resources={NPU: 1}",
             "stop.env_steps=6000",

@@ -106,7 +106,7 @@ def test_python_dash_m_services_train_is_the_same_entry(tmp_path):
             "--set",
             "learner.buffer_size=512",
             "--set",
-            "stop.env_steps=1024",
+            "stop.env_steps=512",  # two local-mode updates of 32 x 8 steps
         ],
         cwd=ROOT,
         capture_output=True,
