@@ -151,12 +151,12 @@ def _rllib_config(task: Task) -> Any:
     )
     if task.key == "cartpole":
         return cfg.training(
-            lr=1e-3,
+            lr=2e-3,
             gamma=0.98,
             lambda_=0.8,
             train_batch_size_per_learner=512,  # relay's round: 2 workers x 8 envs x 32 steps
             minibatch_size=256,
-            num_epochs=10,
+            num_epochs=5,
         )
     return cfg.training(
         lr=1e-3,
