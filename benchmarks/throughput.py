@@ -8,7 +8,8 @@ For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor
   sampling  relay's RolloutWorker.sample() alone (two calls in flight per worker): policy
             inference on the CPU, segments built and shipped through the object store;
   training  relay end to end (`relay train`, sync mode): sampling + learner updates;
-  rllib     RLlib PPO with W env runners x 8 envs, env steps sampled per second of train().
+  rllib     RLlib PPO with W env runners x 8 envs and the same update (1,024 steps per worker,
+            relay's epochs, minibatch size, lr, gamma, lambda), env steps per second of train().
 """
 
 from __future__ import annotations
@@ -109,11 +110,22 @@ def training(workers: int, seconds: float) -> float:
 def rllib(workers: int, seconds: float) -> float:
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    from services.config import load_config
+
+    # The same update as relay's training run: its config's epochs and minibatch size.
+    lc = load_config(ROOT / "configs/cartpole_ppo.yaml").learner
     algo = (
         PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=workers, num_envs_per_env_runner=NUM_ENVS)
-        .training(train_batch_size_per_learner=workers * 1024, minibatch_size=256, num_epochs=10)
+        .training(
+            train_batch_size_per_learner=workers * 1024,
+            minibatch_size=lc.batch_size,
+            num_epochs=lc.epochs,
+            lr=lc.lr,
+            gamma=lc.gamma,
+            lambda_=lc.gae_lambda,
+        )
         .debugging(seed=0)
         .build_algo()
     )

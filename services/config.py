@@ -51,7 +51,11 @@ class RolloutConfig(_Section):
         "async: workers keep sampling while the learner updates.",
     )
     max_segments_in_flight: int = Field(
-        2, ge=1, description="Async mode: sample calls outstanding per worker (bounds object-store use)."
+        1,
+        ge=1,
+        description="Async mode: sample calls outstanding per worker (bounds object-store use); "
+        "the policy lag of a segment is at most this. 1 keeps PPO stable; more trades stability "
+        "for throughput.",
     )
     max_restarts: int = Field(3, ge=0, description="How often Ray restarts a rollout worker that died.")
 
