@@ -7,7 +7,7 @@ For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor
   ceiling   the same vector envs stepped with random actions, no policy (W actors in parallel);
   sampling  relay's RolloutWorker.sample() alone (two calls in flight per worker): policy
             inference on the CPU, segments built and shipped through the object store;
-  training  relay end to end (`relay train`, sync mode): sampling + learner updates;
+  training  relay end to end (`relay train`), sync and async modes: sampling + learner updates;
   rllib     RLlib PPO with W env runners x 8 envs and the same update (1,024 steps per worker,
             relay's epochs, minibatch size, lr, gamma, lambda), env steps per second of train().
 """
@@ -91,11 +91,12 @@ def sampling(workers: int, seconds: float) -> float:
     return calls * cfg.segment_steps / elapsed
 
 
-def training(workers: int, seconds: float) -> float:
+def training(workers: int, seconds: float, mode: str) -> float:
     lines = train_relay(
         "configs/cartpole_ppo.yaml",
         [
             # The same workload as RLlib's below: 1,024 env steps per worker per update.
+            f"rollout.mode={mode}",
             f"rollout.num_workers={workers}",
             "rollout.rollout_len=128",
             f"learner.buffer_size={workers * 1024}",
@@ -152,12 +153,23 @@ def main() -> None:
         ceil, samp = ceiling(w, args.seconds), sampling(w, args.seconds)
         rl = None if args.no_rllib else rllib(w, args.seconds)
         ray.shutdown()
-        train = training(w, args.seconds)
-        rows.append([w, ceil, samp, f"{samp / ceil:.0%}", train, rl, f"{train / rl:.1f}x" if rl else None])
+        sync, asyn = training(w, args.seconds, "sync"), training(w, args.seconds, "async")
+        ratios = [f"{t / rl:.1f}x" if rl else None for t in (sync, asyn)]
+        rows.append([w, ceil, samp, f"{samp / ceil:.0%}", sync, asyn, rl, *ratios])
     print(machine_header(f"throughput, CartPole-v1, {NUM_ENVS} envs per worker, env steps/s"))
     print(
         table(
-            ["workers", "ceiling", "sampling", "sampling/ceiling", "training", "rllib ppo", "training/rllib"],
+            [
+                "workers",
+                "ceiling",
+                "sampling",
+                "sampling/ceiling",
+                "training sync",
+                "training async",
+                "rllib ppo",
+                "sync/rllib",
+                "async/rllib",
+            ],
             rows,
         )
     )
