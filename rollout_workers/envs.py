@@ -103,3 +103,39 @@ def probe_spaces(
         return tuple(env.observation_space.shape or ()), action_spec(env.action_space)
     finally:
         env.close()
+
+
+def check_token_observations(
+    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any], vocab_size: int | None
+) -> None:
+    """A token policy needs 1-D integer observations in [-1, vocab) (-1 = empty slot); one line if not.
+
+    vocab_size None: the number of discrete actions (the policy reads the vocabulary it writes).
+    """
+    env = make_env_fn(env_id, max_episode_steps, kwargs)()
+    try:
+        obs, act = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if vocab_size is None:
+        if not isinstance(act, gym.spaces.Discrete):
+            raise EnvSpecError(f"model.kind=transformer on {env_id}: set model.transformer.vocab_size")
+        vocab_size = int(act.n)
+    ok = (
+        isinstance(obs, gym.spaces.Box)
+        and len(obs.shape) == 1
+        and np.issubdtype(obs.dtype, np.integer)
+        and obs.low.min() >= -1
+        and obs.high.max() < vocab_size
+    )
+    if not ok:
+        raise EnvSpecError(
+            f"model.kind=transformer reads token ids (a 1-D integer Box in [-1, {vocab_size})), "
+            f"but {env_id} observes {_describe(obs)}"
+        )
+
+
+def _describe(space: gym.Space) -> str:
+    if isinstance(space, gym.spaces.Box):
+        return f"a {space.dtype} Box of shape {space.shape} in [{space.low.min()}, {space.high.max()}]"
+    return str(space)

@@ -85,13 +85,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _check_runnable(cfg: RelayConfig) -> None:
-    """Input checks that need more than the schema: the env exists, the device spec parses."""
+    """Input checks that need more than the schema: the env exists, the device spec parses, a
+    token policy gets token observations."""
     from learner.device import DeviceError, _parse_spec
-    from rollout_workers.envs import EnvSpecError, check_env_id
+    from rollout_workers.envs import EnvSpecError, check_env_id, check_token_observations
 
     try:
         check_env_id(cfg.env.id)
         _parse_spec(cfg.learner.device)
+        if cfg.model.kind == "transformer":
+            ec = cfg.env
+            check_token_observations(ec.id, ec.max_episode_steps, ec.kwargs, cfg.model.transformer.vocab_size)
     except (EnvSpecError, DeviceError) as err:
         raise InputError(str(err)) from None
 

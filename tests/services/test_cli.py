@@ -30,6 +30,21 @@ def test_validate_prints_resolved_config(capsys):
             "not a registered gymnasium env",
         ),
         (["train", "configs/cartpole_ppo.yaml", "--set", "learner.device=tpu"], "learner.device"),
+        (
+            [
+                "train",
+                "configs/cartpole_ppo.yaml",
+                "--set",
+                "model.kind=transformer",
+                "--set",
+                "model.normalize_obs=false",
+            ],
+            "token ids (a 1-D integer Box in [-1, 2)), but CartPole-v1 observes a float32",
+        ),
+        (
+            ["train", "configs/reverse_digits_grpo.yaml", "--set", "model.transformer.vocab_size=3"],
+            "but relay/ReverseDigits-v0 observes a int64 Box of shape (10,) in [-1, 4]",
+        ),
         (["resume", "/nonexistent/run"], "not a run directory"),
     ],
 )
