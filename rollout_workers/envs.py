@@ -88,9 +88,11 @@ def action_spec(space: gym.Space) -> ActionSpec:
     raise EnvSpecError(f"unsupported action space {space}: relay handles Discrete and 1-D Box")
 
 
-def env_seeds(run_seed: int, worker_index: int, num_envs: int) -> list[int]:
-    """Distinct, reproducible per-env seeds from the run seed and the worker index."""
-    state = np.random.SeedSequence([run_seed, worker_index]).generate_state(num_envs)
+def env_seeds(run_seed: int, worker_index: int, num_envs: int, stream: int = 0) -> list[int]:
+    """Distinct, reproducible per-env seeds from the run seed, the worker index and a seed stream
+    (0 for a fresh run; see `SegmentSampler.reseed`)."""
+    entropy = [run_seed, worker_index] + ([stream] if stream else [])
+    state = np.random.SeedSequence(entropy).generate_state(num_envs)
     return [int(s) for s in state]
 
 

@@ -46,13 +46,26 @@ class SegmentSampler:
         torch.manual_seed(ec.seed)
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
         self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec))
-        self.noise = torch.Generator().manual_seed(int(env_seeds(ec.seed, 10_000 + worker_index, 1)[0]))
         self.version = -1
+        self.reseed(0)
+
+    def _seeds(self, offset: int, count: int) -> list[int]:
+        return env_seeds(self.cfg.env.seed, offset + self.worker_index, count, self.seed_stream)
+
+    def reseed(self, stream: int) -> None:
+        """Restart env seeds, exploration noise and prompts from seed stream `stream`.
+
+        Stream 0 is a fresh run's. A resumed run continues on another stream, and a restarted
+        worker on a fresh one, so neither replays the data the run already trained on.
+        """
+        self.seed_stream = stream
+        n = self.cfg.env.num_envs
+        self.noise = torch.Generator().manual_seed(self._seeds(10_000, 1)[0])
         # Grouped sampling draws one "prompt" seed per group per segment from its own stream.
-        self._prompts = np.random.default_rng(env_seeds(ec.seed, 20_000 + worker_index, 1)[0])
-        self._obs, _ = self.env.reset(seed=env_seeds(ec.seed, worker_index, ec.num_envs))
-        self._ep_return = np.zeros(ec.num_envs, dtype=np.float64)
-        self._ep_len = np.zeros(ec.num_envs, dtype=np.int64)
+        self._prompts = np.random.default_rng(self._seeds(20_000, 1)[0])
+        self._obs, _ = self.env.reset(seed=self._seeds(0, n))
+        self._ep_return = np.zeros(n, dtype=np.float64)
+        self._ep_len = np.zeros(n, dtype=np.int64)
 
     def _make_env(self) -> Any:
         ec = self.cfg.env
@@ -211,10 +224,7 @@ class SegmentSampler:
         with contextlib.suppress(Exception):  # a broken env may fail to close too
             self.env.close()
         self.env = self._make_env()
-        ec = self.cfg.env
-        self._obs, _ = self.env.reset(
-            seed=env_seeds(ec.seed, 1_000 * (self.env_errors + 1) + self.worker_index, ec.num_envs)
-        )
+        self._obs, _ = self.env.reset(seed=self._seeds(1_000 * (self.env_errors + 1), self.cfg.env.num_envs))
 
     def _sample_grouped(self) -> Segment:
         """GRPO layout: N envs = N/G groups of G members reset with the same seed (one prompt).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from typing import Any
 
@@ -22,6 +23,16 @@ class RolloutWorker:
         self.sampler = SegmentSampler(RelayConfig.model_validate(cfg_data), worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            # Ray re-ran this constructor after a crash: fresh seeds, or the restarted worker
+            # would replay the envs and noise it started the run with.
+            self.sampler.reseed(1 + secrets.randbelow(2**31 - 1))
+
+    def reseed(self, stream: int) -> None:
+        self.sampler.reseed(stream)
+
+    def seed_stream(self) -> int:
+        return self.sampler.seed_stream
 
     def env_spec(self) -> EnvSpec:
         return self.sampler.spec

@@ -25,6 +25,7 @@ class Backend(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def restart_learner(self) -> None: ...
+    def reseed_workers(self, stream: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -53,6 +54,9 @@ class LocalBackend:
 
     def restart_learner(self) -> None:
         self.learner = Learner(self.learner.cfg, self.sampler.spec)
+
+    def reseed_workers(self, stream: int) -> None:
+        self.sampler.reseed(stream)
 
     def close(self) -> None:
         self.sampler.close()
@@ -173,6 +177,11 @@ class RayBackend:
         self.learner = self._create_learner(self.cfg, self.env_spec)
         self.learners = [self.learner]
         self.version, self.weights_ref = self._ray.get(self.learner.publish.remote())
+        self._next_round = None
+
+    def reseed_workers(self, stream: int) -> None:
+        """Every worker continues on seed stream `stream` (a resumed run must not replay its data)."""
+        self._ray.get([w.reseed.remote(stream) for w in self.workers])
         self._next_round = None
 
     def close(self) -> None:

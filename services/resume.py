@@ -28,6 +28,9 @@ def restore(loop: TrainingLoop) -> None:
     path, state = found
     loop.backend.load_state_dict(state["learner"])
     loop.c = Counters(**state["counters"])
+    # Workers' RNG states are not checkpointed; a stream per resume point keeps a resumed run
+    # reproducible without replaying the envs and noise the run started with.
+    loop.backend.reseed_workers(loop.c.iteration)
     loop.returns.clear()
     loop.returns.extend(loop.c.returns)
     loop.lengths.clear()

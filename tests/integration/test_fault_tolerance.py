@@ -56,6 +56,9 @@ def test_killed_rollout_worker_is_restarted_by_ray_and_training_goes_on(local_ra
         assert lines[-1]["worker_restarts"] >= 1
         assert lines[-1]["env_steps"] >= 30000
         assert ray.get(victim.env_spec.remote()).obs_shape == (4,)  # the same handle answers again
+        # the restarted worker draws fresh seeds instead of replaying the run's first segments
+        assert ray.get(victim.seed_stream.remote()) != 0
+        assert ray.get(backend.workers[0].seed_stream.remote()) == 0
     finally:
         backend.close()
 

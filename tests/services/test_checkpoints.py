@@ -91,6 +91,24 @@ def test_resume_continues_counters_and_metrics(tmp_path):
     assert lines[-1]["weights_version"] == lines[-1]["iteration"]
 
 
+def test_resume_reseeds_workers_from_the_checkpoint_iteration(tmp_path):
+    """Resumed workers continue on the checkpoint's seed stream, not the run's first one."""
+    from services.backends import LocalBackend
+    from services.config import load_config
+    from services.resume import restore
+    from services.run_dir import RunDir
+    from services.train import TrainingLoop
+
+    run = tmp_path / "run"
+    sets = [*LOCAL, "--set", "checkpoint.interval=2", "--set", "stop.env_steps=1024"]
+    assert main(["train", "configs/cartpole_ppo.yaml", "--run-dir", str(run), *sets]) == 0
+    cfg = load_config(run / "config.yaml")
+    loop = TrainingLoop(cfg, RunDir.create(cfg, str(run)), LocalBackend(cfg))
+    assert loop.backend.sampler.seed_stream == 0
+    restore(loop)
+    assert loop.backend.sampler.seed_stream == loop.c.iteration == 4
+
+
 def test_resume_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
