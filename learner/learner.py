@@ -228,6 +228,7 @@ class Learner:
             "advantages": (adv.reshape(1, -1) * mask).flatten(),
             "mask": mask.flatten(),
         }
+        batch["ref_logp"] = self._reference_logp(batch["obs"], batch["actions"])
         stats = {
             "group_reward_std": float(std.mean()),
             "zero_std_group_fraction": float((std == 0).float().mean()),
@@ -235,13 +236,29 @@ class Learner:
         }
         return batch, stats
 
+    @torch.no_grad()
+    def _reference_logp(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The frozen reference's log-probs [B], once per update rather than once per epoch.
+
+        Computed in minibatch-sized chunks (memory stays that of a minibatch), under the same
+        autocast as the update's forward passes.
+        """
+        assert self.reference is not None
+        lc = self.cfg.learner
+        chunks = []
+        with self.dev.autocast(lc.use_amp, lc.amp_dtype):
+            for start in range(0, obs.shape[0], lc.batch_size):
+                end = start + lc.batch_size
+                chunks.append(self.reference.evaluate(obs[start:end], actions[start:end]).logp)
+        return torch.cat(chunks)
+
     def _batch_and_loss(
         self, data: dict[str, torch.Tensor]
     ) -> tuple[dict[str, torch.Tensor], Any, dict[str, float]]:
         if self.reference is None:
             return self._ppo_batch(data), ppo_loss(self.cfg.learner), {}
         batch, stats = self._grpo_batch(data)
-        return batch, grpo_loss(self.cfg.learner, self.reference), stats
+        return batch, grpo_loss(self.cfg.learner), stats
 
     def _set_lr(self, progress: float) -> float:
         lr = self.cfg.learner.lr * (max(0.0, 1.0 - progress) if self.cfg.learner.lr_anneal else 1.0)

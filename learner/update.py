@@ -53,19 +53,18 @@ def ppo_loss(cfg: LearnerConfig) -> LossFn:
     return loss_fn
 
 
-def grpo_loss(cfg: LearnerConfig, reference: ActorCritic) -> LossFn:
+def grpo_loss(cfg: LearnerConfig) -> LossFn:
     """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy.
 
-    Batch fields: obs, actions, logp, advantages, mask; no values (GRPO has no critic).
+    Batch fields: obs, actions, logp, ref_logp (the frozen reference's log-probs, computed once
+    per update), advantages, mask; no values (GRPO has no critic).
     """
 
     def loss_fn(model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         out = model.evaluate(b["obs"], b["actions"])
         mask = b["mask"]
-        with torch.no_grad():
-            ref_logp = reference.evaluate(b["obs"], b["actions"]).logp
         pg = losses.clipped_surrogate(out.logp, b["logp"], b["advantages"], cfg.clip_ratio, mask)
-        kl = losses.kl_to_reference(out.logp, ref_logp, mask)
+        kl = losses.kl_to_reference(out.logp, b["ref_logp"], mask)
         ent = losses.masked_mean(out.entropy, mask)
         loss = pg + cfg.kl_coef * kl - cfg.entropy_coef * ent
         return loss, {
