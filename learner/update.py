@@ -42,15 +42,20 @@ def ppo_loss(cfg: LearnerConfig) -> LossFn:
         vf = losses.value_loss(out.value, b["values"], b["returns"], mask, cfg.value_clip)
         ent = losses.masked_mean(out.entropy, mask)
         loss = pg + cfg.value_coef * vf - cfg.entropy_coef * ent
-        return loss, {
-            "policy_loss": pg.detach(),
-            "value_loss": vf.detach(),
-            "entropy": ent.detach(),
-            "approx_kl": losses.approx_kl(out.logp.detach(), b["logp"], mask),
-            "clip_fraction": losses.clip_fraction(out.logp.detach(), b["logp"], cfg.clip_ratio, mask),
-        }
+        return loss, {**_policy_stats(out.logp, b, pg, ent, cfg.clip_ratio), "value_loss": vf.detach()}
 
     return loss_fn
+
+
+def _policy_stats(logp: Tensor, b: Batch, pg: Tensor, ent: Tensor, clip: float) -> dict[str, Tensor]:
+    """What PPO and GRPO both report: policy loss, entropy, approx KL and clip fraction."""
+    logp = logp.detach()
+    return {
+        "policy_loss": pg.detach(),
+        "entropy": ent.detach(),
+        "approx_kl": losses.approx_kl(logp, b["logp"], b["mask"]),
+        "clip_fraction": losses.clip_fraction(logp, b["logp"], clip, b["mask"]),
+    }
 
 
 def grpo_loss(cfg: LearnerConfig) -> LossFn:
@@ -67,13 +72,7 @@ def grpo_loss(cfg: LearnerConfig) -> LossFn:
         kl = losses.kl_to_reference(out.logp, b["ref_logp"], mask)
         ent = losses.masked_mean(out.entropy, mask)
         loss = pg + cfg.kl_coef * kl - cfg.entropy_coef * ent
-        return loss, {
-            "policy_loss": pg.detach(),
-            "kl_ref": kl.detach(),
-            "entropy": ent.detach(),
-            "approx_kl": losses.approx_kl(out.logp.detach(), b["logp"], mask),
-            "clip_fraction": losses.clip_fraction(out.logp.detach(), b["logp"], cfg.clip_ratio, mask),
-        }
+        return loss, {**_policy_stats(out.logp, b, pg, ent, cfg.clip_ratio), "kl_ref": kl.detach()}
 
     return loss_fn
 
