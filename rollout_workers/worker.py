@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+import warnings
 from typing import Any
 
 import ray
@@ -23,7 +24,10 @@ class RolloutWorker:
         self.sampler = SegmentSampler(RelayConfig.model_validate(cfg_data), worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        with warnings.catch_warnings():  # Ray's own property uses its deprecated actor_id inside
+            warnings.simplefilter("ignore", DeprecationWarning)
+            restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if restarted:
             # Ray re-ran this constructor after a crash: fresh seeds, or the restarted worker
             # would replay the envs and noise it started the run with.
             self.sampler.reseed(1 + secrets.randbelow(2**31 - 1))

@@ -23,6 +23,7 @@ class Progress:
             mode = "bar" if self.stream.isatty() else "lines"
         self.mode = mode
         self._last_line = 0.0
+        self._last: dict[str, Any] | None = None
         self._bar = None
         if mode == "bar":
             from tqdm import tqdm
@@ -30,6 +31,7 @@ class Progress:
             self._bar = tqdm(total=cfg.stop.env_steps, unit="step", unit_scale=True, file=self.stream)
 
     def update(self, rec: dict[str, Any]) -> None:
+        self._last = rec
         if self._bar is not None:
             self._bar.update(rec["env_steps"] - self._bar.n)
             self._bar.set_postfix(
@@ -51,5 +53,13 @@ class Progress:
     def close(self, reason: str | None) -> None:
         if self._bar is not None:
             self._bar.close()
-        if self.mode != "none":
-            print(f"stopped: {reason or 'error'}", file=self.stream, flush=True)
+        if self.mode == "none":
+            return
+        where = ""
+        if self._last is not None:  # where the run ended, so the last throttled line is not all
+            r = self._last
+            where = (
+                f" at iteration {r['iteration']}, {r['env_steps']:,} env steps, "
+                f"return {_fmt_return(r['episode_return_mean'])}, {r['wall_s']:.1f}s"
+            )
+        print(f"stopped: {reason or 'error'}{where}", file=self.stream, flush=True)
