@@ -14,6 +14,7 @@ JSON message, never a crash; a run name that resolves outside PATH is refused (4
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,6 +43,9 @@ class RunStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
+        # run -> (inode, line number, byte offset) where the last poll's complete lines ended, so
+        # a poll for new lines reads only the file's tail instead of all of it again.
+        self._ends: dict[str, tuple[int, int, int]] = {}
 
     def runs(self) -> list[str]:
         if not self.root.is_dir():
@@ -64,17 +68,31 @@ class RunStore:
         """Complete lines from `since` on; a torn last line (a write in progress) waits for later."""
         path = self.run_dir(name) / "metrics.jsonl"
         try:
-            data = path.read_bytes()
+            with path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                first_line, offset = self._start(name, st, since)
+                f.seek(offset)
+                data = f.read()
         except FileNotFoundError:
             return {"run": name, "next": since, "lines": [], "note": "no metrics yet"}
-        complete = data[: data.rfind(b"\n") + 1].splitlines()
+        end = data.rfind(b"\n") + 1
+        complete = data[:end].splitlines()
         lines = []
-        for raw in complete[since:]:
+        for raw in complete[since - first_line :]:
             try:
                 lines.append(json.loads(raw))
             except json.JSONDecodeError:
                 lines.append(None)  # keeps line numbering; the page skips it
-        return {"run": name, "next": len(complete), "lines": lines}
+        self._ends[name] = (st.st_ino, first_line + len(complete), offset + end)
+        return {"run": name, "next": first_line + len(complete), "lines": lines}
+
+    def _start(self, name: str, st: os.stat_result, since: int) -> tuple[int, int]:
+        """(line number, byte offset) to read from: where the last poll ended when that is still
+        the same file and not past `since`, else the start (a resume replaces the file)."""
+        ino, line_no, offset = self._ends.get(name, (-1, 0, 0))
+        if ino == st.st_ino and line_no <= since and offset <= st.st_size:
+            return line_no, offset
+        return 0, 0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -137,7 +155,8 @@ class Dashboard:
     """The server on a background thread (for `relay train --dashboard` and tests) or in front."""
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
-        self.server = ThreadingHTTPServer((host, port), make_handler(RunStore(root)))
+        self.store = RunStore(root)
+        self.server = ThreadingHTTPServer((host, port), make_handler(self.store))
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 

@@ -90,6 +90,26 @@ def test_api_lists_runs_and_serves_lines_incrementally(runs):
     }
 
 
+def test_polls_read_only_new_lines_and_survive_a_replaced_file(runs):
+    """Later polls start where the last one ended; a resume's rewritten file is read afresh."""
+    root, board = runs
+    metrics = root / "a" / "metrics.jsonl"
+    assert get(board, "/api/metrics?run=a&since=0")[1]["next"] == 3
+    with metrics.open("a") as f:
+        f.write(line(4) + line(5))
+    body = get(board, "/api/metrics?run=a&since=3")[1]
+    assert body["next"] == 5 and [x["iteration"] for x in body["lines"]] == [4, 5]
+    # the store read from the byte where line 3 ended, not from the start
+    assert board.store._ends["a"][1:] == (5, metrics.stat().st_size)
+    # a resume truncates through os.replace: a new file whose lines differ past the checkpoint
+    tmp = metrics.with_suffix(".tmp")
+    tmp.write_text(line(1) + line(2) + line(3, episode_return_mean=-7.0))
+    tmp.replace(metrics)
+    body = get(board, "/api/metrics?run=a&since=2")[1]
+    assert body["next"] == 3 and body["lines"][0]["episode_return_mean"] == -7.0
+    assert get(board, "/api/metrics?run=a&since=0")[1]["next"] == 3  # a new page starts over
+
+
 def test_torn_last_line_waits_until_complete(runs):
     root, board = runs
     with (root / "a" / "metrics.jsonl").open("a") as f:
