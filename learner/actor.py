@@ -28,7 +28,7 @@ class LearnerActor:
         return {
             "device": str(self.learner.dev),
             "ray_accelerator_ids": list(self.learner.dev.ray_ids),
-            "parameters": sum(p.numel() for p in self.learner.model.parameters()),
+            "parameters": self.learner.parameter_count,
             "buffer_bytes": self.learner.buffer.nbytes(),
             "node_id": ray.get_runtime_context().get_node_id(),
         }

@@ -96,33 +96,27 @@ def env_seeds(run_seed: int, worker_index: int, num_envs: int, stream: int = 0) 
     return [int(s) for s in state]
 
 
+def env_spaces(
+    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]
+) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of one env, built and closed here."""
+    env = make_env_fn(env_id, max_episode_steps, kwargs)()
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
 def probe_spaces(
     env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]
 ) -> tuple[tuple[int, ...], ActionSpec]:
-    """Observation shape and action spec of one env, built and closed here."""
-    env = make_env_fn(env_id, max_episode_steps, kwargs)()
-    try:
-        return tuple(env.observation_space.shape or ()), action_spec(env.action_space)
-    finally:
-        env.close()
+    """Observation shape and action spec of one env."""
+    obs, act = env_spaces(env_id, max_episode_steps, kwargs)
+    return tuple(obs.shape or ()), action_spec(act)
 
 
-def check_token_observations(
-    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any], vocab_size: int | None
-) -> None:
-    """A token policy needs 1-D integer observations in [-1, vocab) (-1 = empty slot); one line if not.
-
-    vocab_size None: the number of discrete actions (the policy reads the vocabulary it writes).
-    """
-    env = make_env_fn(env_id, max_episode_steps, kwargs)()
-    try:
-        obs, act = env.observation_space, env.action_space
-    finally:
-        env.close()
-    if vocab_size is None:
-        if not isinstance(act, gym.spaces.Discrete):
-            raise EnvSpecError(f"model.kind=transformer on {env_id}: set model.transformer.vocab_size")
-        vocab_size = int(act.n)
+def check_token_observations(env_id: str, obs: gym.Space, vocab_size: int) -> None:
+    """A token policy needs 1-D integer observations in [-1, vocab) (-1 = empty slot); one line if not."""
     ok = (
         isinstance(obs, gym.spaces.Box)
         and len(obs.shape) == 1

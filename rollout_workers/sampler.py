@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 class SegmentSampler:
     """Owns one vector env of N envs and a CPU copy of the policy; `sample()` returns a Segment.
 
-    Exploration noise comes from a CPU generator seeded by (run seed, worker index), so a run
-    reproduces bit for bit whatever device the learner uses.
+    Exploration noise comes from a CPU generator seeded by (run seed, worker index, seed stream),
+    so a run reproduces bit for bit whatever device the learner uses.
     """
 
     def __init__(self, cfg: RelayConfig, worker_index: int = 0) -> None:
@@ -110,9 +110,8 @@ class SegmentSampler:
             "actions": np.zeros((T, N, *act.shape), dtype=np.int64 if act.kind == "discrete" else np.float32),
             **{
                 k: np.zeros((T, N), dtype=np.float32)
-                for k in ("logp", "values", "rewards", "bootstrap_value")
+                for k in ("logp", "values", "rewards", "bootstrap_value", "terminated", "truncated", "mask")
             },
-            **{k: np.zeros((T, N), dtype=np.float32) for k in ("terminated", "truncated", "mask")},
         }
 
     def _draw_segment_noise(self) -> np.ndarray:

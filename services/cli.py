@@ -88,16 +88,29 @@ def _check_runnable(cfg: RelayConfig) -> None:
     """Input checks that need more than the schema: the env exists, the device spec parses, a
     token policy gets token observations."""
     from learner.device import DeviceError, _parse_spec
-    from rollout_workers.envs import EnvSpecError, check_env_id, check_token_observations
+    from rollout_workers.envs import EnvSpecError, check_env_id
 
     try:
         check_env_id(cfg.env.id)
         _parse_spec(cfg.learner.device)
         if cfg.model.kind == "transformer":
-            ec = cfg.env
-            check_token_observations(ec.id, ec.max_episode_steps, ec.kwargs, cfg.model.transformer.vocab_size)
+            _check_token_env(cfg)
     except (EnvSpecError, DeviceError) as err:
         raise InputError(str(err)) from None
+
+
+def _check_token_env(cfg: RelayConfig) -> None:
+    """The env gives token ids the transformer's vocabulary (the one build_policy uses) covers."""
+    from learner.learner import token_vocab
+    from rollout_workers.envs import action_spec, check_token_observations, env_spaces
+
+    ec = cfg.env
+    obs, act = env_spaces(ec.id, ec.max_episode_steps, ec.kwargs)
+    try:
+        vocab = token_vocab(cfg, action_spec(act))
+    except ValueError as err:  # continuous actions and no vocab_size
+        raise InputError(str(err)) from None
+    check_token_observations(ec.id, obs, vocab)
 
 
 def run_training(

@@ -107,9 +107,11 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return q[49], q[94], q[98]
 
 
-def torch_latency(handle: PolicyHandle, dev: DeviceContext, batch: int, runs: int = 200) -> Latency:
+def torch_latency(handle: PolicyHandle, dev: DeviceContext, obs: np.ndarray, runs: int = 200) -> Latency:
+    """Latency of the torch policy on `dev` on one batch obs [B, obs_dim]."""
     model = _on(handle, dev, torch.float32)
-    x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).to(dev.device)
+    x = torch.from_numpy(obs).to(dev.device)
+    batch = len(obs)
 
     def call() -> float:
         dev.synchronize()
@@ -193,8 +195,8 @@ def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
         "-" * 66,
     ]
     for batch in (1, opts.batch):
-        x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).numpy()
-        for lat in (torch_latency(handle, dev, batch), ort_latency(model_bytes, x)):
+        x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).numpy()  # both runtimes
+        for lat in (torch_latency(handle, dev, x), ort_latency(model_bytes, x)):
             lines.append(
                 f"{lat.runtime:>16} | {lat.batch:>5} | {lat.cold_ms:8.3f} | {lat.p50_ms:8.3f} | "
                 f"{lat.p95_ms:8.3f} | {lat.p99_ms:8.3f}"

@@ -66,7 +66,9 @@ def head_node():
     _ray("stop", "--force", env=env, check=False)
 
 
-def _submit(address: str, env: dict, *entrypoint: str) -> str:
+def _submit_train(address: str, env: dict, *args: str) -> str:
+    """Submit the README's job (`python -m services.train configs/cartpole_ppo.yaml`) plus `args`."""
+    entrypoint = ["python", "-m", "services.train", "configs/cartpole_ppo.yaml", *args]
     out = _ray(
         "job", "submit", "--address", address, "--working-dir", ".", "--no-wait", "--", *entrypoint, env=env
     )
@@ -88,18 +90,7 @@ def test_job_submit_trains_and_writes_metrics(head_node, tmp_path):
     address, env = head_node
     run = tmp_path / "run"
     # The README's command, but for the stop budget and the run directory.
-    job_id = _submit(
-        address,
-        env,
-        "python",
-        "-m",
-        "services.train",
-        "configs/cartpole_ppo.yaml",
-        "--set",
-        "stop.env_steps=4000",
-        "--run-dir",
-        str(run),
-    )
+    job_id = _submit_train(address, env, "--set", "stop.env_steps=4000", "--run-dir", str(run))
     status = _wait(address, env, job_id)
     assert status == "SUCCEEDED", _ray("job", "logs", job_id, "--address", address, env=env)
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -108,16 +99,7 @@ def test_job_submit_trains_and_writes_metrics(head_node, tmp_path):
 
 def test_job_with_an_invalid_config_fails_with_the_one_line_message(head_node):
     address, env = head_node
-    job_id = _submit(
-        address,
-        env,
-        "python",
-        "-m",
-        "services.train",
-        "configs/cartpole_ppo.yaml",
-        "--set",
-        "learner.batch_size=1000",
-    )
+    job_id = _submit_train(address, env, "--set", "learner.batch_size=1000")
     assert _wait(address, env, job_id) == "FAILED"
     logs = _ray("job", "logs", job_id, "--address", address, env=env)
     assert "relay train: invalid config: learner.batch_size=1000 does not divide" in logs
