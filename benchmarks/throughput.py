@@ -27,6 +27,10 @@ from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
+from contracts.config import EnvConfig, build_config, load_config  # noqa: E402
+from rollout_workers.vector_backends import make_vector_env  # noqa: E402
+from rollout_workers.worker import RolloutWorker  # noqa: E402
+
 NUM_ENVS = 8
 
 
@@ -35,9 +39,7 @@ class RandomStepper:
     """The ceiling: the vector env alone, stepped with random actions."""
 
     def __init__(self, seed: int) -> None:
-        from rollout_workers.envs import make_vector_env
-
-        self.env = make_vector_env("CartPole-v1", NUM_ENVS, "sync")
+        self.env = make_vector_env(EnvConfig(id="CartPole-v1", num_envs=NUM_ENVS))
         self.env.reset(seed=seed)
         self.rng = np.random.default_rng(seed)
 
@@ -58,9 +60,6 @@ def ceiling(workers: int, seconds: float) -> float:
 
 
 def sampling(workers: int, seconds: float) -> float:
-    from rollout_workers.worker import RolloutWorker
-    from services.config import build_config
-
     cfg = build_config(
         {},
         [
@@ -87,7 +86,7 @@ def sampling(workers: int, seconds: float) -> float:
         last = done[0]
         in_flight[actor.sample.remote(-1, ref)] = actor
     elapsed = time.perf_counter() - t0
-    assert ray.get(last)["env_steps"] == cfg.segment_steps
+    assert ray.get(last).env_steps == cfg.segment_steps
     return calls * cfg.segment_steps / elapsed
 
 
@@ -110,8 +109,6 @@ def training(workers: int, seconds: float, mode: str) -> float:
 
 def rllib(workers: int, seconds: float) -> float:
     from ray.rllib.algorithms.ppo import PPOConfig
-
-    from services.config import load_config
 
     # The same update as relay's training run: its config's epochs and minibatch size.
     lc = load_config(ROOT / "configs/cartpole_ppo.yaml").learner

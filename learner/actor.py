@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import ray
 import torch
 
-from learner.device import ray_actor_resources
-from learner.learner import EnvSpec, Learner
-from services.config import RelayConfig
+from contracts.config import RelayConfig
+from contracts.rounds import RoundResult
+from contracts.spaces import EnvSpec
+from learner.device import accelerator_resources, ray_options
+from learner.distributed import init_group, world_size
+from learner.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +51,16 @@ class LearnerActor:
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this node for the learners' process group (rank 0 hosts it)."""
-        import socket
-
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
     def join_group(self, rank: int, world: int, address: str, port: int) -> int:
-        from learner.distributed import init_group
-
         init_group(self.learner.dev, rank, world, address, port)
         return rank
 
-    def train_round(self, segment_refs: list[ray.ObjectRef], progress: float) -> dict[str, Any]:
+    def train_round(self, segment_refs: list[ray.ObjectRef], progress: float) -> RoundResult:
         """Fetch the segments (dropping any whose worker died), ingest them, update when a round is in."""
         segments, lost = [], 0
         for ref in segment_refs:
@@ -69,12 +69,10 @@ class LearnerActor:
             except ray.exceptions.RayError as err:
                 lost += 1
                 log.warning("dropped a segment whose worker failed: %s", type(err).__name__)
-        from learner.distributed import world_size
-
         out = self.learner.train_round(segments, progress, lockstep=world_size() > 1)
-        out["lost_segments"] = lost
-        if out["metrics"] is not None:
-            out["weights"] = self.publish()
+        out.lost_segments = lost
+        if out.metrics is not None:
+            out.published = self.publish()
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -85,9 +83,12 @@ class LearnerActor:
         self._published = None
 
 
+def learner_resources(cfg: RelayConfig) -> dict[str, float]:
+    """What one learner actor asks Ray for: a CPU, its accelerator, and learner.ray_resources."""
+    have = ray.cluster_resources() if ray.is_initialized() else {}
+    return {"CPU": 1.0, **accelerator_resources(cfg.learner.device, have), **cfg.learner.ray_resources}
+
+
 def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:
-    options: dict[str, Any] = {"num_cpus": 1}
-    options.update(ray_actor_resources(cfg.learner.device, ray.cluster_resources()))
-    if cfg.learner.ray_resources:
-        options["resources"] = {**options.get("resources", {}), **cfg.learner.ray_resources}
+    options = ray_options(learner_resources(cfg))
     return ray.remote(LearnerActor).options(**options).remote(cfg.model_dump(mode="json"), env)

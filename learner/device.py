@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -78,7 +79,7 @@ def _pick_auto() -> str:
     return "cpu"
 
 
-def _parse_spec(spec: str) -> tuple[str, int | None]:
+def parse_device_spec(spec: str) -> tuple[str, int | None]:
     kind, _, index = spec.strip().lower().partition(":")
     if kind not in ("auto", "cpu", "cuda", "npu"):
         raise DeviceError(f"learner.device={spec!r}: expected auto, cpu, cuda[:i] or npu[:i]")
@@ -102,13 +103,14 @@ def _ordinal(kind: str, index: int | None, allowed_ids: list[int]) -> int:
     return 0
 
 
-def resolve_device(spec: str = "auto", allowed_ids: list[int] | None = None) -> DeviceContext:
-    """Turn `auto`, `cpu`, `cuda[:i]`, `npu[:i]` into a DeviceContext, checking availability."""
-    kind, index = _parse_spec(spec)
+def check_device(spec: str = "auto", allowed_ids: list[int] | None = None) -> torch.device:
+    """The device `spec` names on this host, checked (available, index in range); DeviceError in one
+    line otherwise. Initializes nothing on the device."""
+    kind, index = parse_device_spec(spec)
     if kind == "auto":
         kind = _pick_auto()
     if kind == "cpu":
-        return DeviceContext(torch.device("cpu"))
+        return torch.device("cpu")
     backend = backend_module(kind)
     if not backend.is_available():
         raise DeviceError(f"learner.device={spec!r}: no {kind} device is available on this host")
@@ -116,8 +118,16 @@ def resolve_device(spec: str = "auto", allowed_ids: list[int] | None = None) -> 
     count = backend.device_count()
     if ordinal >= count:
         raise DeviceError(f"learner.device={spec!r}: {kind}:{ordinal} requested but {count} visible")
-    backend.set_device(ordinal)
-    return DeviceContext(torch.device(f"{kind}:{ordinal}"), ray_ids=tuple(ray_accelerator_ids(kind)))
+    return torch.device(f"{kind}:{ordinal}")
+
+
+def resolve_device(spec: str = "auto", allowed_ids: list[int] | None = None) -> DeviceContext:
+    """Turn `auto`, `cpu`, `cuda[:i]`, `npu[:i]` into a DeviceContext, checking availability."""
+    device = check_device(spec, allowed_ids)
+    if device.type == "cpu":
+        return DeviceContext(device)
+    backend_module(device.type).set_device(device.index)
+    return DeviceContext(device, ray_ids=tuple(ray_accelerator_ids(device.type)))
 
 
 @dataclass(frozen=True)
@@ -171,9 +181,11 @@ class DeviceContext:
         if self.is_accelerator:
             backend_module(self.type).reset_peak_memory_stats(self.device)
 
-    def optimizer_options(self) -> dict[str, bool]:
-        """Adam implementation: fused kernels on cpu/cuda (one launch per step), foreach on npu."""
-        return {"foreach": True} if self.type == "npu" else {"fused": True}
+    def adam(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float) -> torch.optim.Adam:
+        """Adam with fused kernels on cpu/cuda (one launch per step), foreach on npu."""
+        if self.type == "npu":
+            return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 
     def distributed_backend(self) -> str:
         """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""
@@ -182,8 +194,6 @@ class DeviceContext:
     @contextlib.contextmanager
     def timed(self, out: dict[str, float], key: str) -> Iterator[None]:
         """Add the wall seconds of the block to out[key], synchronizing at both ends."""
-        import time
-
         self.synchronize()
         t0 = time.perf_counter()
         try:
@@ -193,19 +203,28 @@ class DeviceContext:
             out[key] = out.get(key, 0.0) + time.perf_counter() - t0
 
 
-def ray_actor_resources(
+def accelerator_resources(
     device_spec: str, cluster_resources: dict[str, float] | None = None
-) -> dict[str, Any]:
-    """Ray options asking for the learner's accelerator; `auto` asks for what the cluster has.
+) -> dict[str, float]:
+    """The Ray resource the learner's device asks for ({"NPU": 1}, {"GPU": 1} or none for cpu);
+    `auto` asks for what the cluster has.
 
     The config asks Ray for resources, never for hosts: Ray (and its autoscaler) places the actor.
     """
-    kind, _ = _parse_spec(device_spec)
+    kind, _ = parse_device_spec(device_spec)
     if kind == "auto":
         have = cluster_resources or {}
         kind = "npu" if have.get("NPU", 0) >= 1 else "cuda" if have.get("GPU", 0) >= 1 else "cpu"
-    if kind == "npu":
-        return {"resources": {"NPU": 1}}
-    if kind == "cuda":
-        return {"num_gpus": 1}
-    return {}
+    resource = _RAY_RESOURCE.get(kind)
+    return {resource: 1.0} if resource else {}
+
+
+def ray_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Actor options for a flat resource demand ({"CPU": 1, "GPU": 1, "NPU": 1, ...})."""
+    rest = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
+    options: dict[str, Any] = {"num_cpus": resources.get("CPU", 0.0)}
+    if "GPU" in resources:
+        options["num_gpus"] = resources["GPU"]
+    if rest:
+        options["resources"] = rest
+    return options

@@ -68,6 +68,19 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> Tensor:
     return torch.where(var_t > 0, 1.0 - var_r / var_t, torch.full_like(var_t, float("nan")))
 
 
+def policy_stats(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, pg: Tensor, ent: Tensor, clip: float
+) -> dict[str, Tensor]:
+    """What every policy-gradient loss reports: policy loss, entropy, approx KL and clip fraction."""
+    logp = logp.detach()
+    return {
+        "policy_loss": pg.detach(),
+        "entropy": ent.detach(),
+        "approx_kl": approx_kl(logp, old_logp, mask),
+        "clip_fraction": clip_fraction(logp, old_logp, clip, mask),
+    }
+
+
 def group_relative_advantages(rewards: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """GRPO advantages (r - mean_g) / (std_g + eps) for rewards [num_groups, group_size].
 

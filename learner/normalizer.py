@@ -59,6 +59,9 @@ class ObsNormalizer(nn.Module):
     """
 
     _STAT_NAMES = ("mean", "var_sum", "steps")
+    mean: Tensor  # [*shape]
+    var_sum: Tensor  # [*shape]
+    steps: Tensor  # []
 
     def __init__(self, shape: tuple[int, ...], enabled: bool = True) -> None:
         super().__init__()
@@ -67,12 +70,12 @@ class ObsNormalizer(nn.Module):
         self.register_buffer("var_sum", torch.ones(shape, dtype=torch.float32))
         self.register_buffer("steps", torch.ones((), dtype=torch.float32))
 
-    def _apply(self, fn: Any, recurse: bool = True) -> ObsNormalizer:  # type: ignore[override]
+    def _apply(self, fn: Any, recurse: bool = True) -> ObsNormalizer:
         # Keep the float32 originals: casting var_sum ~1e5 to float16 and back would give inf.
-        saved = {name: self._buffers[name] for name in self._STAT_NAMES}
+        saved = {name: getattr(self, name) for name in self._STAT_NAMES}
         super()._apply(fn, recurse)
         for name, original in saved.items():
-            self._buffers[name] = original.to(device=self._buffers[name].device, dtype=torch.float32)
+            self._buffers[name] = original.to(device=getattr(self, name).device, dtype=torch.float32)
         return self
 
     @property

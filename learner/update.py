@@ -1,6 +1,6 @@
-"""The update step: epochs x minibatches over a flat batch, shared by PPO and GRPO.
+"""The update step: epochs x minibatches over a flat batch, shared by every algorithm.
 
-Both algorithms differ only in their loss function (`ppo_loss`, `grpo_loss`); the loop around it
+Algorithms differ in their batch and loss (`learner/algorithms/`); the loop around the loss
 handles the device permutation, gradient accumulation, autocast + GradScaler, global grad-norm
 clipping, skipped-step counting and the target-KL early stop.
 """
@@ -13,68 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from learner import losses
+from contracts.config import LearnerConfig
 from learner.device import DeviceContext
 from learner.distributed import average_gradients, mean_across_learners
-from learner.models import ActorCritic
-from services.config import LearnerConfig
+from learner.models.policy import ActorCritic
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]
-
-
-def ppo_loss(cfg: LearnerConfig) -> LossFn:
-    """Clipped surrogate + value_coef * value loss - entropy_coef * entropy.
-
-    Batch fields: obs [B, ...], actions [B, ...], logp, values, advantages, returns, mask: [B].
-    """
-
-    def loss_fn(model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
-        out = model.evaluate(b["obs"], b["actions"])
-        mask = b["mask"]
-        adv = (
-            losses.normalize_advantages(b["advantages"], mask)
-            if cfg.normalize_advantages
-            else b["advantages"]
-        )
-        pg = losses.clipped_surrogate(out.logp, b["logp"], adv, cfg.clip_ratio, mask)
-        assert out.value is not None, "PPO needs a critic"
-        vf = losses.value_loss(out.value, b["values"], b["returns"], mask, cfg.value_clip)
-        ent = losses.masked_mean(out.entropy, mask)
-        loss = pg + cfg.value_coef * vf - cfg.entropy_coef * ent
-        return loss, {**_policy_stats(out.logp, b, pg, ent, cfg.clip_ratio), "value_loss": vf.detach()}
-
-    return loss_fn
-
-
-def _policy_stats(logp: Tensor, b: Batch, pg: Tensor, ent: Tensor, clip: float) -> dict[str, Tensor]:
-    """What PPO and GRPO both report: policy loss, entropy, approx KL and clip fraction."""
-    logp = logp.detach()
-    return {
-        "policy_loss": pg.detach(),
-        "entropy": ent.detach(),
-        "approx_kl": losses.approx_kl(logp, b["logp"], b["mask"]),
-        "clip_fraction": losses.clip_fraction(logp, b["logp"], clip, b["mask"]),
-    }
-
-
-def grpo_loss(cfg: LearnerConfig) -> LossFn:
-    """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy.
-
-    Batch fields: obs, actions, logp, ref_logp (the frozen reference's log-probs, computed once
-    per update), advantages, mask; no values (GRPO has no critic).
-    """
-
-    def loss_fn(model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
-        out = model.evaluate(b["obs"], b["actions"])
-        mask = b["mask"]
-        pg = losses.clipped_surrogate(out.logp, b["logp"], b["advantages"], cfg.clip_ratio, mask)
-        kl = losses.kl_to_reference(out.logp, b["ref_logp"], mask)
-        ent = losses.masked_mean(out.entropy, mask)
-        loss = pg + cfg.kl_coef * kl - cfg.entropy_coef * ent
-        return loss, {**_policy_stats(out.logp, b, pg, ent, cfg.clip_ratio), "kl_ref": kl.detach()}
-
-    return loss_fn
 
 
 @dataclass

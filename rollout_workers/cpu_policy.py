@@ -9,17 +9,18 @@ class only mirrors its forward pass from the same weights. Noise still comes fro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
-from learner.models import ActionSpec, ActorCritic
+from contracts.config import ModelConfig
+from contracts.spaces import ActionSpec
+from learner.models import ActorCritic, model_kind
 from learner.normalizer import CLIP
-from services.config import ModelConfig
 
 
-def _activation(name: str):  # type: ignore[no-untyped-def]
+def _activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
     if name == "tanh":
         return np.tanh
     if name == "relu":
@@ -84,7 +85,7 @@ class NumpyPolicy:
             head_b = np.concatenate([head_b, arr["v_head.bias"]])
         self.layers = [(np.ascontiguousarray(w), b.copy()) for w, b in layers]
         self.head = (np.ascontiguousarray(head_w), head_b.copy())
-        self.log_std = arr.get("log_std")
+        self.log_std = arr.get("log_std", np.zeros(self.action.size, dtype=np.float32))
         self.mean = arr["normalizer.mean"]
         self.inv_scale = 1.0 / np.sqrt(arr["normalizer.var_sum"] / arr["normalizer.steps"])
 
@@ -143,8 +144,9 @@ class TorchCpuPolicy:
 
 
 def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:
-    """What a rollout worker acts with: the numpy mirror for MLPs, else the torch policy."""
-    if model.kind != "mlp":
+    """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs), else
+    the torch policy."""
+    if not model_kind(model.kind).numpy_mirror:
         return TorchCpuPolicy(policy)
     fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, model.normalize_obs)
     fast.load(policy.state_dict())

@@ -1,19 +1,30 @@
-"""Making seeded gymnasium vector envs from `env.id` (a registered id or `module:factory`)."""
+"""Making one env from `env.id` (a registered gymnasium id or `module:factory`), its spec, and seeds.
+
+`env.id` comes from the config the user passed on the command line: building it may import the
+user's module. Nothing else (a checkpoint, an ONNX file, a run directory) ever reaches here unless
+the user names the env again on the command line.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from learner.models import ActionSpec
+from contracts.config import EnvConfig
+from contracts.spaces import ActionSpec, EnvSpec
 
 
 class EnvSpecError(ValueError):
-    """The env cannot be built or its spaces are not supported."""
+    """The env cannot be built or its spaces are not supported (one line)."""
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
 
 
 def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
@@ -22,8 +33,10 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     module_name, _, attr = env_id.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise EnvSpecError(f"env.id={env_id!r}: cannot import module {module_name!r} ({err})") from None
+    except Exception as err:  # ImportError, SyntaxError, or whatever the module raises on import
+        raise EnvSpecError(
+            f"env.id={env_id!r}: cannot import module {module_name!r} ({_one_line(err)})"
+        ) from None
     factory = getattr(module, attr, None)
     if callable(factory):
         return factory
@@ -34,8 +47,9 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     )
 
 
-def make_env_fn(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> Callable[[], gym.Env]:
+def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
+    env_id, max_episode_steps, kwargs = ec.id, ec.max_episode_steps, dict(ec.kwargs)
 
     def thunk() -> gym.Env:
         factory = _resolve_factory(env_id) if ":" in env_id else None
@@ -55,31 +69,6 @@ def check_env_id(env_id: str) -> None:
         raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
 
 
-def make_vector_env(
-    env_id: str,
-    num_envs: int,
-    vectorization: str = "sync",
-    max_episode_steps: int | None = None,
-    kwargs: dict[str, Any] | None = None,
-    autoreset: bool = True,
-) -> gym.vector.VectorEnv:
-    """A vector env in SAME_STEP autoreset mode (or none, for grouped sampling's own resets).
-
-    Observations it returns are overwritten by its next step (copy them to keep them).
-
-    SAME_STEP resets a finished sub-env inside the step that ended it and hands the final
-    observation back in info["final_obs"]; so no transition crosses an episode boundary and no
-    step is wasted on the NEXT_STEP mode's dummy reset transition.
-    """
-    fns = [make_env_fn(env_id, max_episode_steps, kwargs or {}) for _ in range(num_envs)]
-    mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
-    # copy=False: step() returns the env's own observation buffer, valid until the next step;
-    # the sampler copies it into the segment before stepping again, so a second copy is waste.
-    if vectorization == "async":
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn", copy=False)
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode, copy=False)
-
-
 def action_spec(space: gym.Space) -> ActionSpec:
     if isinstance(space, gym.spaces.Discrete):
         return ActionSpec("discrete", int(space.n))
@@ -88,50 +77,36 @@ def action_spec(space: gym.Space) -> ActionSpec:
     raise EnvSpecError(f"unsupported action space {space}: relay handles Discrete and 1-D Box")
 
 
+def env_spec(obs: gym.Space, act: gym.Space) -> EnvSpec:
+    """The EnvSpec of an env's (single) observation and action spaces."""
+    if isinstance(obs, gym.spaces.Box):
+        low, high = float(np.min(obs.low)), float(np.max(obs.high))
+    elif isinstance(obs, gym.spaces.Discrete):
+        low, high = float(obs.start), float(obs.start + obs.n - 1)
+    else:
+        raise EnvSpecError(f"unsupported observation space {obs}: relay handles Box and Discrete")
+    return EnvSpec(tuple(int(d) for d in obs.shape or ()), action_spec(act), str(obs.dtype), low, high)
+
+
+def probe_env_spec(ec: EnvConfig) -> EnvSpec:
+    """Build one env, read its spec, close it. Whatever the env does wrong is one line."""
+    check_env_id(ec.id)
+    try:
+        env = make_env_fn(ec)()
+    except EnvSpecError:
+        raise
+    except Exception as err:  # a factory that raises, bad env.kwargs, a broken env
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
+    try:
+        return env_spec(env.observation_space, env.action_space)
+    finally:
+        with contextlib.suppress(Exception):  # a broken env may fail to close too
+            env.close()
+
+
 def env_seeds(run_seed: int, worker_index: int, num_envs: int, stream: int = 0) -> list[int]:
     """Distinct, reproducible per-env seeds from the run seed, the worker index and a seed stream
-    (0 for a fresh run; see `SegmentSampler.reseed`)."""
+    (0 for a fresh run; see `SamplerCore.reseed`)."""
     entropy = [run_seed, worker_index] + ([stream] if stream else [])
     state = np.random.SeedSequence(entropy).generate_state(num_envs)
     return [int(s) for s in state]
-
-
-def env_spaces(
-    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]
-) -> tuple[gym.Space, gym.Space]:
-    """(observation space, action space) of one env, built and closed here."""
-    env = make_env_fn(env_id, max_episode_steps, kwargs)()
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
-
-
-def probe_spaces(
-    env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]
-) -> tuple[tuple[int, ...], ActionSpec]:
-    """Observation shape and action spec of one env."""
-    obs, act = env_spaces(env_id, max_episode_steps, kwargs)
-    return tuple(obs.shape or ()), action_spec(act)
-
-
-def check_token_observations(env_id: str, obs: gym.Space, vocab_size: int) -> None:
-    """A token policy needs 1-D integer observations in [-1, vocab) (-1 = empty slot); one line if not."""
-    ok = (
-        isinstance(obs, gym.spaces.Box)
-        and len(obs.shape) == 1
-        and np.issubdtype(obs.dtype, np.integer)
-        and obs.low.min() >= -1
-        and obs.high.max() < vocab_size
-    )
-    if not ok:
-        raise EnvSpecError(
-            f"model.kind=transformer reads token ids (a 1-D integer Box in [-1, {vocab_size})), "
-            f"but {env_id} observes {_describe(obs)}"
-        )
-
-
-def _describe(space: gym.Space) -> str:
-    if isinstance(space, gym.spaces.Box):
-        return f"a {space.dtype} Box of shape {space.shape} in [{space.low.min()}, {space.high.max()}]"
-    return str(space)

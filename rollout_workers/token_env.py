@@ -6,13 +6,13 @@ verifier scoring the finished sequence, with reward only at the end.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 
-class ReverseDigitsEnv(gym.Env[np.ndarray, int]):
+class ReverseDigitsEnv(gym.Env[np.ndarray, np.int64]):
     """Prompt: `length` digits in [0, vocab). The policy emits `length` tokens; the verifier's
     reward at the last step is the fraction of positions equal to the reversed prompt (0..1).
 
@@ -21,7 +21,7 @@ class ReverseDigitsEnv(gym.Env[np.ndarray, int]):
     transformer`). A uniformly random policy scores 1 / vocab on average.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium's own attribute)
 
     def __init__(self, length: int = 5, vocab: int = 5) -> None:
         self.length, self.vocab = length, vocab
@@ -49,7 +49,7 @@ class ReverseDigitsEnv(gym.Env[np.ndarray, int]):
         self._emitted = []
         return self._obs(), {}
 
-    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict]:
         if len(self._emitted) >= self.length:
             raise RuntimeError("step() after the sequence finished; call reset()")
         self._emitted.append(int(action))

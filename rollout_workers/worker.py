@@ -1,4 +1,4 @@
-"""The rollout worker as a Ray actor: a thin shell around `SegmentSampler`."""
+"""The rollout worker as a Ray actor: a thin shell around a sampler (`rollout_workers/sampler.py`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 import ray
 import torch
 
-from learner.learner import EnvSpec
-from rollout_workers.sampler import Segment, SegmentSampler
-from services.config import RelayConfig
+from contracts.config import RelayConfig
+from contracts.segment import Segment
+from contracts.spaces import EnvSpec
+from rollout_workers.sampler import make_sampler
 
 
 class RolloutWorker:
@@ -21,7 +22,7 @@ class RolloutWorker:
     def __init__(self, cfg_data: dict[str, Any], worker_index: int) -> None:
         # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
         torch.set_num_threads(1)
-        self.sampler = SegmentSampler(RelayConfig.model_validate(cfg_data), worker_index)
+        self.sampler = make_sampler(RelayConfig.model_validate(cfg_data), worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
         with warnings.catch_warnings():  # Ray's own property uses its deprecated actor_id inside
@@ -46,14 +47,19 @@ class RolloutWorker:
         if version != self.sampler.version:
             self.sampler.set_weights(version, ray.get(weights_ref[0]))
         segment = self.sampler.sample()
-        segment["incarnation"] = self.incarnation
+        segment.incarnation = self.incarnation
         return segment
+
+
+def worker_resources(cfg: RelayConfig) -> dict[str, float]:
+    """What one rollout worker asks Ray for: CPUs only."""
+    return {"CPU": cfg.rollout.num_cpus_per_worker}
 
 
 def create_rollout_workers(cfg: RelayConfig) -> list[Any]:
     """One actor per worker, CPU only; Ray restarts a dead one (the driver counts restarts)."""
     cls = ray.remote(RolloutWorker).options(
-        num_cpus=cfg.rollout.num_cpus_per_worker,
+        num_cpus=worker_resources(cfg)["CPU"],
         max_restarts=cfg.rollout.max_restarts,
         max_task_retries=0,
     )

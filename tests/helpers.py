@@ -22,3 +22,14 @@ def train_local(config: str, run: Path, *sets: str) -> int:
     for kv in sets:
         args += ["--set", kv]
     return main(args)
+
+
+def ray_loop(cfg, run: Path):
+    """A TrainingLoop on a RayBackend for `cfg` in a new run directory (Ray must be running)."""
+    from services.driver.backends import RayBackend
+    from services.driver.loop import TrainingLoop
+    from services.driver.preflight import check_env
+    from services.driver.run_dir import RunDir
+
+    backend = RayBackend(cfg, check_env(cfg))
+    return TrainingLoop(cfg, RunDir.claim(run, cfg), backend), backend

@@ -59,7 +59,7 @@ def test_kuberay_manifests(name):
 
 
 def test_grafana_dashboard_queries_relays_metrics():
-    from services.dashboard_metrics import DASHBOARD_METRICS
+    from contracts.metrics import CHARTED_KEYS as DASHBOARD_METRICS
 
     dash = json.loads((DEPLOY / "grafana" / "relay-learner.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])

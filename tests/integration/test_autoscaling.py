@@ -16,10 +16,11 @@ import ray
 import yaml
 from ray.cluster_utils import AutoscalingCluster
 
-from services.backends import RayBackend
-from services.config import load_config
-from services.run_dir import RunDir
-from services.train import TrainingLoop
+from contracts.config import load_config
+from services.driver.backends import RayBackend
+from services.driver.loop import TrainingLoop
+from services.driver.preflight import check_env
+from services.driver.run_dir import RunDir
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).parents[2]
@@ -121,7 +122,7 @@ def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_c
             "metrics.progress=none",
         ],
     )
-    backend = RayBackend(cfg)  # returns once the learner is placed (the NPU node came up)
+    backend = RayBackend(cfg, check_env(cfg))  # returns once the learner is placed (the NPU node came up)
     try:
         ray.get([w.env_spec.remote() for w in backend.workers], timeout=180)  # rollout nodes came up
         nodes = _alive_nodes()
@@ -130,7 +131,7 @@ def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_c
         assert len(rollout_nodes) == 2  # 3 one-CPU workers need two 2-CPU nodes
         assert len(npu_nodes) == 1
         assert ray.get(backend.learner.describe.remote())["node_id"] == npu_nodes[0]["NodeID"]
-        loop = TrainingLoop(cfg, RunDir.create(cfg, str(tmp_path / "run")), backend)
+        loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
         assert loop.run_until_stop() == "env_steps"
     finally:
         backend.close()

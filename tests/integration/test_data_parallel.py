@@ -5,14 +5,16 @@ import pytest
 import ray
 import torch
 
-from services.backends import RayBackend
-from services.config import load_config
-from services.run_dir import RunDir
-from services.train import TrainingLoop
+from contracts.config import load_config
+from services.driver.backends import RayBackend
+from services.driver.loop import TrainingLoop
+from services.driver.preflight import check_env
+from services.driver.run_dir import RunDir
 
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.slow
 def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
     cfg = load_config(
         "configs/cartpole_ppo.yaml",
@@ -26,10 +28,10 @@ def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
             "learner.target_kl=0.02",
         ],
     )
-    backend = RayBackend(cfg)
+    backend = RayBackend(cfg, check_env(cfg))
     try:
         assert len(backend.learners) == 2
-        loop = TrainingLoop(cfg, RunDir.create(cfg, str(tmp_path / "run")), backend)
+        loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
         assert loop.run_until_stop() == "env_steps"
         states = ray.get([lrn.state_dict.remote() for lrn in backend.learners])
         for key, value in states[0]["model"].items():
@@ -46,7 +48,7 @@ def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
 
 
 def test_learner_count_must_divide_the_workers():
-    from services.config import ConfigError
+    from contracts.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"learner.num_learners=2 must divide rollout.num_workers=3"):
         load_config(

@@ -7,10 +7,8 @@ import time
 import pytest
 import ray
 
-from services.backends import RayBackend
-from services.config import load_config
-from services.run_dir import RunDir
-from services.train import TrainingLoop
+from contracts.config import load_config
+from tests.helpers import ray_loop
 
 pytestmark = pytest.mark.ray
 
@@ -19,8 +17,7 @@ def _loop(tmp_path, *overrides):
     cfg = load_config(
         "configs/cartpole_ppo.yaml", ["metrics.progress=none", "stop.episode_return_mean=null", *overrides]
     )
-    backend = RayBackend(cfg)
-    return TrainingLoop(cfg, RunDir.create(cfg, str(tmp_path / "run")), backend), backend
+    return ray_loop(cfg, tmp_path / "run")
 
 
 def _lines(loop):

@@ -14,6 +14,7 @@ def _lines(run):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.slow
 def test_cartpole_through_ray_actors_learns(local_ray, tmp_path, mode):
     run = tmp_path / mode
     code = main(
@@ -45,6 +46,7 @@ def test_cartpole_through_ray_actors_learns(local_ray, tmp_path, mode):
     assert lines[-1]["worker_restarts"] == 0 and lines[-1]["rejected_segments"] == 0
 
 
+@pytest.mark.slow
 def test_grpo_token_task_through_ray_rises_above_random(local_ray, tmp_path):
     run = tmp_path / "grpo"
     code = main(

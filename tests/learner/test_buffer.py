@@ -4,21 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from learner.buffer import SegmentRejected, SegmentRingBuffer, SegmentSpec
+from contracts.segment import Segment, SegmentLayout, SegmentRejected
+from contracts.spaces import ActionSpec, EnvSpec
+from learner.buffer import SegmentRingBuffer
 
-SPEC = SegmentSpec(rollout_len=5, num_envs=3, obs_shape=(4,), action_shape=(), action_dtype=torch.int64)
+SPEC = SegmentLayout(rollout_len=5, num_envs=3, env=EnvSpec((4,), ActionSpec("discrete", 2)))
 
 
-def make_segment(fill: float = 0.0) -> dict:
-    T, N = SPEC.rollout_len, SPEC.num_envs
-    seg = {
-        k: np.full((T, N), fill, dtype=np.float32)
-        for k in ("logp", "values", "rewards", "terminated", "truncated", "bootstrap_value")
-    }
-    seg["mask"] = np.ones((T, N), dtype=np.float32)
-    seg["obs"] = np.full((T, N, 4), fill, dtype=np.float32)
-    seg["actions"] = np.zeros((T, N), dtype=np.int64)
-    seg["last_value"] = np.full((N,), fill, dtype=np.float32)
+def make_segment(fill: float = 0.0) -> Segment:
+    seg = SPEC.allocate()
+    for arr in seg.arrays.values():
+        arr[...] = fill if arr.dtype.kind == "f" else 0
+    seg["mask"][...] = 1.0
     return seg
 
 
@@ -47,11 +44,11 @@ def test_no_allocation_over_1000_adds():
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda s: s.update(obs=np.zeros((5, 3, 5), np.float32)), "shape"),
-        (lambda s: s.update(rewards=np.zeros((5, 3), np.float64)), "dtype"),
+        (lambda s: s.arrays.update(obs=np.zeros((5, 3, 5), np.float32)), "shape"),
+        (lambda s: s.arrays.update(rewards=np.zeros((5, 3), np.float64)), "dtype"),
         (lambda s: s["rewards"].__setitem__((0, 0), np.nan), "non-finite"),
         (lambda s: s["obs"].__setitem__((1, 1, 1), np.inf), "non-finite"),
-        (lambda s: s.pop("mask"), "lacks field"),
+        (lambda s: s.arrays.pop("mask"), "lacks field"),
     ],
 )
 def test_rejects_bad_segments_without_touching_storage(mutate, message):
@@ -61,7 +58,6 @@ def test_rejects_bad_segments_without_touching_storage(mutate, message):
     mutate(seg)
     with pytest.raises(SegmentRejected, match=message):
         buf.add(seg)
-    assert buf.rejected == 1
     assert buf.pointer == 1 and buf.size == 1
     assert buf.storage["rewards"][1].abs().sum().item() == 0.0
 
@@ -71,3 +67,16 @@ def test_latest_slots_rejects_more_than_held():
     buf.add(make_segment())
     with pytest.raises(ValueError, match="holds 1"):
         buf.latest_slots(2)
+
+
+def test_uint8_observations_stay_uint8_in_the_buffer():
+    """Image frames keep their dtype end to end: a quarter of float32's bytes."""
+    layout = SegmentLayout(2, 3, EnvSpec((4, 8, 8), ActionSpec("discrete", 4), obs_dtype="uint8"))
+    buf = SegmentRingBuffer(layout, capacity=2)
+    assert buf.storage["obs"].dtype == torch.uint8
+    seg = layout.allocate()
+    seg["obs"][...] = 255
+    seg["mask"][...] = 1.0
+    buf.add(seg)
+    assert int(buf.storage["obs"][0].max()) == 255
+    assert layout.nbytes() == 2 * 3 * 4 * 8 * 8 + 2 * 3 * 8 + 2 * 3 * 4 * 7 + 3 * 4

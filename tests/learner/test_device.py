@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from learner import device as devmod
-from learner.device import DeviceError, ray_actor_resources, resolve_device
+from learner.device import DeviceError, accelerator_resources, ray_options, resolve_device
 
 
 def test_cpu_path_for_real():
@@ -92,10 +92,13 @@ def test_cuda_dispatch(monkeypatch):
     assert dev.distributed_backend() == "nccl"
 
 
-def test_ray_actor_resources():
-    assert ray_actor_resources("npu") == {"resources": {"NPU": 1}}
-    assert ray_actor_resources("cuda:0") == {"num_gpus": 1}
-    assert ray_actor_resources("cpu") == {}
-    assert ray_actor_resources("auto", {"CPU": 8, "NPU": 8}) == {"resources": {"NPU": 1}}
-    assert ray_actor_resources("auto", {"CPU": 8, "GPU": 1}) == {"num_gpus": 1}
-    assert ray_actor_resources("auto", {"CPU": 8}) == {}
+def test_accelerator_resources_and_ray_options():
+    assert accelerator_resources("npu") == {"NPU": 1}
+    assert accelerator_resources("cuda:0") == {"GPU": 1}
+    assert accelerator_resources("cpu") == {}
+    assert accelerator_resources("auto", {"CPU": 8, "NPU": 8}) == {"NPU": 1}
+    assert accelerator_resources("auto", {"CPU": 8, "GPU": 1}) == {"GPU": 1}
+    assert accelerator_resources("auto", {"CPU": 8}) == {}
+    assert ray_options({"CPU": 1, "NPU": 1}) == {"num_cpus": 1, "resources": {"NPU": 1}}
+    assert ray_options({"CPU": 1, "GPU": 1}) == {"num_cpus": 1, "num_gpus": 1}
+    assert ray_options({"CPU": 0.5}) == {"num_cpus": 0.5}

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
+from contracts.config import build_config
 from learner.learner import Learner
-from rollout_workers.sampler import SegmentSampler
-from services.config import build_config
+from rollout_workers.sampler import make_sampler
 
 
 def _learner(*overrides: str):
@@ -23,7 +23,7 @@ def _learner(*overrides: str):
             *overrides,
         ],
     )
-    sampler = SegmentSampler(cfg)
+    sampler = make_sampler(cfg)
     return cfg, sampler, Learner(cfg, sampler.spec)
 
 
@@ -40,7 +40,7 @@ def test_grpo_learner_has_no_value_network_and_fewer_parameters():
             "learner.batch_size=40",
         ],
     )
-    ppo = Learner(cfg, SegmentSampler(cfg).spec)
+    ppo = Learner(cfg, make_sampler(cfg).spec)
     assert not grpo.model.has_critic and ppo.model.has_critic
     assert grpo.parameter_count < ppo.parameter_count
 
@@ -48,7 +48,7 @@ def test_grpo_learner_has_no_value_network_and_fewer_parameters():
 def test_kl_to_reference_is_zero_at_the_start():
     _, sampler, learner = _learner("learner.epochs=1", "learner.lr=1e-12")
     learner.ingest(sampler.sample())
-    metrics = learner.update()
+    metrics = learner.update().metrics
     assert abs(metrics["kl_ref"]) < 1e-6
     assert "value_loss" not in metrics and "explained_variance" not in metrics
     assert {"group_reward_std", "zero_std_group_fraction", "policy_loss", "approx_kl"} <= set(metrics)
@@ -61,7 +61,7 @@ def test_zero_std_groups_get_no_gradient():
     seg["outcome"] = np.full_like(seg["outcome"], 0.4)
     before = [p.detach().clone() for p in learner.model.parameters()]
     learner.ingest(seg)
-    metrics = learner.update()
+    metrics = learner.update().metrics
     assert metrics["zero_std_group_fraction"] == 1.0 and metrics["group_reward_std"] == 0.0
     for p, q in zip(learner.model.parameters(), before, strict=True):
         torch.testing.assert_close(p, q)
@@ -69,11 +69,11 @@ def test_zero_std_groups_get_no_gradient():
 
 def test_reference_refreshes_on_interval():
     _, sampler, learner = _learner("learner.ref_update_interval=2", "learner.lr=0.01")
-    ref0 = [p.clone() for p in learner.reference.parameters()]
+    ref0 = [p.clone() for p in learner.algo.reference.parameters()]
     for i in range(2):
         learner.ingest(sampler.sample())
         learner.update()
-        same = all(torch.equal(a, b) for a, b in zip(learner.reference.parameters(), ref0, strict=True))
+        same = all(torch.equal(a, b) for a, b in zip(learner.algo.reference.parameters(), ref0, strict=True))
         assert same == (i == 0)
-    for a, b in zip(learner.reference.parameters(), learner.model.parameters(), strict=True):
+    for a, b in zip(learner.algo.reference.parameters(), learner.model.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -4,17 +4,20 @@ import math
 
 import torch
 
-from learner.models import ActionSpec, ActorCritic
+from contracts.spaces import ActionSpec
+from learner.models import ActorCritic
+from learner.models.mlp import mlp_policy
+from learner.models.policy import draw_noise
 
 
 def _policy(kind: str, critic: bool = True, **kw) -> ActorCritic:
-    return ActorCritic(obs_dim=5, action=ActionSpec(kind, 3), hidden=[16, 16], critic=critic, **kw)
+    return mlp_policy(obs_dim=5, action=ActionSpec(kind, 3), hidden=[16, 16], critic=critic, **kw)
 
 
 def test_discrete_act_is_a_function_of_the_noise():
     pol = _policy("discrete")
     obs = torch.randn(7, 5)
-    noise = ActionSpec("discrete", 3).draw_noise(7, torch.Generator().manual_seed(0))
+    noise = draw_noise(ActionSpec("discrete", 3), 7, torch.Generator().manual_seed(0))
     a1, logp1, v1 = pol.act(obs, noise)
     a2, logp2, _ = pol.act(obs, noise.clone())
     assert a1.shape == (7,) and logp1.shape == (7,) and v1.shape == (7,)

@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from learner.learner import Learner, build_policy
-from learner.sequence import TokenTransformer
-from rollout_workers.sampler import SegmentSampler
-from services.config import ConfigError, build_config
+from contracts.config import ConfigError, build_config
+from learner.learner import Learner
+from learner.models import build_policy
+from learner.models.transformer import TokenTransformer
+from rollout_workers.sampler import make_sampler
+from services.driver.preflight import check_config
 
 VOCAB, SEQ = 5, 10
 
@@ -65,11 +67,14 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_config_rules_for_the_transformer():
+    """The transformer kind's own rules, checked with the registry's (what validate and train run)."""
     with pytest.raises(ConfigError, match=r"set model\.normalize_obs=false"):
-        build_config({}, ["model.kind=transformer"])
+        check_config(build_config({}, ["model.kind=transformer"]))
     with pytest.raises(ConfigError, match=r"d_model=30 is not divisible by model\.transformer\.heads=4"):
-        build_config(
-            {}, ["model.kind=transformer", "model.normalize_obs=false", "model.transformer.d_model=30"]
+        check_config(
+            build_config(
+                {}, ["model.kind=transformer", "model.normalize_obs=false", "model.transformer.d_model=30"]
+            )
         )
 
 
@@ -98,7 +103,7 @@ def _token_cfg(*overrides: str):
 def test_behaviour_log_probs_match_the_learners_evaluation():
     """The worker acts with the torch transformer; the learner must score those actions the same."""
     cfg = _token_cfg()
-    sampler = SegmentSampler(cfg)
+    sampler = make_sampler(cfg)
     learner = Learner(cfg, sampler.spec)
     sampler.set_weights(0, learner.model.state_dict())
     seg = sampler.sample()
@@ -108,10 +113,11 @@ def test_behaviour_log_probs_match_the_learners_evaluation():
     assert not learner.model.has_critic and isinstance(learner.model.pi_trunk, TokenTransformer)
 
 
+@pytest.mark.slow
 def test_grpo_transformer_learns_the_token_task_in_process():
     """Reverse 3 digits of vocab 3: the mean verifier reward climbs from ~1/3 (random)."""
     cfg = _token_cfg()
-    sampler = SegmentSampler(cfg)
+    sampler = make_sampler(cfg)
     learner = Learner(cfg, sampler.spec)
     rewards = []
     for version in range(25):
@@ -126,5 +132,5 @@ def test_grpo_transformer_learns_the_token_task_in_process():
 
 def test_build_policy_reads_the_vocabulary_it_writes():
     cfg = _token_cfg()
-    model = build_policy(cfg, SegmentSampler(cfg).spec)
+    model = build_policy(cfg, make_sampler(cfg).spec, critic=False)
     assert model.pi_trunk.vocab_size == 3 and model.pi_head.out_features == 3

@@ -12,15 +12,23 @@ class FaultyCartPole(gym.Wrapper):
     """CartPole whose step raises, or returns NaN observations or an inf reward, at given calls.
 
     Counts are per env instance; `raise_at`, `nan_obs_at`, `inf_reward_at` are sets of step calls.
+    With `every` > 1 only every `every`-th instance created in this process faults (the class counts
+    instances in `created`, so a test can tell which envs of a vector env those are).
     """
+
+    created = 0
 
     def __init__(
         self,
         raise_at: tuple[int, ...] = (),
         nan_obs_at: tuple[int, ...] = (),
         inf_reward_at: tuple[int, ...] = (),
+        every: int = 1,
     ) -> None:
         super().__init__(gym.make("CartPole-v1"))
+        index, FaultyCartPole.created = FaultyCartPole.created, FaultyCartPole.created + 1
+        if index % every:
+            raise_at, nan_obs_at, inf_reward_at = (), (), ()
         self.calls = 0
         self.raise_at, self.nan_obs_at, self.inf_reward_at = (
             set(raise_at),
@@ -41,4 +49,4 @@ class FaultyCartPole(gym.Wrapper):
 
 
 def make(**kwargs: Any) -> gym.Env:
-    return FaultyCartPole(**{k: tuple(v) for k, v in kwargs.items()})
+    return FaultyCartPole(**{k: v if isinstance(v, int) else tuple(v) for k, v in kwargs.items()})

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from learner.models import ActionSpec, ActorCritic
+from contracts.spaces import ActionSpec
+from learner.models.mlp import mlp_policy
+from learner.models.policy import draw_noise
 from rollout_workers.cpu_policy import NumpyPolicy
 
 
@@ -13,7 +15,7 @@ from rollout_workers.cpu_policy import NumpyPolicy
 def test_numpy_forward_matches_torch(kind, activation, shared, normalize):
     torch.manual_seed(0)
     action = ActionSpec(kind, 3)
-    model = ActorCritic(
+    model = mlp_policy(
         6,
         action,
         [32, 16],
@@ -31,7 +33,7 @@ def test_numpy_forward_matches_torch(kind, activation, shared, normalize):
     fast.load(model.state_dict())
     gen = torch.Generator().manual_seed(1)
     obs = torch.randn(512, 6, generator=gen) * 3
-    noise = action.draw_noise(512, gen)
+    noise = draw_noise(action, 512, gen)
     a_ref, logp_ref, v_ref = model.act(obs, noise)
     a, logp, v = fast.act(obs.numpy(), noise.numpy())
     if kind == "discrete":
@@ -47,9 +49,26 @@ def test_numpy_forward_matches_torch(kind, activation, shared, normalize):
     )
 
 
-def test_critic_free_policy_values_are_zero():
-    model = ActorCritic(4, ActionSpec("discrete", 2), [8], critic=False)
-    fast = NumpyPolicy(model.action, "tanh", False, True)
+@pytest.mark.parametrize("kind", ["discrete", "continuous"])
+def test_critic_free_mirror_matches_torch(kind):
+    """GRPO's policy has no value network: the mirror's actions and log-probs still match torch's,
+    and its values are exactly zero."""
+    torch.manual_seed(0)
+    model = mlp_policy(4, ActionSpec(kind, 3), [16, 8], "silu", critic=False)
+    with torch.no_grad():
+        model.pi_head.weight.mul_(50)
+    fast = NumpyPolicy(model.action, "silu", False, True)
     fast.load(model.state_dict())
-    _, _, v = fast.act(torch.randn(5, 4).numpy(), torch.rand(5).numpy())
-    assert (v == 0).all()
+    gen = torch.Generator().manual_seed(2)
+    obs = torch.randn(256, 4, generator=gen)
+    noise = draw_noise(model.action, 256, gen)
+    a_ref, logp_ref, _ = model.act(obs, noise)
+    a, logp, v = fast.act(obs.numpy(), noise.numpy())
+    if kind == "discrete":
+        same = torch.from_numpy(a) == a_ref
+        assert same.float().mean() >= 0.99
+    else:
+        same = torch.ones(256, dtype=torch.bool)
+        torch.testing.assert_close(torch.from_numpy(a), a_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(logp)[same], logp_ref[same], atol=1e-4, rtol=1e-5)
+    assert (v == 0).all() and (fast.value(obs.numpy()) == 0).all()

@@ -1,17 +1,18 @@
-"""Envs that raise or return NaN/inf: the bad steps are masked, the env reset, sampling goes on."""
+"""Envs that raise or return NaN/inf: the bad steps are masked, the env reset or rebuilt, sampling
+goes on, and every fault is counted by kind. Both layouts (continuing for PPO, grouped for GRPO)
+go through the same guard."""
 
 import numpy as np
 
+from contracts.config import build_config
 from learner.buffer import SegmentRingBuffer
 from learner.gae import compute_gae
-from learner.learner import segment_spec
-from rollout_workers.sampler import SegmentSampler
-from services.config import build_config
+from rollout_workers.sampler import make_sampler
 
 FAULTY = "tests.rollout_workers.faulty_envs:make"
 
 
-def _sampler(kwargs: str) -> SegmentSampler:
+def _sampler(kwargs: str, *sets: str):
     cfg = build_config(
         {},
         [
@@ -22,9 +23,10 @@ def _sampler(kwargs: str) -> SegmentSampler:
             "rollout.rollout_len=20",
             "learner.buffer_size=60",
             "learner.batch_size=60",
+            *sets,
         ],
     )
-    return SegmentSampler(cfg)
+    return make_sampler(cfg)
 
 
 def _gae(seg):
@@ -42,15 +44,18 @@ def test_non_finite_observation_masks_that_step_and_resets_that_env():
     seg = s.sample()
     assert (seg["mask"][4] == 0).all() and seg["mask"].sum() == 57
     assert seg["truncated"][3].all() and np.array_equal(seg["bootstrap_value"][3], seg["values"][4])
-    assert np.isfinite(seg["obs"]).all() and s.env_errors == 3
-    SegmentRingBuffer(segment_spec(s.cfg, s.spec), 1).add(seg)  # accepted: nothing non-finite
+    assert np.isfinite(seg["obs"]).all()
+    assert seg.env_faults == {"raised": 0, "nonfinite_obs": 3, "nonfinite_reward": 0}
+    SegmentRingBuffer(s.layout, 1).add(seg)  # accepted: nothing non-finite
     adv, _ = _gae(seg)
     assert (adv[4] == 0).all() and np.isfinite(adv.numpy()).all()
+    assert s.sample().env_faults == {"raised": 0, "nonfinite_obs": 0, "nonfinite_reward": 0}  # a delta
 
 
 def test_inf_reward_is_masked_too():
     seg = _sampler("{inf_reward_at: [2]}").sample()
     assert (seg["mask"][1] == 0).all() and np.isfinite(seg["rewards"]).all()
+    assert seg.env_faults["nonfinite_reward"] == 3
 
 
 def test_env_that_raises_is_rebuilt_and_sampling_continues():
@@ -60,5 +65,44 @@ def test_env_that_raises_is_rebuilt_and_sampling_continues():
     assert lost.tolist() == [6, 13]  # the rebuilt env carried on in the same segment, then failed again
     assert seg["mask"].sum() == 3 * 18
     assert seg["truncated"][5].all() and seg["truncated"][12].all()
-    assert s.env_errors == 2
-    assert s.sample()["env_steps"] > 0
+    assert seg.env_faults == {"raised": 2, "nonfinite_obs": 0, "nonfinite_reward": 0}
+    assert s.sample().env_steps > 0
+
+
+GRPO = (
+    "learner.algo=grpo",
+    "env.num_envs=4",
+    "learner.group_size=2",
+    "learner.buffer_size=80",
+    "learner.batch_size=80",
+)
+
+
+def test_grpo_env_that_raises_is_rebuilt_and_the_run_goes_on():
+    """The grouped layout used to end the run on the first env that raised (exit 1)."""
+    s = _sampler("{raise_at: [3]}", *GRPO)
+    seg = s.sample()
+    assert seg.env_faults["raised"] == 1
+    assert seg["mask"].sum() == 0 and seg.episode_returns == []  # no member's episode survives
+    SegmentRingBuffer(s.layout, 1).add(seg)
+    again = s.sample()  # the rebuilt env plays the next segment
+    assert again.env_faults["raised"] == 1 and again["mask"].sum() == 0  # fails at its 3rd step again
+
+
+def test_grpo_group_with_a_non_finite_member_is_dropped_whole():
+    """Group-relative advantages need every member's outcome: a faulted member's group is masked,
+    the other group trains as usual."""
+    from tests.rollout_workers.faulty_envs import FaultyCartPole
+
+    first = FaultyCartPole.created
+    s = _sampler("{nan_obs_at: [2], every: 4}", *GRPO)
+    bad = (-first) % 4  # the one env of the four that faults
+    seg = s.sample()
+    assert seg.env_faults["nonfinite_obs"] == 1
+    dropped = [bad - bad % 2, bad - bad % 2 + 1]  # its group of two
+    kept = [i for i in range(4) if i not in dropped]
+    assert seg["mask"][:, dropped].sum() == 0 and np.all(seg["outcome"][dropped] == 0)
+    assert seg["mask"][:, kept].sum() > 0
+    np.testing.assert_array_equal(seg["outcome"][kept], seg["mask"][:, kept].sum(axis=0))
+    assert len(seg.episode_returns) == 2
+    SegmentRingBuffer(s.layout, 1).add(seg)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from rollout_workers.sampler import SegmentSampler
+from contracts.config import build_config
+from rollout_workers.sampler import make_sampler
 from rollout_workers.token_env import ReverseDigitsEnv
-from services.config import build_config
 
 
 def _cfg(env_id: str, *overrides: str):
@@ -24,7 +24,7 @@ CARTPOLE_TWO_GROUPS_OF_FOUR = (
 
 def test_members_of_a_group_start_identical_and_groups_differ():
     cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
-    seg = SegmentSampler(cfg).sample()
+    seg = make_sampler(cfg).sample()
     first = seg["obs"][0]  # [N, 4]
     for g in range(2):
         members = first[4 * g : 4 * g + 4]
@@ -34,7 +34,7 @@ def test_members_of_a_group_start_identical_and_groups_differ():
 
 def test_finished_members_are_padding_and_outcome_is_their_return():
     cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
-    seg = SegmentSampler(cfg).sample()
+    seg = make_sampler(cfg).sample()
     assert seg["obs"].shape == (500, 8, 4) and seg["outcome"].shape == (8,)
     lengths = seg["mask"].sum(axis=0)
     # CartPole pays 1 per step, so each member's outcome is its episode length
@@ -43,8 +43,8 @@ def test_finished_members_are_padding_and_outcome_is_their_return():
         assert seg["mask"][:n, i].all() and not seg["mask"][n:, i].any()
         assert seg["terminated"][n - 1, i] + seg["truncated"][n - 1, i] == 1
     assert np.all(seg["rewards"][seg["mask"] == 0] == 0)
-    assert seg["episode_returns"] == [float(x) for x in seg["outcome"]]
-    assert seg["env_steps"] == int(lengths.sum())
+    assert seg.episode_returns == [float(x) for x in seg["outcome"]]
+    assert seg.env_steps == int(lengths.sum())
 
 
 def test_episodes_longer_than_the_segment_are_cut_and_flagged():
@@ -56,7 +56,7 @@ def test_episodes_longer_than_the_segment_are_cut_and_flagged():
         "learner.buffer_size=12",
         "learner.batch_size=12",
     )
-    seg = SegmentSampler(cfg).sample()
+    seg = make_sampler(cfg).sample()
     assert seg["mask"].all()
     assert seg["truncated"][2].all()
     np.testing.assert_array_equal(seg["outcome"], [3.0] * 4)
@@ -88,7 +88,7 @@ def test_token_task_groups_share_the_prompt():
         "learner.buffer_size=40",
         "learner.batch_size=40",
     )
-    seg = SegmentSampler(cfg).sample()
+    seg = make_sampler(cfg).sample()
     prompt_part = seg["obs"][0, :, :5]  # the prompt's token ids
     assert np.array_equal(prompt_part[0], prompt_part[3]) and seg["mask"].all()
     assert ((seg["outcome"] >= 0) & (seg["outcome"] <= 1)).all()

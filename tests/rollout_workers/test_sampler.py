@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.config import EnvConfig, build_config
 from learner.buffer import SegmentRingBuffer
-from learner.learner import build_policy, segment_spec
-from rollout_workers.envs import EnvSpecError, action_spec, env_seeds, make_vector_env
-from rollout_workers.sampler import SegmentSampler
-from services.config import build_config
+from learner.models import build_policy
+from rollout_workers.envs import EnvSpecError, action_spec, env_seeds
+from rollout_workers.sampler import make_sampler
+from rollout_workers.vector_backends import make_vector_env
 
 
 def _cfg(*overrides):
@@ -27,20 +28,20 @@ def _cfg(*overrides):
 
 def test_segment_has_fixed_shapes_and_fits_the_buffer():
     cfg = _cfg()
-    s = SegmentSampler(cfg)
+    s = make_sampler(cfg)
     seg = s.sample()
     assert seg["obs"].shape == (50, 4, 4) and seg["actions"].shape == (50, 4)
     for k in ("logp", "values", "rewards", "terminated", "truncated", "mask", "bootstrap_value"):
         assert seg[k].shape == (50, 4), k
     assert seg["last_value"].shape == (4,)
-    assert seg["env_steps"] == 200 and seg["mask"].all()
-    buf = SegmentRingBuffer(segment_spec(cfg, s.spec), 1)
+    assert seg.env_steps == 200 and seg["mask"].all()
+    buf = SegmentRingBuffer(s.layout, 1)
     buf.add(seg)
 
 
 def test_truncation_bootstraps_from_the_final_observation_and_no_step_crosses_episodes():
     cfg = _cfg("env.max_episode_steps=7")
-    s = SegmentSampler(cfg)
+    s = make_sampler(cfg)
     seg = s.sample()
     trunc = seg["truncated"].astype(bool)
     assert trunc.any()
@@ -49,14 +50,14 @@ def test_truncation_bootstraps_from_the_final_observation_and_no_step_crosses_ep
     assert np.all(seg["bootstrap_value"][~trunc] == 0.0)
     # SAME_STEP autoreset: the step after a truncation starts a new episode at the reset obs,
     # whose cart position is small, never the final obs of the previous one
-    assert all(length <= 7 for length in seg["episode_lengths"])
+    assert all(length <= 7 for length in seg.episode_lengths)
     assert not (seg["terminated"].astype(bool) & trunc).any()
 
 
 def test_same_seed_reproduces_bit_for_bit_and_workers_differ():
-    a = SegmentSampler(_cfg(), worker_index=0).sample()
-    b = SegmentSampler(_cfg(), worker_index=0).sample()
-    c = SegmentSampler(_cfg(), worker_index=1).sample()
+    a = make_sampler(_cfg(), worker_index=0).sample()
+    b = make_sampler(_cfg(), worker_index=0).sample()
+    c = make_sampler(_cfg(), worker_index=1).sample()
     for k in ("obs", "actions", "logp", "rewards"):
         assert np.array_equal(a[k], b[k]), k
     assert not np.array_equal(a["obs"], c["obs"])
@@ -64,26 +65,26 @@ def test_same_seed_reproduces_bit_for_bit_and_workers_differ():
 
 def test_continuous_actions_are_clipped_for_the_env_but_kept_raw_in_the_segment():
     cfg = _cfg("env.id=Pendulum-v1", "model.init_log_std=1.5")
-    seg = SegmentSampler(cfg).sample()
+    seg = make_sampler(cfg).sample()
     assert seg["actions"].shape == (50, 4, 1)
     assert np.abs(seg["actions"]).max() > 2.0  # Pendulum's bound; the raw sample exceeds it
 
 
 def test_weights_and_normalizer_stats_load_into_the_worker():
     cfg = _cfg()
-    s = SegmentSampler(cfg)
-    weights = build_policy(cfg, s.spec).state_dict()
+    s = make_sampler(cfg)
+    weights = build_policy(cfg, s.spec, critic=True).state_dict()
     weights["normalizer.mean"] = torch.full_like(weights["normalizer.mean"], 3.0)
     s.set_weights(5, weights)
     seg = s.sample()
-    assert seg["weights_version"] == 5
+    assert seg.weights_version == 5
     assert np.array_equal(s.fast.mean, np.full(4, 3.0, dtype=np.float32))
-    assert seg["obs_moments"]["count"] == 200
+    assert seg.obs_moments["count"] == 200
 
 
 def test_env_helpers():
     assert env_seeds(0, 0, 3) == env_seeds(0, 0, 3) and env_seeds(0, 0, 3) != env_seeds(0, 1, 3)
-    env = make_vector_env("CartPole-v1", 2, "sync")
+    env = make_vector_env(EnvConfig(id="CartPole-v1", num_envs=2))
     assert action_spec(env.single_action_space).kind == "discrete"
     import gymnasium as gym
 
@@ -93,14 +94,14 @@ def test_env_helpers():
 
 def test_user_factory_env_ids():
     cfg = _cfg("env.id=gymnasium.envs.classic_control.cartpole:CartPoleEnv", "env.max_episode_steps=20")
-    seg = SegmentSampler(cfg).sample()
-    assert max(seg["episode_lengths"], default=0) <= 20
+    seg = make_sampler(cfg).sample()
+    assert max(seg.episode_lengths, default=0) <= 20
 
 
 def test_reseed_gives_a_reproducible_fresh_stream():
     """A resumed run continues on another seed stream: new data, still fixed by the seed."""
     cfg = _cfg()
-    fresh, a, b = SegmentSampler(cfg), SegmentSampler(cfg), SegmentSampler(cfg)
+    fresh, a, b = make_sampler(cfg), make_sampler(cfg), make_sampler(cfg)
     a.reseed(7)
     b.reseed(7)
     first, sa, sb = fresh.sample(), a.sample(), b.sample()

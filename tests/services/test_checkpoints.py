@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
+from contracts.checkpoint import Checkpoint, RunCounters
+from contracts.config import load_config
 from services.cli import main
-from services.run_dir import MetricsWriter
+from services.driver.backends import LocalBackend
+from services.driver.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
+from services.driver.loop import TrainingLoop
+from services.driver.run_dir import RunDir
+from services.driver.sinks import MetricsWriter
 
 ROOT = Path(__file__).parents[2]
 LOCAL = [
@@ -26,20 +31,26 @@ LOCAL = [
 ]
 
 
+def _state(i: int, size: int = 3) -> dict:
+    """A well-formed checkpoint of iteration i (weights are placeholders)."""
+    learner = {"model": {"w": torch.ones(size) * i}}
+    return Checkpoint(learner, RunCounters(iteration=i), {}, None).to_dict()
+
+
 def test_keep_prunes_oldest_and_no_temp_files_remain(tmp_path):
     for i in range(1, 6):
-        save_checkpoint(tmp_path, i, {"i": i, "w": torch.ones(3) * i}, keep=2)
+        save_checkpoint(tmp_path, i, _state(i), keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000005.pt"]
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_truncated_newest_checkpoint_is_reported_and_the_previous_used(tmp_path, caplog):
-    save_checkpoint(tmp_path, 1, {"i": 1}, keep=3)
-    newest = save_checkpoint(tmp_path, 2, {"i": 2, "w": torch.zeros(1000)}, keep=3)
+    save_checkpoint(tmp_path, 1, _state(1), keep=3)
+    newest = save_checkpoint(tmp_path, 2, _state(2, 1000), keep=3)
     newest.write_bytes(newest.read_bytes()[:100])
     path, state = load_newest_valid(tmp_path)
-    assert path.name == "ckpt-00000001.pt" and state["i"] == 1
-    assert "ckpt-00000002.pt is unreadable" in caplog.text
+    assert path.name == "ckpt-00000001.pt" and state.counters.iteration == 1
+    assert "ckpt-00000002.pt is unusable" in caplog.text
 
 
 class Evil:
@@ -48,7 +59,7 @@ class Evil:
 
 
 def test_a_checkpoint_never_executes_code(tmp_path):
-    save_checkpoint(tmp_path, 1, {"i": 1}, keep=3)
+    save_checkpoint(tmp_path, 1, _state(1), keep=3)
     torch.save({"payload": Evil()}, tmp_path / "ckpt-00000002.pt")
     path, _ = load_newest_valid(tmp_path)  # weights_only=True refuses the pickled callable
     assert path.name == "ckpt-00000001.pt"
@@ -93,19 +104,13 @@ def test_resume_continues_counters_and_metrics(tmp_path):
 
 def test_resume_reseeds_workers_from_the_checkpoint_iteration(tmp_path):
     """Resumed workers continue on the checkpoint's seed stream, not the run's first one."""
-    from services.backends import LocalBackend
-    from services.config import load_config
-    from services.resume import restore
-    from services.run_dir import RunDir
-    from services.train import TrainingLoop
-
     run = tmp_path / "run"
     sets = [*LOCAL, "--set", "checkpoint.interval=2", "--set", "stop.env_steps=1024"]
     assert main(["train", "configs/cartpole_ppo.yaml", "--run-dir", str(run), *sets]) == 0
     cfg = load_config(run / "config.yaml")
-    loop = TrainingLoop(cfg, RunDir.create(cfg, str(run)), LocalBackend(cfg))
+    loop = TrainingLoop(cfg, RunDir(run), LocalBackend(cfg))
     assert loop.backend.sampler.seed_stream == 0
-    restore(loop)
+    loop.restore(load_newest_valid(run / "checkpoints")[1], counters=True)
     assert loop.backend.sampler.seed_stream == loop.c.iteration == 4
 
 

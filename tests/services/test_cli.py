@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.metrics import METRICS, REQUIRED_KEYS
 from services.cli import main
 from tests.helpers import train_local
 
@@ -71,33 +72,10 @@ def test_local_mode_trains_writes_metrics_and_checkpoints(tmp_path, capsys):
     assert code == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) >= 10
-    required = {
-        "iteration",
-        "env_steps",
-        "wall_s",
-        "episodes",
-        "episode_return_mean",
-        "episode_len_mean",
-        "env_steps_per_s",
-        "learner_samples_per_s",
-        "policy_loss",
-        "entropy",
-        "approx_kl",
-        "clip_fraction",
-        "grad_norm",
-        "lr",
-        "weights_version",
-        "policy_lag_mean",
-        "buffer_fill",
-        "device",
-        "device_memory_bytes",
-        "worker_restarts",
-        "rejected_segments",
-        "amp_skipped_steps",
-        "value_loss",
-        "explained_variance",
-    }
+    # Every key the contract promises on every line, the PPO ones, and nothing undeclared.
+    required = {*REQUIRED_KEYS, "value_loss", "explained_variance"}
     assert required <= set(lines[-1])
+    assert set(lines[-1]) <= set(METRICS)
     assert "startup_s" in lines[0]
     assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
     assert lines[-1]["env_steps"] >= 6000
@@ -151,3 +129,42 @@ def test_a_seed_fixes_the_run(tmp_path):
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         runs.append([{k: v for k, v in x.items() if k not in TIMING_KEYS} for x in lines])
     assert runs[0] == runs[1]
+
+
+SAME_REFUSAL = [
+    ["learner.device=tpu:0"],
+    ["env.id=NoSuchEnv-v9"],
+    ["learner.algo=a3c"],
+    ["model.kind=resnet"],
+    ["env.vectorization=envpoool"],
+    ["learner.algo=grpo"],
+    ["model.kind=transformer"],
+    ["model.kind=transformer", "model.normalize_obs=false"],
+    ["env.id=tests.rollout_workers.faulty_envs:nothing_here"],
+]
+
+
+@pytest.mark.parametrize("sets", SAME_REFUSAL, ids=lambda s: " ".join(s))
+def test_validate_and_train_refuse_the_same_configs_with_the_same_line(sets, tmp_path, capsys):
+    """`relay validate` runs exactly the checks `relay train` runs before starting anything."""
+    args = [x for kv in sets for x in ("--set", kv)]
+    config = str(ROOT / "configs/cartpole_ppo.yaml")
+    assert main(["validate", config, *args]) == 2
+    validate_err = capsys.readouterr().err.strip()
+    run = tmp_path / "run"
+    assert main(["train", config, "--run-dir", str(run), *args]) == 2
+    train_err = capsys.readouterr().err.strip()
+    assert len(validate_err.splitlines()) == 1 and len(train_err.splitlines()) == 1
+    assert validate_err.removeprefix("relay validate: ") == train_err.removeprefix("relay train: ")
+    assert not run.exists()  # nothing created
+
+
+def test_help_config_lists_every_leaf_with_default_and_description(capsys):
+    from contracts.config import config_leaves
+
+    assert main(["validate", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    for path, _, description in config_leaves():
+        assert f"\n{path} = " in f"\n{out}" and description in out, path
+    assert "learner.algo = ppo" in out and "Choices: ppo, grpo." in out
+    assert "rollout.placement_timeout_s = 300.0" in out

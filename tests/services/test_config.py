@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.config import ConfigError, RelayConfig, build_config, dump_config, load_config
+from contracts.config import ConfigError, RelayConfig, build_config, dump_config, load_config
+from services.driver.preflight import check_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -66,7 +67,7 @@ def test_all_cross_field_problems_are_reported_together():
 
 def test_grpo_needs_groups_and_no_stop_criterion_is_an_error():
     with pytest.raises(ConfigError, match="group_size >= 2"):
-        build_config({}, ["learner.algo=grpo"])
+        check_config(build_config({}, ["learner.algo=grpo"]))
     with pytest.raises(ConfigError, match="no stop criterion"):
         build_config({}, ["stop.env_steps=null", "learner.lr_anneal=false"])
 

@@ -9,20 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from services.dashboard import Dashboard
+from services.dashboard.server import Dashboard
+from tests.browser import ARGS as CHROMIUM_ARGS
+from tests.browser import chromium
 
 ROOT = Path(__file__).parents[2]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def line(i: int, **extra) -> str:
@@ -137,14 +129,14 @@ def test_missing_vanished_and_outside_runs_get_clear_errors(runs):
 
 
 def test_a_real_browser_watches_the_return_chart_grow(runs):
-    """Headless Chromium (Debian's package, driven by Playwright) loads the page of a run being written."""
+    """Headless Chromium (found, or Debian's package installed by tests/browser.py; driven by
+    Playwright) loads the page of a run being written."""
     from playwright.sync_api import sync_playwright
 
     root, board = runs
-    assert Path(CHROMIUM).exists(), "Debian's chromium package is required (.ci/run installs it)"
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))

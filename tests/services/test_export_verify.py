@@ -10,9 +10,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from services import export as export_mod
 from services.cli import main
-from services.policy_io import DeterministicPolicy, load_policy
+from services.tools import export as export_mod
+from services.tools.handle import DeterministicPolicy
+from services.tools.load import load_policy
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]

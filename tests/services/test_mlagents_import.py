@@ -10,7 +10,8 @@ import onnxruntime as ort
 import torch
 
 from services.cli import main
-from services.policy_io import DeterministicPolicy, load_policy
+from services.tools.handle import DeterministicPolicy
+from services.tools.load import load_policy
 from tests.services.mlagents_like import export_opset9, randomized
 
 

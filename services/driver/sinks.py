@@ -1,23 +1,72 @@
 """Where each metrics record goes: metrics.jsonl always, TensorBoard and Prometheus (through Ray's
-metrics, `ray.util.metrics`) when enabled, all with the same names (Prometheus adds `ray_relay_`)."""
+metrics, `ray.util.metrics`) when enabled, all with the keys of `contracts/metrics.py`
+(Prometheus adds `ray_relay_`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, TextIO
 
-from services.run_dir import MetricsWriter, RunDir
+from contracts.metrics import numeric_metrics
+from services.driver.run_dir import RunDir, atomic_write
 
 log = logging.getLogger(__name__)
 
 
-def numeric_items(record: dict[str, Any]) -> list[tuple[str, float]]:
-    return [
-        (k, float(v))
-        for k, v in record.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
-    ]
+def _json_safe(value: Any) -> Any:
+    # JSON has no NaN/inf; null is what a reader can parse.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per line, flushed and fsynced, so a crash never leaves a torn line.
+
+    On reopening a file whose last line was torn by a kill, the fragment is cut off first.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._repair_tail()
+        self._file: TextIO = path.open("a", encoding="utf-8")
+
+    def _repair_tail(self) -> None:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            with self.path.open("r+b") as f:
+                f.truncate(keep)
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: _json_safe(v) for k, v in record.items()}, separators=(",", ":"))
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def truncate_metrics(path: Path, iteration: int) -> None:
+    """Drop metrics lines past `iteration` (a resume writes them again), atomically; unreadable lines
+    (a torn line from a kill) are dropped too."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_bytes().splitlines():
+        try:
+            if json.loads(line)["iteration"] <= iteration:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    atomic_write(path, b"".join(x + b"\n" for x in kept))
 
 
 class TensorBoardSink:
@@ -32,7 +81,7 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         # One event holding every scalar: a tenth of the cost of one add_scalar per metric.
-        values = [self._summary.Value(tag=k, simple_value=v) for k, v in numeric_items(record)]
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in numeric_metrics(record)]
         self.writer.add_summary(self._summary(value=values), int(record["env_steps"]))
         self.writer.flush()
 
@@ -69,7 +118,7 @@ class PrometheusSink:
         return self.gauges[key]
 
     def write(self, record: dict[str, Any]) -> None:
-        for key, value in numeric_items(record):
+        for key, value in numeric_metrics(record):
             self._gauge(key).set(value, tags=self.tags)
         steps = int(record["env_steps"])
         if steps > self._last_steps:

@@ -1,5 +1,5 @@
-"""Policies: actor-critic for Discrete and Box actions (MLP trunks, or a token transformer), and
-a critic-free policy for GRPO.
+"""The policy: normalizer -> trunk(s) -> a categorical or Gaussian head (+ a value head unless the
+algorithm is critic-free). Trunks come from the model registry (`learner/models/__init__.py`).
 
 Exploration noise always comes from the caller (`act(obs, noise)`), drawn on the CPU from a seeded
 generator, so sampling is bit-identical whatever device runs the network.
@@ -13,68 +13,26 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
+from contracts.spaces import ActionSpec
+from learner.models.kind import TrunkModule
 from learner.normalizer import ObsNormalizer
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "tanh": nn.Tanh, "relu": nn.ReLU}
+
+def draw_noise(action: ActionSpec, batch: int, generator: torch.Generator) -> Tensor:
+    """Exploration noise on the CPU from a seeded generator (the same bits on any device):
+    uniforms [B] for discrete actions, standard normals [B, A] for continuous ones."""
+    if action.kind == "discrete":
+        return torch.rand(action.noise_shape(batch), generator=generator)
+    return torch.randn(action.noise_shape(batch), generator=generator)
 
 
-@dataclass(frozen=True)
-class ActionSpec:
-    """Discrete (n choices) or continuous (dim floats, with bounds applied by the env side)."""
-
-    kind: str  # "discrete" | "continuous"
-    size: int  # number of choices or action dimensions
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return () if self.kind == "discrete" else (self.size,)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.int64 if self.kind == "discrete" else torch.float32
-
-    def noise_shape(self, batch: int) -> tuple[int, ...]:
-        """Shape of the exploration noise `act` takes: uniforms [B] or standard normals [B, A]."""
-        return (batch,) if self.kind == "discrete" else (batch, self.size)
-
-    def draw_noise(self, batch: int, generator: torch.Generator) -> Tensor:
-        """Noise on the CPU from a seeded generator (the same bits on any device)."""
-        if self.kind == "discrete":
-            return torch.rand(self.noise_shape(batch), generator=generator)
-        return torch.randn(self.noise_shape(batch), generator=generator)
-
-
-def mlp(in_dim: int, hidden: list[int], activation: str) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), ACTIVATIONS[activation]()]
-        in_dim = width
-    return nn.Sequential(*layers)
-
-
-def _init_linear(module: nn.Module, gain: float) -> None:
+def init_linear(module: nn.Module, gain: float) -> None:
+    """Orthogonal weights with `gain`, zero biases, for every Linear in `module`."""
     for layer in module.modules():
         if isinstance(layer, nn.Linear):
             nn.init.orthogonal_(layer.weight, gain)
             nn.init.zeros_(layer.bias)
-
-
-class Trunk(nn.Module):
-    """An MLP trunk that can recompute its activations in backward (gradient checkpointing)."""
-
-    def __init__(self, in_dim: int, hidden: list[int], activation: str) -> None:
-        super().__init__()
-        self.net = mlp(in_dim, hidden, activation)
-        self.out_dim = hidden[-1] if hidden else in_dim
-        self.checkpointing = False
-        _init_linear(self.net, math.sqrt(2))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(self.net, x, use_reentrant=False)
-        return self.net(x)
 
 
 @dataclass
@@ -90,37 +48,38 @@ class ActorCritic(nn.Module):
     """Normalizer -> trunk(s) -> categorical logits or Gaussian mean (+ state-independent log-std).
 
     With `critic=False` no value network is built (GRPO), saving its parameters and memory.
-    `make_trunk` builds each trunk (any module mapping [B, obs_dim] to [B, out_dim] with `out_dim`
-    and `checkpointing` attributes); by default an MLP of `hidden` widths.
+    `make_trunk` builds each trunk: any module mapping observations [B, *obs_shape] (normalized,
+    float32 or the weights' dtype) to features [B, out_dim], with `out_dim` and `checkpointing`
+    attributes.
     """
+
+    log_std: nn.Parameter  # [A], continuous actions only
 
     def __init__(
         self,
         obs_dim: int,
         action: ActionSpec,
-        hidden: list[int],
-        activation: str = "tanh",
+        make_trunk: Callable[[], TrunkModule],
+        *,
         shared_trunk: bool = False,
         critic: bool = True,
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
-        make_trunk: Callable[[], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.action = action
         self.normalizer = ObsNormalizer((obs_dim,), enabled=normalize_obs)
-        make_trunk = make_trunk or (lambda: Trunk(obs_dim, hidden, activation))
         self.pi_trunk = make_trunk()
-        self.v_trunk: nn.Module | None = None
+        self.v_trunk: TrunkModule | None = None
         if critic and not shared_trunk:
             self.v_trunk = make_trunk()
         self.shared_trunk = shared_trunk
-        out_dim = int(self.pi_trunk.out_dim)
+        out_dim = self.pi_trunk.out_dim
         self.pi_head = nn.Linear(out_dim, action.size)
-        _init_linear(self.pi_head, 0.01)
+        init_linear(self.pi_head, 0.01)
         self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
         if self.v_head is not None:
-            _init_linear(self.v_head, 1.0)
+            init_linear(self.v_head, 1.0)
         if action.kind == "continuous":
             self.log_std = nn.Parameter(torch.full((action.size,), float(init_log_std)))
 
@@ -134,9 +93,13 @@ class ActorCritic(nn.Module):
                 trunk.checkpointing = enabled
 
     def _features(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
-        x = obs.reshape(obs.shape[0], -1)
-        # The normalizer computes in float32 whatever the model dtype; its output takes the weights'.
-        x = self.normalizer(x if x.is_floating_point() else x.float()).to(self.pi_head.weight.dtype)
+        if self.normalizer.enabled:
+            # The normalizer computes in float32 whatever the model dtype; its output takes the weights'.
+            x = self.normalizer(obs.reshape(obs.shape[0], -1).float()).to(self.pi_head.weight.dtype)
+        else:
+            # Raw observations reach the trunk in their own shape: floats in the weights' dtype,
+            # integers (token ids) as they are, for the trunk to read its own way.
+            x = obs.to(self.pi_head.weight.dtype) if obs.is_floating_point() else obs
         pi = self.pi_trunk(x)
         if self.v_head is None:
             return pi, None

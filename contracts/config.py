@@ -1,17 +1,31 @@
 """The one config model: YAML in, `--set a.b=v` overrides, cross-field rules checked up front.
 
-Every field has a default and a description (the description is what `relay validate --help-config`
-prints). Derived values are properties, never fields rewritten after parsing.
+Every field has a default and a description (`relay validate --help-config` prints them all).
+Derived values are properties, never fields rewritten after parsing. Names that resolve through a
+registry (`learner.algo`, `model.kind`, `env.vectorization`) are plain strings here; the layer that
+owns each registry checks them, with the rules particular to each entry (see
+`services/driver/preflight.py`), so adding an algorithm, a model or an env backend never edits
+this file.
+
+Everything read here is data: YAML is parsed with the safe loader (no tags that build objects),
+the expanded size of a document is capped (a YAML alias bomb stops at the cap instead of eating
+memory), and non-finite floats are refused.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# A config is a few hundred values; a document that expands to more is a mistake or an attack.
+MAX_CONFIG_NODES = 20_000
+MAX_CONFIG_BYTES = 1 << 20
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
 class ConfigError(ValueError):
@@ -19,32 +33,44 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    # A typo must never be silently ignored.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # A typo must never be silently ignored; NaN or inf is never a setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class EnvConfig(_Section):
-    id: str = Field("CartPole-v1", description="Gymnasium env id, or 'module:factory' for your own env.")
-    num_envs: int = Field(8, ge=1, description="Envs per rollout worker (the N of a [T, N] segment).")
-    vectorization: Literal["sync", "async"] = Field(
+    id: str = Field(
+        "CartPole-v1",
+        min_length=1,
+        max_length=300,
+        description="Gymnasium env id, or 'module:factory' for your own env.",
+    )
+    num_envs: int = Field(
+        8, ge=1, le=65_536, description="Envs per rollout worker (the N of a [T, N] segment)."
+    )
+    vectorization: str = Field(
         "sync",
-        description="SyncVectorEnv for cheap envs, AsyncVectorEnv (a process per env) for costly ones.",
+        description="Vector env backend: sync (SyncVectorEnv, for cheap envs) or async "
+        "(AsyncVectorEnv, a process per env, for costly ones).",
     )
     seed: int = Field(
-        0, ge=0, description="Run seed: env seeds, exploration noise and init all derive from it."
+        0, ge=0, lt=2**63, description="Run seed: env seeds, exploration noise and init all derive from it."
     )
     max_episode_steps: int | None = Field(
-        None, ge=1, description="Override the env's time limit (episodes are truncated there)."
+        None, ge=1, le=2**31, description="Override the env's time limit (episodes are truncated there)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for gym.make.")
 
 
 class RolloutConfig(_Section):
     num_workers: int = Field(
-        2, ge=0, description="Rollout worker actors; 0 samples in the driver process (local mode)."
+        2, ge=0, le=4096, description="Rollout worker actors; 0 samples in the driver process (local mode)."
     )
-    rollout_len: int = Field(128, ge=1, description="Steps per segment (the T of a [T, N] segment).")
-    num_cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each rollout worker.")
+    rollout_len: int = Field(
+        128, ge=1, le=1_000_000, description="Steps per segment (the T of a [T, N] segment)."
+    )
+    num_cpus_per_worker: float = Field(
+        1.0, gt=0, le=1024, description="CPUs Ray reserves for each rollout worker."
+    )
     mode: Literal["sync", "async"] = Field(
         "sync",
         description="sync: every segment of an update comes from the current weights (lag 0); "
@@ -53,21 +79,40 @@ class RolloutConfig(_Section):
     max_segments_in_flight: int = Field(
         1,
         ge=1,
+        le=1024,
         description="Async mode: sample calls outstanding per worker (bounds object-store use); "
         "the policy lag of a segment is at most this. 1 keeps PPO stable; more trades stability "
         "for throughput.",
     )
-    max_restarts: int = Field(3, ge=0, description="How often Ray restarts a rollout worker that died.")
+    max_restarts: int = Field(
+        3, ge=0, le=1_000_000, description="How often Ray restarts a rollout worker that died."
+    )
+    placement_timeout_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="Give up (exit 2, naming the missing resources) when actors cannot be placed for "
+        "this long; null waits forever (for autoscaling clusters that add nodes on demand).",
+    )
 
 
 class LearnerConfig(_Section):
-    algo: Literal["ppo", "grpo"] = Field("ppo", description="Update rule: PPO (actor-critic) or GRPO.")
-    device: str = Field("auto", description="auto (npu, then cuda, then cpu), cpu, cuda[:i] or npu[:i].")
+    algo: str = Field(
+        "ppo",
+        description="Update rule, a name from the algorithm registry: ppo (actor-critic) or grpo "
+        "(critic-free, group-relative advantages).",
+    )
+    device: str = Field(
+        "auto", max_length=32, description="auto (npu, then cuda, then cpu), cpu, cuda[:i] or npu[:i]."
+    )
     num_learners: int = Field(
-        1, ge=1, description="Data-parallel learner actors, one accelerator each (HCCL on npu, NCCL on cuda)."
+        1,
+        ge=1,
+        le=1024,
+        description="Data-parallel learner actors, one accelerator each (HCCL on npu, NCCL on cuda).",
     )
     npu_ids: list[int] = Field(
         default_factory=list,
+        max_length=1024,
         description="Accelerator ids the learner may use; empty lets Ray assign them (the normal case).",
     )
     ray_resources: dict[str, float] = Field(
@@ -75,65 +120,87 @@ class LearnerConfig(_Section):
         description="Extra Ray resources the learner actor asks for (e.g. {NPU: 1} to pin a node type).",
     )
     buffer_size: int = Field(
-        4096, ge=1, description="Ring buffer capacity in env steps (a whole number of segments)."
+        4096, ge=1, le=2**34, description="Ring buffer capacity in env steps (a whole number of segments)."
     )
-    batch_size: int = Field(512, ge=1, description="Minibatch size in env steps.")
-    epochs: int = Field(4, ge=1, description="Passes over the update's data.")
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate.")
+    batch_size: int = Field(512, ge=1, le=2**34, description="Minibatch size in env steps.")
+    epochs: int = Field(4, ge=1, le=10_000, description="Passes over the update's data.")
+    lr: float = Field(3e-4, gt=0, le=10, description="Adam learning rate.")
     lr_anneal: bool = Field(False, description="Anneal lr linearly to 0 over stop.env_steps.")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    clip_ratio: float = Field(0.2, gt=0, description="PPO/GRPO ratio clip epsilon.")
-    value_coef: float = Field(0.5, ge=0, description="Value loss weight.")
+    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO/GRPO ratio clip epsilon.")
+    value_coef: float = Field(0.5, ge=0, le=1e6, description="Value loss weight.")
     value_clip: float | None = Field(None, gt=0, description="Clip value updates to this range (None: off).")
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    entropy_coef: float = Field(0.0, ge=0, le=1e6, description="Entropy bonus weight.")
     max_grad_norm: float = Field(0.5, gt=0, description="Global gradient-norm clip.")
     target_kl: float | None = Field(
         None, gt=0, description="Stop the update's epochs early once approx_kl exceeds 1.5x this."
     )
     normalize_advantages: bool = Field(True, description="Normalize advantages per minibatch (PPO).")
-    grad_accum_steps: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    grad_accum_steps: int = Field(
+        1, ge=1, le=65_536, description="Micro-batches accumulated per optimizer step."
+    )
     grad_checkpointing: bool = Field(False, description="Recompute the MLP trunk in backward to save memory.")
     use_amp: bool = Field(False, description="Autocast the forward/backward on the learner device.")
     amp_dtype: Literal["bfloat16", "float16"] = Field(
         "bfloat16", description="Autocast dtype; float16 adds a GradScaler on npu/cuda."
     )
-    broadcast_interval: int = Field(1, ge=1, description="Publish new weights every this many updates.")
-    group_size: int = Field(1, ge=1, description="GRPO: members per group sharing a prompt/start state.")
-    kl_coef: float = Field(0.0, ge=0, description="GRPO: weight of the KL penalty to the reference policy.")
+    broadcast_interval: int = Field(
+        1, ge=1, le=1_000_000, description="Publish new weights every this many updates."
+    )
+    group_size: int = Field(
+        1, ge=1, le=65_536, description="GRPO: members per group sharing a prompt/start state."
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, le=1e6, description="GRPO: weight of the KL penalty to the reference policy."
+    )
     ref_update_interval: int = Field(
         0, ge=0, description="GRPO: refresh the reference policy every this many updates (0: never)."
     )
-    group_eps: float = Field(1e-6, gt=0, description="GRPO: epsilon in (r - mean) / (std + eps).")
+    group_eps: float = Field(1e-6, gt=0, le=1, description="GRPO: epsilon in (r - mean) / (std + eps).")
 
 
 class TransformerConfig(_Section):
     vocab_size: int | None = Field(
         None,
         ge=1,
+        le=1_000_000,
         description="Token ids the policy reads are 0..vocab_size-1 (-1 marks an empty slot); "
         "None: the number of discrete actions (the policy reads the vocabulary it writes).",
     )
-    d_model: int = Field(64, ge=4, description="Embedding width.")
-    heads: int = Field(4, ge=1, description="Attention heads (must divide d_model).")
-    layers: int = Field(2, ge=1, description="Transformer blocks.")
-    ff_mult: int = Field(2, ge=1, description="Feed-forward width as a multiple of d_model.")
+    d_model: int = Field(64, ge=4, le=65_536, description="Embedding width.")
+    heads: int = Field(4, ge=1, le=1024, description="Attention heads (must divide d_model).")
+    layers: int = Field(2, ge=1, le=1024, description="Transformer blocks.")
+    ff_mult: int = Field(2, ge=1, le=64, description="Feed-forward width as a multiple of d_model.")
 
 
 class ModelConfig(_Section):
-    kind: Literal["mlp", "transformer"] = Field(
+    kind: str = Field(
         "mlp",
-        description="mlp: MLP trunks over the (normalized) observation; transformer: a tiny causal "
-        "transformer over an observation of token ids (prompt + tokens emitted so far, -1 = empty).",
+        description="Policy network, a name from the model registry: mlp (MLP trunks over the "
+        "normalized observation) or transformer (a tiny causal transformer over an observation of "
+        "token ids: prompt + tokens emitted so far, -1 = empty).",
     )
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."
     )
-    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 64], description="MLP layer widths.")
+    hidden_sizes: list[int] = Field(
+        default_factory=lambda: [64, 64], max_length=64, description="MLP layer widths."
+    )
     activation: Literal["silu", "tanh", "relu"] = Field("tanh", description="MLP activation.")
     shared_trunk: bool = Field(False, description="One trunk for policy and value heads.")
-    init_log_std: float = Field(0.0, description="Initial log-std of the Gaussian head (Box actions).")
+    init_log_std: float = Field(
+        0.0, ge=-20, le=20, description="Initial log-std of the Gaussian head (Box actions)."
+    )
     normalize_obs: bool = Field(True, description="Running observation normalizer (float32 statistics).")
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _widths(cls, sizes: list[int]) -> list[int]:
+        bad = [w for w in sizes if not 1 <= w <= 65_536]
+        if bad:
+            raise ValueError(f"every width must be in [1, 65536], got {bad[0]}")
+        return sizes
 
 
 class StopConfig(_Section):
@@ -146,16 +213,26 @@ class StopConfig(_Section):
 
 class CheckpointConfig(_Section):
     interval: int = Field(10, ge=1, description="Write a checkpoint every this many iterations.")
-    keep: int = Field(3, ge=1, description="Checkpoints kept (oldest removed first).")
+    keep: int = Field(3, ge=1, le=100_000, description="Checkpoints kept (oldest removed first).")
 
 
 class MetricsConfig(_Section):
-    runs_dir: str = Field("runs", description="Folder holding run directories.")
-    run_name: str | None = Field(None, description="Run directory name (default: <env>-<algo>-<time>).")
+    runs_dir: str = Field("runs", min_length=1, description="Folder holding run directories.")
+    run_name: str | None = Field(
+        None, description="Run directory name (default: <env>-<algo>-<time>-<random suffix>)."
+    )
     tensorboard: bool = Field(True, description="Also write TensorBoard event files under events/.")
     progress: Literal["auto", "bar", "lines", "none"] = Field(
         "auto", description="Terminal progress: a bar on a TTY, plain lines otherwise."
     )
+
+    @field_validator("run_name")
+    @classmethod
+    def _plain_name(cls, name: str | None) -> str | None:
+        # A name is one folder under runs_dir: no separators, no '..', nothing hidden.
+        if name is not None and not RUN_NAME.match(name):
+            raise ValueError("a run name is letters, digits, '.', '_' and '-' (not starting with '.' or '-')")
+        return name
 
 
 class RelayConfig(_Section):
@@ -236,27 +313,42 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append(
             f"env.num_envs={cfg.env.num_envs} is not divisible by learner.group_size={lrn.group_size}"
         )
-    if lrn.algo == "grpo" and lrn.group_size < 2:
-        problems.append(f"learner.algo=grpo needs learner.group_size >= 2 (got {lrn.group_size})")
     if cfg.stop.env_steps is None and cfg.stop.episode_return_mean is None and cfg.stop.wall_s is None:
         problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
-    return problems + _model_problems(cfg.model)
-
-
-def _model_problems(model: ModelConfig) -> list[str]:
-    if model.kind != "transformer":
-        return []
-    problems = []
-    tc = model.transformer
-    if tc.d_model % tc.heads:
-        problems.append(
-            f"model.transformer.d_model={tc.d_model} is not divisible by model.transformer.heads={tc.heads}"
-        )
-    if model.normalize_obs:
-        problems.append("model.kind=transformer reads token ids: set model.normalize_obs=false")
     return problems
+
+
+# ---- reading YAML safely ------------------------------------------------------------------------
+def _check_expanded_size(data: Any, where: str) -> None:
+    """Refuse documents that expand past MAX_CONFIG_NODES values (aliases count every time they
+    are used: a 400-byte alias bomb expands to billions). Stops walking at the cap, so it is cheap."""
+    budget = MAX_CONFIG_NODES
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise ConfigError(f"{where}: expands to more than {MAX_CONFIG_NODES} values (YAML aliases?)")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load with one-line errors and the expansion cap."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{where}: not valid YAML ({first})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: nested too deeply") from None
+    _check_expanded_size(data, where)
+    return data
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -267,7 +359,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not path:
         raise ConfigError(f"--set {item!r}: empty key")
     # YAML parsing turns "3e-4" into a float, "[64, 64]" into a list, "null" into None.
-    return path, yaml.safe_load(raw) if raw.strip() else ""
+    return path, parse_yaml(raw, f"--set {key.strip()}") if raw.strip() else ""
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -291,13 +383,18 @@ def _format_validation_error(err: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling)"
+        elif e["type"] == "finite_number":
+            msg = "must be a finite number (not nan or inf)"
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return "invalid config: " + "; ".join(parts)
+    return "invalid config: " + "; ".join(p.replace("\n", " ") for p in parts)
 
 
-def build_config(data: dict[str, Any], overrides: list[str] | None = None) -> RelayConfig:
+def build_config(data: Any, overrides: list[str] | None = None) -> RelayConfig:
     """Validate a nested dict plus overrides; raises ConfigError with one line naming every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError("invalid config: expected a mapping of sections at the top level")
     data = apply_overrides(copy.deepcopy(data), overrides or [])
+    _check_expanded_size(data, "config")
     try:
         return RelayConfig.model_validate(data)
     except ValidationError as err:
@@ -311,10 +408,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
+        raw = p.read_bytes()[: MAX_CONFIG_BYTES + 1]
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes; not a relay config")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{p}: not valid YAML ({str(err).splitlines()[0]})") from None
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {err.start})") from None
+        data = parse_yaml(text, str(p))
+        if data is None:
+            data = {}
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping of sections at the top level")
     return build_config(data, overrides)
@@ -323,3 +426,28 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 def dump_config(cfg: RelayConfig) -> str:
     """The resolved config as YAML (what `relay validate` prints and a run directory keeps)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def config_leaves(model: type[BaseModel] = RelayConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted path, default, description) of every leaf, in declaration order."""
+    out: list[tuple[str, Any, str]] = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += config_leaves(ann, f"{prefix}{name}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        out.append((f"{prefix}{name}", default, field.description or ""))
+    return out
+
+
+def config_help(choices: dict[str, list[str]] | None = None) -> str:
+    """Every leaf with its default and description; `choices` adds registry names per leaf."""
+    lines = []
+    for path, default, description in config_leaves():
+        extra = f" Choices: {', '.join(choices[path])}." if choices and path in choices else ""
+        lines.append(
+            f"{path} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"
+        )
+        lines.append(f"    {description}{extra}")
+    return "\n".join(lines)

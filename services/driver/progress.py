@@ -6,7 +6,9 @@ import sys
 import time
 from typing import Any
 
-from services.config import RelayConfig
+from tqdm import tqdm
+
+from contracts.config import RelayConfig
 
 LINE_INTERVAL_S = 2.0
 
@@ -26,8 +28,6 @@ class Progress:
         self._last: dict[str, Any] | None = None
         self._bar = None
         if mode == "bar":
-            from tqdm import tqdm
-
             self._bar = tqdm(total=cfg.stop.env_steps, unit="step", unit_scale=True, file=self.stream)
 
     def update(self, rec: dict[str, Any]) -> None:

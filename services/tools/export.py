@@ -2,14 +2,16 @@
 
 Graph (opset 17, dynamic batch axis): input `obs` [batch, obs_dim] float32; outputs `action`
 plus `mean` and `std` (continuous) or `logits` (discrete). The normalizer's statistics stay
-float32 tensors in the graph. The export is checked against onnxruntime on CPU (1,000 random and
-1,000 recorded observations, max abs error <= 1e-5); a failing file is removed, never left behind.
+float32 tensors in the graph. The export is checked against onnxruntime on CPU (2,000 random
+observations, or 1,000 random and 1,000 recorded in the env the user names with `--env`; max abs
+error <= 1e-5); a failing file is never written. The run's config and env spec ride along as
+metadata (`relay_config`, `relay_env`), as data.
 """
 
 from __future__ import annotations
 
 import io
-import os
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.policy_io import (
+from services.driver.run_dir import atomic_write
+from services.tools.handle import (
     RELAY_CONFIG_KEY,
+    RELAY_ENV_KEY,
     DeterministicPolicy,
     PolicyHandle,
     output_names,
-    recorded_observations,
 )
+from services.tools.load import recorded_observations
 
 TOLERANCE = 1e-5
 
@@ -48,7 +52,7 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
         torch.onnx.export(
             module,
             (torch.zeros(1, handle.obs_dim),),
-            buf,
+            buf,  # type: ignore[arg-type]  # a file-like object is documented and works
             input_names=["obs"],
             output_names=names,
             dynamic_axes={name: {0: "batch"} for name in ["obs", *names]},
@@ -61,9 +65,14 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
         return buf.getvalue()
     import onnx
 
-    # The run's config rides along, so `relay verify` can rebuild any relay policy from the graph.
+    # The run's config and env spec ride along, so `relay verify` can rebuild any relay policy
+    # from the graph (as data: nothing in them is ever executed or used to build an env).
     proto = onnx.load_from_string(buf.getvalue())
-    onnx.helper.set_model_props(proto, {RELAY_CONFIG_KEY: handle.config.model_dump_json()})
+    props = {
+        RELAY_CONFIG_KEY: handle.config.model_dump_json(),
+        RELAY_ENV_KEY: json.dumps(handle.env.to_dict()),
+    }
+    onnx.helper.set_model_props(proto, props)
     return proto.SerializeToString()
 
 
@@ -80,18 +89,19 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> 
     )
 
 
-def export_onnx(handle: PolicyHandle, out: Path, seed: int = 0) -> ExportReport:
-    """Write the ONNX file atomically after checking it against onnxruntime."""
+def export_onnx(handle: PolicyHandle, out: Path, env_id: str | None = None, seed: int = 0) -> ExportReport:
+    """Write the ONNX file atomically after checking it against onnxruntime (on observations
+    recorded in `env_id` too, when the user names one)."""
     data = onnx_bytes(handle)
-    batches = [handle.synthetic_obs(1000, torch.Generator().manual_seed(seed)).numpy()]
-    if handle.config is not None:
-        batches.append(recorded_observations(handle, 1000, seed))
+    gen = torch.Generator().manual_seed(seed)
+    if env_id is None:
+        batches = [handle.synthetic_obs(2000, gen).numpy()]
+    else:
+        batches = [handle.synthetic_obs(1000, gen).numpy(), recorded_observations(handle, env_id, 1000, seed)]
     err = max(max_abs_error(handle, data, b) for b in batches)
     if not err <= TOLERANCE:
         raise ExportCheckFailed(
             f"onnxruntime differs from torch by {err:.3g} (> {TOLERANCE}); nothing written"
         )
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    atomic_write(out, data)
     return ExportReport(out, err, sum(len(b) for b in batches))

@@ -1,7 +1,7 @@
 """`relay verify MODEL`: precision table, action fingerprint and latency on a device.
 
 Precision: for each dtype, actions on the device vs a CPU float32 reference on 100 normally
-distributed observations (plus recorded ones when the model carries its env): cosine similarity
+distributed observations (plus 100 recorded in the env named with `--env`): cosine similarity
 and max abs error; pass when cosine >= 0.999 and max abs <= 0.01. The normalizer stays float32 in
 every dtype. Actions are the deterministic ones (the mean, after the source's action transform)
 for continuous policies and the action probabilities for discrete ones.
@@ -27,7 +27,10 @@ import torch
 from torch import Tensor
 
 from learner.device import AMP_DTYPES, DeviceContext, resolve_device
-from services.policy_io import PolicyHandle, recorded_observations
+from learner.models.policy import ActorCritic, draw_noise
+from services.tools.export import onnx_bytes
+from services.tools.handle import PolicyHandle
+from services.tools.load import recorded_observations
 
 DTYPES = {"float32": torch.float32, **AMP_DTYPES}
 
@@ -41,7 +44,7 @@ class PrecisionRow:
 
 
 @torch.no_grad()
-def policy_outputs(handle: PolicyHandle, model: torch.nn.Module, obs: Tensor) -> Tensor:
+def policy_outputs(handle: PolicyHandle, model: ActorCritic, obs: Tensor) -> Tensor:
     """What precision is judged on: transformed mean actions, or action probabilities. [B, A] fp32."""
     params, _ = model.distribution_params(obs)
     if handle.continuous:
@@ -49,8 +52,11 @@ def policy_outputs(handle: PolicyHandle, model: torch.nn.Module, obs: Tensor) ->
     return torch.softmax(params.float(), dim=-1)
 
 
-def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> torch.nn.Module:
-    return copy.deepcopy(handle.model).to(device=dev.device, dtype=dtype).eval()
+def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> ActorCritic:
+    """A copy of the policy on `dev` in `dtype` (the normalizer's statistics stay float32)."""
+    model = copy.deepcopy(handle.model)
+    model.to(device=dev.device, dtype=dtype).eval()
+    return model
 
 
 def precision_table(
@@ -83,7 +89,7 @@ def fingerprint(
     digest = hashlib.sha256()
     for _ in range(steps):
         obs = handle.synthetic_obs(batch, gen)
-        noise = handle.model.action.draw_noise(batch, gen)
+        noise = draw_noise(handle.model.action, batch, gen)
         params, _ = model.distribution_params(obs.to(dev.device))
         actions = model.sample_actions(params, noise.to(dev.device)).cpu()
         if handle.continuous:
@@ -156,21 +162,20 @@ class VerifyOptions:
     min_cosine: float = 0.999
     max_abs: float = 0.01
     seed: int = 0
+    env_id: str | None = None  # record observations in this env too (named on the command line)
 
 
-def verification_observations(handle: PolicyHandle, seed: int) -> np.ndarray:
+def verification_observations(handle: PolicyHandle, seed: int, env_id: str | None) -> np.ndarray:
     obs = handle.synthetic_obs(100, torch.Generator().manual_seed(seed)).numpy()
-    if handle.config is not None:
-        obs = np.concatenate([obs, recorded_observations(handle, 100, seed)])
+    if env_id is not None:
+        obs = np.concatenate([obs, recorded_observations(handle, env_id, 100, seed)])
     return obs
 
 
 def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
     """The full report as text, and whether every requested dtype passed."""
-    from services.export import onnx_bytes
-
     dev = resolve_device(opts.device)
-    obs = verification_observations(handle, opts.seed)
+    obs = verification_observations(handle, opts.seed, opts.env_id)
     rows = precision_table(handle, dev, opts.dtypes, obs, opts.min_cosine, opts.max_abs)
     lines = [
         f"model: {handle.source}  obs_dim={handle.obs_dim}  device={dev}  observations={len(obs)}",

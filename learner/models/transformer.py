@@ -1,4 +1,5 @@
-"""A tiny decoder-only transformer trunk for token tasks: the LLM shape of a policy.
+"""`model.kind: transformer`: a tiny decoder-only transformer trunk for token tasks, the LLM shape
+of a policy.
 
 The observation is the context as token ids: the prompt followed by the tokens emitted so far,
 filled left to right, with -1 in the slots not yet filled, so its shape never changes. The trunk
@@ -10,10 +11,16 @@ context (no cache carried between steps), so segments need no recurrent state an
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from contracts.config import RelayConfig
+from contracts.spaces import ActionSpec, EnvSpec
+from learner.models.kind import ModelKind, TrunkModule
 
 
 class CausalBlock(nn.Module):
@@ -41,7 +48,7 @@ class CausalBlock(nn.Module):
         return x + self.ff(self.ln_ff(x))
 
 
-class TokenTransformer(nn.Module):
+class TokenTransformer(TrunkModule):
     """obs [B, S] token ids in [0, vocab_size) or -1 (empty slot) -> features [B, d_model].
 
     Slots fill left to right; the features are those of the last filled slot (causal attention,
@@ -84,3 +91,50 @@ class TokenTransformer(nn.Module):
         last = (filled.sum(dim=-1) - 1).clamp(min=0)  # [B]
         x = x.gather(1, last.view(-1, 1, 1).expand(-1, 1, x.shape[-1])).squeeze(1)
         return self.ln_out(x)
+
+
+def token_vocab(cfg: RelayConfig, action: ActionSpec) -> int:
+    """The token ids a transformer policy reads: configured, else the discrete actions it writes."""
+    vocab = cfg.model.transformer.vocab_size
+    if vocab is not None:
+        return vocab
+    if action.kind != "discrete":
+        raise ValueError("model.transformer.vocab_size must be set for an env with continuous actions")
+    return action.size
+
+
+class TransformerKind(ModelKind):
+    def config_problems(self, cfg: RelayConfig) -> list[str]:
+        problems = []
+        tc = cfg.model.transformer
+        if tc.d_model % tc.heads:
+            problems.append(
+                f"model.transformer.d_model={tc.d_model} is not divisible by "
+                f"model.transformer.heads={tc.heads}"
+            )
+        if cfg.model.normalize_obs:
+            problems.append("model.kind=transformer reads token ids: set model.normalize_obs=false")
+        return problems
+
+    def env_problem(self, cfg: RelayConfig, env: EnvSpec) -> str | None:
+        """A token policy needs 1-D integer observations in [-1, vocab) (-1 = empty slot)."""
+        try:
+            vocab = token_vocab(cfg, env.action)
+        except ValueError as err:
+            return str(err)
+        ok = (
+            len(env.obs_shape) == 1
+            and np.issubdtype(np.dtype(env.obs_dtype), np.integer)
+            and env.obs_low >= -1
+            and env.obs_high < vocab
+        )
+        if ok:
+            return None
+        return (
+            f"model.kind=transformer reads token ids (a 1-D integer Box in [-1, {vocab})), "
+            f"but {cfg.env.id} observes {env.describe_obs()}"
+        )
+
+    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec) -> Callable[[], TrunkModule]:
+        tc, vocab = cfg.model.transformer, token_vocab(cfg, env.action)
+        return lambda: TokenTransformer(env.obs_dim, vocab, tc.d_model, tc.heads, tc.layers, tc.ff_mult)

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from services.dashboard_metrics import CHARTS
+from contracts.metrics import CHARTS
 
-STATIC = Path(__file__).with_name("dashboard_static")
+STATIC = Path(__file__).with_name("static")
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
 
 
@@ -163,7 +163,7 @@ class Dashboard:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host!s}:{port}/"
 
     def start(self) -> Dashboard:
         self._thread = threading.Thread(target=self.server.serve_forever, name="relay-dashboard", daemon=True)

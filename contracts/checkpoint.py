@@ -1,0 +1,122 @@
+"""The checkpoint schema: learner state, the run's counters, the resolved config and the env spec.
+
+A checkpoint is data. It is read with `torch.load(weights_only=True)` (tensors and plain
+containers only) and then checked here field by field. Its config and env spec describe the run;
+nothing read from them imports a module, calls a factory or builds an env: `relay export` and
+`relay verify` rebuild the policy from the env spec alone, and only a user's explicit command-line
+choice ever makes an env.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from contracts.rounds import RoundResult, add_faults
+from contracts.spaces import EnvSpec, SpecError
+
+# 1: session 1-2 checkpoints (no env spec, counters without amp_skipped_steps/env_faults).
+CHECKPOINT_FORMAT = 2
+RETURN_WINDOW = 20  # finished episodes behind episode_return_mean
+
+
+class CheckpointError(ValueError):
+    """A file that is not a relay checkpoint, or one whose fields are malformed (one line)."""
+
+
+@dataclass
+class RunCounters:
+    """The run's totals, owned by the driver; checkpointed, so a resumed run continues them.
+
+    returns / lengths: the last RETURN_WINDOW finished episodes.
+    """
+
+    iteration: int = 0
+    env_steps: int = 0
+    episodes: int = 0
+    wall_s: float = 0.0
+    worker_restarts: int = 0
+    learner_restarts: int = 0
+    lost_segments: int = 0
+    rejected_segments: int = 0
+    amp_skipped_steps: int = 0
+    env_faults: dict[str, int] = field(default_factory=dict)
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    def absorb(self, r: RoundResult) -> None:
+        """Add one round's deltas."""
+        self.env_steps += r.env_steps
+        self.episodes += len(r.episode_returns)
+        self.returns = (self.returns + list(r.episode_returns))[-RETURN_WINDOW:]
+        self.lengths = (self.lengths + list(r.episode_lengths))[-RETURN_WINDOW:]
+        self.worker_restarts += r.worker_restarts
+        self.lost_segments += r.lost_segments
+        self.rejected_segments += r.rejected_segments
+        self.amp_skipped_steps += r.amp_skipped_steps
+        self.env_faults = add_faults(self.env_faults, r.env_faults)
+
+    @staticmethod
+    def from_dict(data: Any) -> RunCounters:
+        if not isinstance(data, dict):
+            raise CheckpointError("checkpoint counters are not a mapping")
+        known = {f.name for f in fields(RunCounters)}
+        try:
+            c = RunCounters(**{k: v for k, v in data.items() if k in known})
+            numbers = [c.iteration, c.env_steps, c.episodes, c.wall_s, c.worker_restarts]
+            if not all(isinstance(x, int | float) and x >= 0 for x in numbers):
+                raise TypeError("negative or non-numeric counter")
+            c.env_faults = add_faults({}, dict(c.env_faults))
+            c.returns = [float(x) for x in c.returns][-RETURN_WINDOW:]
+            c.lengths = [int(x) for x in c.lengths][-RETURN_WINDOW:]
+        except (TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint counters are malformed ({err})") from None
+        return c
+
+
+@dataclass
+class Checkpoint:
+    """learner: `Learner.state_dict()` (tensors); counters: the run's totals; config: the resolved
+    config as plain data; env: the env spec the policy was built for (None in format-1 files)."""
+
+    learner: dict[str, Any]
+    counters: RunCounters
+    config: dict[str, Any]
+    env: EnvSpec | None
+    format: int = CHECKPOINT_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        """What is written: tensors and plain containers only (loadable with weights_only=True)."""
+        return {
+            "format": self.format,
+            "learner": self.learner,
+            "counters": asdict(self.counters),
+            "config": self.config,
+            "env": None if self.env is None else self.env.to_dict(),
+        }
+
+    @staticmethod
+    def from_dict(raw: Any) -> Checkpoint:
+        """Checked field by field; raises CheckpointError with one line."""
+        if not isinstance(raw, dict):
+            raise CheckpointError("not a relay checkpoint (not a mapping)")
+        missing = [k for k in ("learner", "counters", "config") if k not in raw]
+        if missing:
+            raise CheckpointError(f"not a relay checkpoint (no {missing[0]!r})")
+        learner, config = raw["learner"], raw["config"]
+        if not isinstance(learner, dict) or not isinstance(learner.get("model"), dict):
+            raise CheckpointError("checkpoint learner state has no model weights")
+        if not isinstance(config, dict):
+            raise CheckpointError("checkpoint config is not a mapping")
+        try:
+            env = None if raw.get("env") is None else EnvSpec.from_dict(raw["env"])
+        except SpecError as err:
+            raise CheckpointError(f"checkpoint env spec: {err}") from None
+        counters = RunCounters.from_dict(raw["counters"])
+        fmt = raw.get("format", 1)
+        if fmt == 1:  # these counters lived in the learner state then
+            counters.amp_skipped_steps = int(learner.get("amp_skipped_steps", 0))
+            counters.rejected_segments = max(
+                counters.rejected_segments, int(learner.get("rejected_segments", 0))
+            )
+        return Checkpoint(learner, counters, config, env, fmt if isinstance(fmt, int) else 1)

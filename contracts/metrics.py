@@ -1,0 +1,142 @@
+"""Metric keys: the one list the driver writes, the sinks export and the dashboards chart.
+
+Every `metrics.jsonl` line carries the keys of METRICS that apply to its run (algorithm-specific
+ones only for that algorithm). TensorBoard and Prometheus (`ray_relay_<key>`) export exactly these
+keys; the learner dashboard and the Grafana dashboard draw CHARTS, and a test keeps Grafana in step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from contracts.segment import ENV_FAULT_KINDS
+
+METRICS: dict[str, str] = {
+    # the run (driver)
+    "iteration": "learner iterations (updates) so far",
+    "env_steps": "valid (unmasked) env steps across all workers",
+    "wall_s": "seconds from the run's first env step",
+    "startup_s": "seconds from the command to the first env step (first line only)",
+    "episodes": "finished episodes",
+    "episode_return_mean": "mean return of the last 20 finished episodes (null before any)",
+    "episode_return_min": "min return of the last 20 episodes",
+    "episode_return_max": "max return of the last 20 episodes",
+    "episode_len_mean": "mean length of the last 20 episodes",
+    "env_steps_per_s": "env_steps / wall_s",
+    "worker_restarts": "rollout workers Ray restarted",
+    "learner_restarts": "learners recreated from the newest checkpoint",
+    "lost_segments": "segments whose worker died before the learner fetched them",
+    "rejected_segments": "segments the learner refused (wrong shape or dtype, non-finite values)",
+    "amp_skipped_steps": "optimizer steps skipped on non-finite gradients",
+    "env_faults": "env steps lost to faults (an env raised, or returned NaN/inf)",
+    **{f"env_faults_{k}": f"env faults of kind {k}" for k in ENV_FAULT_KINDS},
+    # the update (learner)
+    "policy_loss": "clipped surrogate loss",
+    "value_loss": "value loss (PPO)",
+    "entropy": "policy entropy",
+    "approx_kl": "KL(old || new), k3 estimator",
+    "clip_fraction": "fraction of samples whose ratio left the clip range",
+    "explained_variance": "1 - Var[returns - values] / Var[returns] (PPO)",
+    "grad_norm": "global gradient norm before clipping",
+    "lr": "learning rate of the update",
+    "kl_ref": "KL to the frozen reference policy (GRPO)",
+    "group_reward_std": "mean within-group std of episodic returns (GRPO)",
+    "group_reward_mean": "mean episodic return over groups (GRPO)",
+    "zero_std_group_fraction": "groups whose members all scored the same (GRPO)",
+    "learner_samples_per_s": "samples the update processed per second",
+    "update_s": "seconds of the update",
+    "epochs_run": "epochs the update ran (target_kl may stop it early)",
+    "weights_version": "version of the newest published weights",
+    "policy_lag_mean": "mean versions between a segment's weights and the learner's",
+    "buffer_fill": "fraction of ring-buffer slots holding a segment",
+    "device": "the learner's device",
+    "device_memory_bytes": "device memory allocated",
+    "device_memory_peak_bytes": "peak device memory allocated",
+    "parameters": "trainable parameters",
+    "learner_state_bytes": "bytes the learner keeps on its device",
+    "host_memory_peak_bytes": "peak resident memory of the learner process",
+}
+
+# What DESIGN.md promises on every line (algorithm-specific keys are added by each algorithm).
+REQUIRED_KEYS: tuple[str, ...] = (
+    "iteration",
+    "env_steps",
+    "wall_s",
+    "episodes",
+    "episode_return_mean",
+    "episode_len_mean",
+    "env_steps_per_s",
+    "learner_samples_per_s",
+    "policy_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "grad_norm",
+    "lr",
+    "weights_version",
+    "policy_lag_mean",
+    "buffer_fill",
+    "device",
+    "device_memory_bytes",
+    "worker_restarts",
+    "rejected_segments",
+    "amp_skipped_steps",
+    "env_faults",
+)
+
+CHARTS: list[dict[str, Any]] = [
+    {
+        "id": "return",
+        "title": "Episode return (mean of last 20, min–max band)",
+        "keys": ["episode_return_mean"],
+        "band": ["episode_return_min", "episode_return_max"],
+    },
+    {"id": "length", "title": "Episode length", "keys": ["episode_len_mean"]},
+    {"id": "loss", "title": "Policy / value loss", "keys": ["policy_loss", "value_loss"]},
+    {"id": "entropy", "title": "Entropy", "keys": ["entropy"]},
+    {"id": "kl", "title": "Approx KL (k3)", "keys": ["approx_kl"]},
+    {"id": "clip", "title": "Clip fraction", "keys": ["clip_fraction"]},
+    {"id": "ev", "title": "Explained variance", "keys": ["explained_variance"]},
+    {"id": "grad", "title": "Grad norm", "keys": ["grad_norm"]},
+    {"id": "lr", "title": "Learning rate", "keys": ["lr"]},
+    {
+        "id": "speed",
+        "title": "Env steps/s and learner samples/s",
+        "keys": ["env_steps_per_s", "learner_samples_per_s"],
+    },
+    {"id": "lag", "title": "Policy lag and weights version", "keys": ["policy_lag_mean", "weights_version"]},
+    {"id": "buffer", "title": "Buffer fill", "keys": ["buffer_fill"]},
+    {
+        "id": "memory",
+        "title": "Device memory (bytes, allocated / peak)",
+        "keys": ["device_memory_bytes", "device_memory_peak_bytes"],
+    },
+    {
+        "id": "faults",
+        "title": "AMP skipped steps, worker restarts, rejected segments",
+        "keys": ["amp_skipped_steps", "worker_restarts", "rejected_segments"],
+    },
+    {
+        "id": "env_faults",
+        "title": "Env faults (raised, non-finite observation, non-finite reward)",
+        "keys": ["env_faults", *(f"env_faults_{k}" for k in ENV_FAULT_KINDS)],
+    },
+    {
+        "id": "grpo",
+        "title": "GRPO: KL to reference, group reward std",
+        "keys": ["kl_ref", "group_reward_std"],
+        "optional": True,
+    },
+]
+
+CHARTED_KEYS: list[str] = [k for c in CHARTS for k in [*c["keys"], *c.get("band", [])]]
+
+
+def numeric_metrics(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """(key, value) of the record's finite numeric metrics that METRICS names, for the sinks."""
+    return [
+        (k, float(v))
+        for k, v in record.items()
+        if k in METRICS and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    ]

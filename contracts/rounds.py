@@ -1,0 +1,56 @@
+"""The round result: what one round of segments did, from the learner through its actor and the
+backend to the driver. Every count in it is this round's alone (a delta); the driver owns the
+run's totals (`contracts.checkpoint.RunCounters`), so no counter has two owners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.segment import ENV_FAULT_KINDS
+
+
+def add_faults(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Env-fault counts by kind, summed (kinds outside ENV_FAULT_KINDS are ignored)."""
+    return {k: int(total.get(k, 0)) + int(more.get(k, 0)) for k in ENV_FAULT_KINDS}
+
+
+@dataclass
+class RoundResult:
+    """One round: episodes that finished, valid env steps, segments rejected or lost, worker
+    restarts, env faults and AMP-skipped optimizer steps, and the update's metrics (None when no
+    update ran)."""
+
+    env_steps: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    rejected_segments: int = 0
+    reject_reason: str | None = None
+    lost_segments: int = 0
+    worker_restarts: int = 0
+    env_faults: dict[str, int] = field(default_factory=dict)
+    amp_skipped_steps: int = 0
+    metrics: dict[str, Any] | None = None
+    # (version, [object ref]) of weights the update published; set by the learner actor.
+    published: tuple[int, list[Any]] | None = None
+
+    @staticmethod
+    def merge(parts: list[RoundResult]) -> RoundResult:
+        """One round from every data-parallel learner's share: counts add up, rank 0 (the first)
+        reports the update's metrics and publishes the weights."""
+        first = parts[0]
+        # Replicas step in lockstep on averaged gradients, so they skip the same steps: rank 0's count.
+        out = RoundResult(
+            metrics=first.metrics, published=first.published, amp_skipped_steps=first.amp_skipped_steps
+        )
+        for part in parts:
+            out.env_steps += part.env_steps
+            out.episode_returns += part.episode_returns
+            out.episode_lengths += part.episode_lengths
+            out.rejected_segments += part.rejected_segments
+            out.reject_reason = out.reject_reason or part.reject_reason
+            out.lost_segments += part.lost_segments
+            out.worker_restarts += part.worker_restarts
+            out.env_faults = add_faults(out.env_faults, part.env_faults)
+        return out

@@ -1,0 +1,141 @@
+"""The Segment: T steps of N envs as fixed-shape arrays, plus what the round needs to know of them.
+
+One field table (`SEGMENT_FIELDS`) names every array, its shape rule and dtype rule; the sampler
+allocates from it, the ring buffer stores from it and validation checks against it, so a new field
+is one line here. Shapes never depend on episode lengths: padding is `mask = 0`.
+
+A Segment travels from a rollout worker to the learner through Ray's object store; its arrays are
+numpy, which Ray hands over without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from contracts.spaces import EnvSpec
+
+ShapeRule = Literal["TN", "N", "TN+obs", "TN+action"]
+DtypeRule = Literal["float32", "obs", "action"]
+
+
+@dataclass(frozen=True)
+class SegmentField:
+    name: str
+    shape: ShapeRule
+    dtype: DtypeRule
+    description: str
+    grouped_only: bool = False  # present only in grouped (GRPO) segments
+
+
+SEGMENT_FIELDS: tuple[SegmentField, ...] = (
+    SegmentField("obs", "TN+obs", "obs", "observation each action was taken from"),
+    SegmentField("actions", "TN+action", "action", "the sampled action (unclipped)"),
+    SegmentField("logp", "TN", "float32", "behaviour policy log-prob of the action"),
+    SegmentField("values", "TN", "float32", "V(obs) under the behaviour policy (0 without a critic)"),
+    SegmentField("rewards", "TN", "float32", "reward of the step"),
+    SegmentField("terminated", "TN", "float32", "1 where the episode ended in a terminal state"),
+    SegmentField("truncated", "TN", "float32", "1 where the episode was cut (time limit, fault, end)"),
+    SegmentField("mask", "TN", "float32", "1 for a valid step, 0 for padding or a lost step"),
+    SegmentField("bootstrap_value", "TN", "float32", "V(final obs) where truncated, else 0"),
+    SegmentField("last_value", "N", "float32", "V of the observation after the last step"),
+    SegmentField("outcome", "N", "float32", "each member's episodic return (GRPO)", grouped_only=True),
+)
+FIELD_NAMES = tuple(f.name for f in SEGMENT_FIELDS)
+PER_ENV_FIELDS = tuple(f.name for f in SEGMENT_FIELDS if f.shape == "N")
+ENV_FAULT_KINDS = ("raised", "nonfinite_obs", "nonfinite_reward")
+
+
+class SegmentRejected(ValueError):
+    """A segment that does not fit the layout or holds non-finite numbers."""
+
+
+@dataclass
+class Segment:
+    """One sample call's data: `arrays` by field name (see SEGMENT_FIELDS), and its bookkeeping.
+
+    episode_returns / episode_lengths: episodes that finished in it; env_steps: valid steps;
+    env_faults: faults since the previous segment of this worker, by kind (ENV_FAULT_KINDS);
+    obs_moments: normalizer moments of its valid observations ({"count": 0} when none).
+    """
+
+    arrays: dict[str, np.ndarray]
+    weights_version: int = -1
+    worker_index: int = 0
+    incarnation: str = ""
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    env_steps: int = 0
+    env_faults: dict[str, int] = field(default_factory=dict)
+    obs_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __setitem__(self, name: str, value: np.ndarray) -> None:
+        self.arrays[name] = value
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """The exact shapes and dtypes of a run's segments: T steps of N envs of `env`."""
+
+    rollout_len: int
+    num_envs: int
+    env: EnvSpec
+    grouped: bool = False
+
+    def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Every array field: name -> (shape, dtype)."""
+        tn = (self.rollout_len, self.num_envs)
+        shapes: dict[ShapeRule, tuple[int, ...]] = {
+            "TN": tn,
+            "N": (self.num_envs,),
+            "TN+obs": tn + self.env.obs_shape,
+            "TN+action": tn + self.env.action.shape,
+        }
+        dtypes: dict[DtypeRule, np.dtype] = {
+            "float32": np.dtype(np.float32),
+            "obs": self.env.storage_dtype,
+            "action": self.env.action.dtype,
+        }
+        return {
+            f.name: (shapes[f.shape], dtypes[f.dtype])
+            for f in SEGMENT_FIELDS
+            if self.grouped or not f.grouped_only
+        }
+
+    def allocate(self) -> Segment:
+        """A zero-filled segment (all padding) of this layout."""
+        return Segment({name: np.zeros(shape, dtype) for name, (shape, dtype) in self.fields().items()})
+
+    def nbytes(self) -> int:
+        """Bytes of one segment's arrays."""
+        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields().values())
+
+    def validate(self, segment: Any) -> dict[str, np.ndarray]:
+        """The segment's arrays, each checked for shape, dtype and finiteness. Raises SegmentRejected.
+
+        Booleans are accepted for float32 fields (flags); nothing else is converted.
+        """
+        arrays = getattr(segment, "arrays", None)
+        if not isinstance(arrays, dict):
+            raise SegmentRejected(f"not a Segment ({type(segment).__name__})")
+        out = {}
+        for name, (shape, dtype) in self.fields().items():
+            if name not in arrays:
+                raise SegmentRejected(f"segment lacks field {name!r}")
+            arr = np.asarray(arrays[name])
+            if arr.shape != shape:
+                raise SegmentRejected(f"segment field {name!r} has shape {arr.shape}, layout expects {shape}")
+            if arr.dtype != dtype and not (arr.dtype == np.bool_ and dtype == np.float32):
+                raise SegmentRejected(f"segment field {name!r} has dtype {arr.dtype}, layout expects {dtype}")
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                raise SegmentRejected(f"segment field {name!r} holds non-finite values")
+            out[name] = arr
+        return out

@@ -1,0 +1,35 @@
+"""Update rules: the algorithm registry (`learner.algo`).
+
+A new algorithm is one module with an `Algorithm` subclass plus one line in ALGORITHMS.
+"""
+
+from __future__ import annotations
+
+from contracts.config import RelayConfig
+from contracts.segment import SegmentLayout
+from contracts.spaces import EnvSpec
+from learner.algorithms.base import Algorithm, Batch
+from learner.algorithms.grpo import GRPO
+from learner.algorithms.ppo import PPO
+
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    "ppo": PPO,
+    "grpo": GRPO,
+}
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The registered algorithm; ValueError naming the known ones otherwise."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"learner.algo={name!r} is not an algorithm: choose {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+def segment_layout(cfg: RelayConfig, env: EnvSpec) -> SegmentLayout:
+    """The exact shape of this run's segments (the algorithm decides grouped or continuing)."""
+    return SegmentLayout(
+        cfg.rollout.rollout_len, cfg.env.num_envs, env, grouped=algorithm_class(cfg.learner.algo).grouped
+    )
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Batch", "algorithm_class", "segment_layout"]

@@ -1,0 +1,61 @@
+"""What an algorithm (`learner.algo`) provides to the learner: its traits, its config rules, the
+batch it trains on, its loss and its own state. The update loop around it (`learner/update.py`)
+and the learner (`learner/learner.py`) are shared by all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from contracts.config import LearnerConfig, RelayConfig
+from learner.device import DeviceContext
+from learner.models.policy import ActorCritic
+
+Batch = dict[str, Tensor]
+
+
+class Algorithm:
+    """One update rule over time-major round data.
+
+    critic: the policy has a value network. grouped: segments use the grouped layout (each env
+    plays one episode per segment, members of a group share a start, `outcome` [N] holds each
+    member's return); otherwise envs run on across segments.
+    """
+
+    critic: ClassVar[bool] = True
+    grouped: ClassVar[bool] = False
+
+    @staticmethod
+    def config_problems(cfg: RelayConfig) -> list[str]:
+        """Rules particular to this algorithm, each naming fields and numbers."""
+        return []
+
+    def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
+        self.cfg = cfg
+        self.dev = dev
+
+    def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:
+        """A flat batch of [B, ...] fields for `loss`, and algorithm statistics for the metrics line.
+
+        data: the round's segment fields, time-major: [T, K*N, ...] per step, [K*N] per env.
+        """
+        raise NotImplementedError
+
+    def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Loss of a minibatch and its statistics (detached scalars)."""
+        raise NotImplementedError
+
+    def after_update(self, model: ActorCritic, updates: int) -> None:
+        """Called once per update, after the optimizer steps (`updates` counts them, from 1)."""
+
+    def extra_tensors(self) -> list[Tensor]:
+        """Device tensors the algorithm keeps besides the model (for the learner's byte count)."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass

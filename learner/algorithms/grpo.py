@@ -1,0 +1,94 @@
+"""`learner.algo: grpo`: critic-free, group-relative advantages and a KL penalty to a frozen
+reference policy (Shao et al. 2024)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from contracts.config import LearnerConfig, RelayConfig
+from learner import losses
+from learner.algorithms.base import Algorithm, Batch
+from learner.device import DeviceContext
+from learner.models.policy import ActorCritic
+
+
+class GRPO(Algorithm):
+    critic = False
+    grouped = True
+
+    @staticmethod
+    def config_problems(cfg: RelayConfig) -> list[str]:
+        if cfg.learner.group_size < 2:
+            return [f"learner.algo=grpo needs learner.group_size >= 2 (got {cfg.learner.group_size})"]
+        return []
+
+    def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
+        super().__init__(cfg, model, dev)
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:
+        """Group-relative advantages from each member's outcome, given to every valid step of it."""
+        lc = self.cfg
+        outcome = data["outcome"].view(-1, lc.group_size)  # [groups, G]; groups never span segments
+        adv, std = losses.group_relative_advantages(outcome, lc.group_eps)
+        mask = data["mask"]
+        batch = {
+            "obs": data["obs"].flatten(0, 1),
+            "actions": data["actions"].flatten(0, 1),
+            "logp": data["logp"].flatten(),
+            "advantages": (adv.reshape(1, -1) * mask).flatten(),
+            "mask": mask.flatten(),
+        }
+        batch["ref_logp"] = self._reference_logp(batch["obs"], batch["actions"])
+        stats = {
+            "group_reward_std": float(std.mean()),
+            "zero_std_group_fraction": float((std == 0).float().mean()),
+            "group_reward_mean": float(outcome.mean()),
+        }
+        return batch, stats
+
+    @torch.no_grad()
+    def _reference_logp(self, obs: Tensor, actions: Tensor) -> Tensor:
+        """The frozen reference's log-probs [B], once per update rather than once per epoch.
+
+        Computed in minibatch-sized chunks (memory stays that of a minibatch), under the same
+        autocast as the update's forward passes.
+        """
+        lc = self.cfg
+        chunks = []
+        with self.dev.autocast(lc.use_amp, lc.amp_dtype):
+            for start in range(0, obs.shape[0], lc.batch_size):
+                end = start + lc.batch_size
+                chunks.append(self.reference.evaluate(obs[start:end], actions[start:end]).logp)
+        return torch.cat(chunks)
+
+    def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+        """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy."""
+        cfg = self.cfg
+        out = model.evaluate(b["obs"], b["actions"])
+        mask = b["mask"]
+        pg = losses.clipped_surrogate(out.logp, b["logp"], b["advantages"], cfg.clip_ratio, mask)
+        kl = losses.kl_to_reference(out.logp, b["ref_logp"], mask)
+        ent = losses.masked_mean(out.entropy, mask)
+        loss = pg + cfg.kl_coef * kl - cfg.entropy_coef * ent
+        stats = losses.policy_stats(out.logp, b["logp"], mask, pg, ent, cfg.clip_ratio)
+        return loss, {**stats, "kl_ref": kl.detach()}
+
+    def after_update(self, model: ActorCritic, updates: int) -> None:
+        interval = self.cfg.ref_update_interval
+        if interval and updates % interval == 0:
+            self.reference.load_state_dict(model.state_dict())
+
+    def extra_tensors(self) -> list[Tensor]:
+        return list(self.reference.parameters())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])

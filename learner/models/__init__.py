@@ -1,0 +1,92 @@
+"""Policy networks: the model registry (`model.kind`) and `build_policy`.
+
+A new kind is one module with a `ModelKind` subclass plus one line in MODEL_KINDS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from contracts.config import RelayConfig
+from contracts.spaces import ActionSpec, EnvSpec
+from learner.models.kind import ModelKind
+from learner.models.mlp import MlpKind
+from learner.models.policy import ActorCritic
+from learner.models.transformer import TransformerKind
+
+MODEL_KINDS: dict[str, ModelKind] = {
+    "mlp": MlpKind(),
+    "transformer": TransformerKind(),
+}
+
+
+def model_kind(name: str) -> ModelKind:
+    """The registered kind; ValueError naming the known ones otherwise."""
+    if name not in MODEL_KINDS:
+        raise ValueError(f"model.kind={name!r} is not a model kind: choose {', '.join(MODEL_KINDS)}")
+    return MODEL_KINDS[name]
+
+
+def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
+    """The policy network the config describes, for `env`; `critic=False` builds no value network."""
+    return ActorCritic(
+        obs_dim=env.obs_dim,
+        action=env.action,
+        make_trunk=model_kind(cfg.model.kind).trunk_factory(cfg, env),
+        shared_trunk=cfg.model.shared_trunk,
+        critic=critic,
+        init_log_std=cfg.model.init_log_std,
+        normalize_obs=cfg.model.normalize_obs,
+    )
+
+
+def infer_env_spec(weights: Mapping[str, torch.Tensor]) -> EnvSpec:
+    """The env spec a policy's weights imply: a flat float observation of the normalizer's size, and
+    the action head's outputs (Gaussian where there is a log-std). For checkpoints written before
+    they stored their env spec."""
+    obs_dim = int(weights["normalizer.mean"].numel())
+    size = int(weights["pi_head.weight"].shape[0])
+    action = ActionSpec("continuous", size) if "log_std" in weights else ActionSpec("discrete", size)
+    return EnvSpec((obs_dim,), action)
+
+
+def weights_mismatch(
+    want: Mapping[str, torch.Tensor],
+    have: Mapping[str, object],
+    optional: tuple[str, ...] = (),
+    allow_extra: bool = False,
+) -> str | None:
+    """The first reason saved weights `have` do not load into a state dict `want`, or None.
+
+    Keys of `want` starting with an `optional` prefix may be absent; keys of `have` that `want`
+    lacks are a mismatch unless `allow_extra` (a graph holds more than a policy's weights).
+    """
+    missing = [k for k in want if k not in have and not (optional and k.startswith(optional))]
+    if missing:
+        return f"{missing[0]} is missing"
+    extra = [k for k in have if k not in want]
+    if extra and not allow_extra:
+        return f"{extra[0]} is not in the model"
+    for k, t in want.items():
+        saved = have.get(k)
+        if saved is None:
+            continue
+        shape = tuple(saved.shape) if isinstance(saved, torch.Tensor) else None
+        if shape != tuple(t.shape):
+            return (
+                f"{k}: saved {shape if shape is not None else type(saved).__name__}, model {tuple(t.shape)}"
+            )
+    return None
+
+
+__all__ = [
+    "MODEL_KINDS",
+    "ActorCritic",
+    "ModelKind",
+    "build_policy",
+    "infer_env_spec",
+    "model_kind",
+    "weights_mismatch",
+]

@@ -1,0 +1,42 @@
+"""What a model kind (`model.kind`) provides: its trunk, its config rules and its env check.
+
+Each kind is one module (`mlp.py`, `transformer.py`, ...) with a subclass of `ModelKind`, listed
+once in `learner/models/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from contracts.config import RelayConfig
+from contracts.spaces import EnvSpec
+
+
+class TrunkModule(nn.Module):
+    """A policy trunk: observations -> features [B, out_dim]. `checkpointing` recomputes its
+    activations in backward (gradient checkpointing) while training."""
+
+    out_dim: int
+    checkpointing: bool
+
+
+class ModelKind:
+    """A policy trunk family. `numpy_mirror`: rollout workers may act through the numpy mirror of
+    the MLP forward pass (`rollout_workers/cpu_policy.py`) instead of the torch model."""
+
+    numpy_mirror = False
+
+    def config_problems(self, cfg: RelayConfig) -> list[str]:
+        """Rules of this kind's settings, each naming fields and numbers (none by default)."""
+        return []
+
+    def env_problem(self, cfg: RelayConfig, env: EnvSpec) -> str | None:
+        """Why this kind cannot read the env's observations, or None when it can."""
+        return None
+
+    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec) -> Callable[[], TrunkModule]:
+        """A callable building one trunk: observations [B, obs_dim] (normalized) or [B, *obs_shape]
+        (raw) -> features [B, out_dim], with `out_dim` and `checkpointing` attributes."""
+        raise NotImplementedError

@@ -1,0 +1,86 @@
+"""The continuing layout (PPO): envs run on across segments; a truncated step bootstraps from
+V(final obs).
+
+A fault never reaches the learner: the failed step is masked, the step before it is cut
+(truncated, bootstrapped from V of the last good observation) and the env is reset (or rebuilt,
+when it raised); the run goes on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from contracts.segment import Segment
+from rollout_workers.sampler_core import SamplerCore
+
+
+class ContinuingSampler(SamplerCore):
+    autoreset = True
+
+    @torch.no_grad()
+    def sample(self) -> Segment:
+        seg = self.layout.allocate()
+        noise = self._draw_segment_noise()
+        episodes: tuple[list[float], list[int]] = ([], [])
+        for t in range(self.cfg.rollout.rollout_len):
+            act = self._act_and_record(seg, t, self._obs, noise[t])
+            step = self.envs.step(self._env_actions(act[0]))
+            if step is None:  # the env raised and was rebuilt: every env's chain ends here
+                self._cut_before(seg, t, np.ones(self.cfg.env.num_envs, dtype=bool))
+                n = self.cfg.env.num_envs
+                self._obs = self.envs.reset(seed=self._seeds(1_000 * (self.envs.total_faults + 1), n))
+                continue
+            terminated, truncated = step.terminated, step.truncated
+            cut = truncated & ~terminated
+            seg["rewards"][t] = step.reward
+            seg["terminated"][t] = terminated
+            seg["truncated"][t] = cut
+            seg["mask"][t] = 1.0 if step.ok is None else step.ok
+            if cut.any():
+                seg["bootstrap_value"][t] = self._bootstrap(cut, step.info)
+            self._track_episodes(step.reward, terminated | truncated, episodes)
+            next_obs = step.obs
+            if step.ok is not None:  # rare: some envs returned NaN/inf; their step is dropped
+                next_obs = self._reset_bad_envs(seg, t, ~step.ok, next_obs)
+            self._obs = next_obs
+        seg["last_value"] = self.fast.value(self._obs.astype(self.layout.env.storage_dtype, copy=False))
+        return self._finish(seg, *episodes)
+
+    def _bootstrap(self, truncated: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+        """V(final obs) for the envs whose episode was truncated in this step; 0 elsewhere [N]."""
+        out = np.zeros(truncated.shape[0], dtype=np.float32)
+        idx = np.flatnonzero(truncated)
+        final = np.stack([info["final_obs"][i] for i in idx]).astype(self.layout.env.storage_dtype)
+        out[idx] = self.fast.value(final)
+        return out
+
+    def _track_episodes(
+        self, reward: np.ndarray, done: np.ndarray, out: tuple[list[float], list[int]]
+    ) -> None:
+        self._ep_return += reward
+        self._ep_len += 1
+        if not done.any():
+            return
+        for i in np.flatnonzero(done):
+            out[0].append(float(self._ep_return[i]))
+            out[1].append(int(self._ep_len[i]))
+        self._ep_return[done] = 0.0
+        self._ep_len[done] = 0
+
+    def _cut_before(self, seg: Segment, t: int, envs: np.ndarray) -> None:
+        """Step t of `envs` is lost: end their chain at t-1, bootstrapping from V(obs_t)."""
+        seg["mask"][t, envs] = 0.0
+        if t > 0:
+            prev_ok = (seg["mask"][t - 1, envs] > 0) & (seg["terminated"][t - 1, envs] == 0)
+            seg["truncated"][t - 1, envs] = np.maximum(seg["truncated"][t - 1, envs], prev_ok)
+            seg["bootstrap_value"][t - 1, envs] = np.where(prev_ok, seg["values"][t, envs], 0.0)
+        self._ep_return[envs] = 0.0
+        self._ep_len[envs] = 0
+
+    def _reset_bad_envs(self, seg: Segment, t: int, bad: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+        self._cut_before(seg, t, bad)
+        reset_obs = self.envs.reset(options={"reset_mask": bad})
+        return np.where(bad.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)

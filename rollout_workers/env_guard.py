@@ -1,0 +1,90 @@
+"""Env faults, handled the same way for every sampler: an env that raises is rebuilt; an env that
+returns a non-finite observation or reward has that step flagged. Faults are counted by kind
+(`contracts.segment.ENV_FAULT_KINDS`), reported with each segment, and summed by the driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from contracts.segment import ENV_FAULT_KINDS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Step:
+    """One vector step of N envs: obs [N, *obs], reward, terminated, truncated [N], info.
+    ok: None when every env's observation and reward are finite (the fast path), else bool [N];
+    where it is False the reward is 0 and the flags are cleared."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict[str, Any]
+    ok: np.ndarray | None = None
+
+
+class GuardedVectorEnv:
+    """A vector env that never lets a fault escape: `step` returns None when the env raised (it was
+    rebuilt; reset it before stepping again), and flags non-finite envs in `Step.ok`."""
+
+    def __init__(self, make: Callable[[], gym.vector.VectorEnv], worker_index: int = 0) -> None:
+        self._make = make
+        self.worker_index = worker_index
+        self.env = make()
+        self.total_faults = 0  # over this sampler's life (seeds of rebuilt envs derive from it)
+        self._faults = dict.fromkeys(ENV_FAULT_KINDS, 0)
+
+    @property
+    def single_observation_space(self) -> gym.Space:
+        return self.env.single_observation_space
+
+    @property
+    def single_action_space(self) -> gym.Space:
+        return self.env.single_action_space
+
+    def reset(self, **kwargs: Any) -> np.ndarray:
+        return self.env.reset(**kwargs)[0]
+
+    def _count(self, kind: str, n: int) -> None:
+        self._faults[kind] += n
+        self.total_faults += n
+
+    def take_faults(self) -> dict[str, int]:
+        """Faults by kind since the previous call."""
+        out, self._faults = self._faults, dict.fromkeys(ENV_FAULT_KINDS, 0)
+        return out
+
+    def step(self, actions: np.ndarray) -> Step | None:
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(actions)
+        except Exception as err:  # any env failure is handled the same way
+            self._count("raised", 1)
+            log.warning(
+                "worker %d: env raised %s: %s; rebuilding it", self.worker_index, type(err).__name__, err
+            )
+            with contextlib.suppress(Exception):  # a broken env may fail to close too
+                self.env.close()
+            self.env = self._make()
+            return None
+        if np.isfinite(reward).all() and np.isfinite(obs).all():
+            return Step(obs, reward, terminated, truncated, info)
+        good_reward = np.isfinite(reward)
+        good_obs = np.isfinite(obs.reshape(len(reward), -1)).all(axis=1)
+        self._count("nonfinite_obs", int((~good_obs).sum()))
+        self._count("nonfinite_reward", int((~good_reward).sum()))
+        ok = good_obs & good_reward
+        log.warning("worker %d: %d env(s) returned non-finite values", self.worker_index, int((~ok).sum()))
+        return Step(obs, np.where(ok, reward, 0.0), terminated & ok, truncated & ok, info, ok)
+
+    def close(self) -> None:
+        self.env.close()

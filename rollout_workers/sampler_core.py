@@ -1,0 +1,114 @@
+"""What every sampler shares: the guarded vector env (one fault handling for all layouts), the
+CPU copy of the policy, seeds and exploration noise, recording and finishing a segment. No Ray here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from contracts.config import RelayConfig
+from contracts.segment import Segment
+from learner.algorithms import algorithm_class, segment_layout
+from learner.models import build_policy
+from learner.models.policy import draw_noise
+from learner.normalizer import Moments
+from rollout_workers.cpu_policy import cpu_policy
+from rollout_workers.env_guard import GuardedVectorEnv
+from rollout_workers.envs import env_seeds, env_spec
+from rollout_workers.vector_backends import make_vector_env
+
+Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [N, *act], logp [N], value [N]
+
+
+class SamplerCore:
+    """Owns one vector env of N envs and a CPU copy of the policy; `sample()` returns a Segment.
+
+    Exploration noise comes from a CPU generator seeded by (run seed, worker index, seed stream),
+    so a run reproduces bit for bit whatever device the learner uses.
+    """
+
+    autoreset = True
+
+    def __init__(self, cfg: RelayConfig, worker_index: int = 0) -> None:
+        self.cfg = cfg
+        self.worker_index = worker_index
+        self.envs = GuardedVectorEnv(lambda: make_vector_env(cfg.env, autoreset=self.autoreset), worker_index)
+        self.spec = env_spec(self.envs.single_observation_space, self.envs.single_action_space)
+        self.layout = segment_layout(cfg, self.spec)
+        space = self.envs.single_action_space
+        self._low = getattr(space, "low", None)
+        self._high = getattr(space, "high", None)
+        torch.manual_seed(cfg.env.seed)
+        critic = algorithm_class(cfg.learner.algo).critic
+        # MLPs act through numpy with the same weights (tied to the torch forward by a test).
+        self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, critic))
+        self.version = -1
+        self.reseed(0)
+
+    def _seeds(self, offset: int, count: int) -> list[int]:
+        return env_seeds(self.cfg.env.seed, offset + self.worker_index, count, self.seed_stream)
+
+    def reseed(self, stream: int) -> None:
+        """Restart env seeds and exploration noise from seed stream `stream`.
+
+        Stream 0 is a fresh run's. A resumed run continues on another stream, and a restarted
+        worker on a fresh one, so neither replays the data the run already trained on.
+        """
+        self.seed_stream = stream
+        n = self.cfg.env.num_envs
+        self.noise = torch.Generator().manual_seed(self._seeds(10_000, 1)[0])
+        self._obs = self.envs.reset(seed=self._seeds(0, n))
+        self._ep_return = np.zeros(n, dtype=np.float64)
+        self._ep_len = np.zeros(n, dtype=np.int64)
+
+    def set_weights(self, version: int, weights: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        """Load a published policy version (normalizer statistics ride along); tensors or arrays."""
+        self.fast.load(weights)
+        self.version = version
+
+    def _env_actions(self, actions: np.ndarray) -> np.ndarray:
+        if self.spec.action.kind == "continuous" and self._low is not None:
+            # The env gets the clipped action; the segment keeps the sampled one so log-probs match.
+            return np.clip(actions, self._low, self._high)
+        return actions
+
+    def _draw_segment_noise(self) -> np.ndarray:
+        """Noise for every step of a segment, [T, N] or [T, N, A], in one draw.
+
+        From the seeded torch CPU generator: the same bits whatever runs the network.
+        """
+        T, N = self.cfg.rollout.rollout_len, self.cfg.env.num_envs
+        flat = draw_noise(self.spec.action, T * N, self.noise).numpy()
+        return flat.reshape(T, N, *flat.shape[1:])
+
+    def _act_and_record(self, seg: Segment, t: int, obs: np.ndarray, noise: np.ndarray) -> Acted:
+        """Act on obs [N, *obs] and record step t; before stepping, which overwrites obs's buffer."""
+        obs = obs.astype(self.layout.env.storage_dtype, copy=False)
+        act = self.fast.act(obs, noise)
+        seg["obs"][t] = obs
+        seg["actions"][t] = act[0]
+        seg["logp"][t] = act[1]
+        seg["values"][t] = act[2]
+        return act
+
+    def _finish(self, seg: Segment, returns: list[float], lengths: list[int]) -> Segment:
+        seg.weights_version = self.version
+        seg.worker_index = self.worker_index
+        seg.episode_returns = returns
+        seg.episode_lengths = lengths
+        seg.env_steps = int(seg["mask"].sum())
+        seg.env_faults = self.envs.take_faults()
+        valid = seg["mask"].reshape(-1) > 0
+        flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
+        seg.obs_moments = Moments.of(flat).to_numpy() if flat.shape[0] else {"count": 0}
+        return seg
+
+    def sample(self) -> Segment:
+        """One Segment of exactly [T, N] (contracts/segment.py), plus finished-episode statistics."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.envs.close()

@@ -1,0 +1,58 @@
+"""Vector env backends: the registry behind `env.vectorization`.
+
+A backend turns the env config into a gymnasium VectorEnv of N envs in SAME_STEP autoreset mode
+(or none, for grouped sampling's own resets). A new backend is one module with a `make` function
+plus one line in VECTOR_BACKENDS.
+
+SAME_STEP resets a finished sub-env inside the step that ended it and hands the final observation
+back in info["final_obs"]; so no transition crosses an episode boundary and no step is wasted on the
+NEXT_STEP mode's dummy reset transition. Observations a backend returns may be overwritten by its
+next step (copy=False): the sampler copies them into the segment before stepping again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from contracts.config import EnvConfig
+from rollout_workers.envs import make_env_fn
+
+VectorBackend = Callable[[EnvConfig, int, bool], gym.vector.VectorEnv]
+
+
+def _mode(autoreset: bool) -> gym.vector.AutoresetMode:
+    return gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
+
+
+def make_sync(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.VectorEnv:
+    """All envs in this process, stepped in turn: for cheap envs (IPC would cost more than physics)."""
+    fns = [make_env_fn(ec) for _ in range(num_envs)]
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=_mode(autoreset), copy=False)
+
+
+def make_async(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.VectorEnv:
+    """A process per env (spawned): for costly envs."""
+    fns = [make_env_fn(ec) for _ in range(num_envs)]
+    return gym.vector.AsyncVectorEnv(fns, autoreset_mode=_mode(autoreset), context="spawn", copy=False)
+
+
+VECTOR_BACKENDS: dict[str, VectorBackend] = {
+    "sync": make_sync,
+    "async": make_async,
+}
+
+
+def vector_backend(name: str) -> VectorBackend:
+    """The registered backend; ValueError naming the known ones otherwise."""
+    if name not in VECTOR_BACKENDS:
+        raise ValueError(f"env.vectorization={name!r} is not a backend: choose {', '.join(VECTOR_BACKENDS)}")
+    return VECTOR_BACKENDS[name]
+
+
+def make_vector_env(
+    ec: EnvConfig, num_envs: int | None = None, autoreset: bool = True
+) -> gym.vector.VectorEnv:
+    """The configured backend's vector env of `num_envs` (default env.num_envs) envs."""
+    return vector_backend(ec.vectorization)(ec, num_envs or ec.num_envs, autoreset)

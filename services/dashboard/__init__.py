@@ -1,0 +1,1 @@
+"""The learner metrics dashboard: a standard-library HTTP server and a vendored uPlot page."""

@@ -1,0 +1,106 @@
+"""Checkpoints: written atomically (temporary file, fsync, rename, directory fsync); the newest
+loadable one wins; one restore path for `relay resume` and for a learner that died mid-run.
+
+Loading is `torch.load(weights_only=True)` (tensors and plain containers, never pickled code)
+followed by the schema check of `contracts/checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contracts.checkpoint import Checkpoint, CheckpointError
+from contracts.config import RelayConfig
+from contracts.spaces import EnvSpec
+from learner.algorithms import algorithm_class
+from learner.models import build_policy, infer_env_spec, weights_mismatch
+from services.driver.run_dir import fsync_dir
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+
+
+def checkpoint_path(folder: Path, iteration: int) -> Path:
+    return folder / f"ckpt-{iteration:08d}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (temporary files are ignored)."""
+    found = [(int(m.group(1)), p) for p in folder.glob("ckpt-*.pt") if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: int) -> Path:
+    """Write atomically, then prune to the newest `keep`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(folder, iteration)
+    tmp = final.with_name(final.name + ".tmp")
+    with tmp.open("wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fsync_dir(folder)
+    for old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def read_data(path: Path) -> Any:
+    """A torch file's contents as data (tensors and containers), or CheckpointError in one line.
+
+    weights_only=True refuses any pickled object that is not plain data; torch explains that in
+    several lines, cut here to the first.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        if "weights_only" in str(err) or "Unsupported global" in str(err):
+            first = "it holds pickled objects or code, which relay never loads"
+        raise CheckpointError(f"{path.name} cannot be read as data ({first[:200]})") from None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    return Checkpoint.from_dict(read_data(path))
+
+
+def load_newest_valid(folder: Path) -> tuple[Path, Checkpoint] | None:
+    """The newest checkpoint that loads; a corrupt, truncated or malformed one is reported and skipped."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as err:
+            log.warning("checkpoint %s is unusable (%s); trying the previous one", path.name, err)
+    return None
+
+
+class ResumeError(ValueError):
+    """A checkpoint the (merged) config cannot continue from (one line, exit 2)."""
+
+
+def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str) -> None:
+    """The merged config must rebuild exactly the checkpoint's learner: same algorithm, same env
+    spaces, a policy its weights load into. Checked on the CPU before anything starts."""
+    saved_algo = (ckpt.config.get("learner") or {}).get("algo", "ppo")
+    if saved_algo != cfg.learner.algo:
+        raise ResumeError(
+            f"{name} was trained with learner.algo={saved_algo}, the config says {cfg.learner.algo}"
+        )
+    saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
+    if (saved_env.obs_shape, saved_env.action) != (env.obs_shape, env.action):
+        raise ResumeError(
+            f"{name} was trained on observations {saved_env.obs_shape} and {saved_env.action.kind} actions "
+            f"of size {saved_env.action.size}; {cfg.env.id} has {env.obs_shape} and {env.action.kind} "
+            f"actions of size {env.action.size}"
+        )
+    policy = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
+    problem = weights_mismatch(policy.state_dict(), ckpt.learner["model"])
+    if problem:
+        raise ResumeError(f"the config's model does not fit {name} ({problem}); model.* must stay as trained")

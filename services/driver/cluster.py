@@ -1,0 +1,178 @@
+"""Joining or starting Ray, and placing the actors, with every failure a one-line answer.
+
+- A cluster address that does not answer is refused in seconds (Ray would retry for minutes).
+- Ctrl-C or SIGTERM while Ray starts leaves nothing running: the processes it had started are
+  ended before the interrupt goes on.
+- The local Ray that `relay train` starts has token authentication on (Ray binds its services on
+  every interface; the token is what keeps other hosts out).
+- Actors that cannot be placed are reported every REPORT_S with what they need and what the
+  cluster has; after `rollout.placement_timeout_s` the run stops (exit 2) naming what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import psutil
+import ray
+
+from contracts.config import RelayConfig
+from learner.actor import learner_resources
+from rollout_workers.worker import worker_resources
+
+REPORT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+
+
+class ClusterError(ValueError):
+    """The cluster cannot run this config: unreachable, or actors that cannot be placed (exit 2)."""
+
+
+def check_reachable(address: str) -> None:
+    """Refuse in seconds an address whose Ray port does not accept connections.
+
+    `auto` and `local` are Ray's own lookups and are left to it; `host:port` and `ray://host:port`
+    are tried with a plain TCP connect.
+    """
+    if address in ("auto", "local"):
+        return
+    parsed = urlparse(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:
+        host, port = None, None
+    if not host or port is None:
+        raise ClusterError(f"--address {address!r}: expected host:port (or ray://host:port, auto)")
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ClusterError(f"cannot reach a Ray cluster at {address} ({reason})") from None
+
+
+def _end_children() -> None:
+    """End every process this one started (Ray's GCS, raylet and agents after an interrupted start)."""
+    children = psutil.Process().children(recursive=True)
+    for p in children:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(children, timeout=3)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=3)
+
+
+@contextlib.contextmanager
+def _token_auth_for_local_start() -> Iterator[None]:
+    """RAY_AUTH_MODE=token while Ray starts its processes (they inherit it), unless the user chose
+    a mode; restored afterwards so this process's environment is left as it was."""
+    chosen = os.environ.get("RAY_AUTH_MODE")
+    if chosen is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        yield
+    finally:
+        if chosen is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+
+
+def init_ray(cfg: RelayConfig, address: str | None) -> bool:
+    """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        if address:
+            check_reachable(address)
+            ray.init(address=address, logging_level=logging.WARNING)
+            return False
+        # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
+        # processes do).
+        needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
+        with _token_auth_for_local_start():
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
+        return True
+    except KeyboardInterrupt:
+        _end_children()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        raise
+    except (ConnectionError, TimeoutError, ray.exceptions.RayError) as err:
+        _end_children()
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ClusterError(f"cannot join the Ray cluster at {address} ({first[:200]})") from None
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(resources.items())) or "nothing"
+
+
+def _cluster_has() -> str:
+    total, free = ray.cluster_resources(), ray.available_resources()
+    keys = [k for k in ("CPU", "GPU", "NPU") if k in total] + sorted(
+        k for k in total if k not in ("CPU", "GPU", "NPU", "memory", "object_store_memory") and ":" not in k
+    )
+    return ", ".join(f"{k} {total[k]:g} ({free.get(k, 0.0):g} free)" for k in keys) or "no resources"
+
+
+def _pending_demand(cfg: RelayConfig, pending: dict[str, int]) -> tuple[str, dict[str, float]]:
+    """('2 rollout workers (CPU 1 each), 1 learner (CPU 1, GPU 1)', summed demand)."""
+    per = {"learner": learner_resources(cfg), "rollout worker": worker_resources(cfg)}
+    parts: list[str] = []
+    total: dict[str, float] = {}
+    for kind, count in pending.items():
+        if count:
+            parts.append(f"{count} {kind}{'s' if count > 1 else ''} ({_fmt(per[kind])} each)")
+            for k, v in per[kind].items():
+                total[k] = total.get(k, 0.0) + v * count
+    return ", ".join(parts), total
+
+
+def wait_until_placed(cfg: RelayConfig, groups: dict[str, list[Any]]) -> None:
+    """Block until every actor of `groups` ({"learner": [...], "rollout worker": [...]}) runs.
+
+    Reports what is pending every REPORT_S; after rollout.placement_timeout_s (None: never)
+    raises ClusterError naming the missing resources.
+    """
+    waiting = {a.__ray_ready__.remote(): kind for kind, actors in groups.items() for a in actors}
+    start = time.monotonic()
+    report_at = start + REPORT_S
+    timeout = cfg.rollout.placement_timeout_s
+    while waiting:
+        ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=1.0)
+        for ref in ready:
+            ray.get(ref)  # an actor whose constructor failed raises here
+            waiting.pop(ref)
+        if not waiting:
+            return
+        counts = {kind: list(waiting.values()).count(kind) for kind in groups}
+        what, demand = _pending_demand(cfg, counts)
+        now = time.monotonic()
+        if timeout is not None and now - start >= timeout:
+            raise ClusterError(
+                f"{what} could not be placed within rollout.placement_timeout_s={timeout:g}: they need "
+                f"{_fmt(demand)} and the cluster has {_cluster_has()}; add nodes, ask for less "
+                "(rollout.num_workers, rollout.num_cpus_per_worker, learner.device), or set "
+                "rollout.placement_timeout_s=null on an autoscaling cluster"
+            )
+        if now >= report_at:
+            report_at = now + REPORT_S
+            print(
+                f"relay: waiting {now - start:.0f}s to place {what}; the cluster has {_cluster_has()}",
+                file=sys.stderr,
+                flush=True,
+            )

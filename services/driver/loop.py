@@ -1,0 +1,204 @@
+"""The driver loop: the backend's rounds in, one metrics line per learner iteration and checkpoints
+out, progress shown, stopped on the first criterion met.
+
+Ctrl-C and SIGTERM stop it the same way: metrics flushed, a final checkpoint written (the caller
+then shuts the actors down). A learner that dies is recreated from the newest checkpoint through
+the same restore path `relay resume` uses.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
+from contracts.config import RelayConfig
+from contracts.rounds import RoundResult
+from contracts.segment import ENV_FAULT_KINDS
+from contracts.spaces import EnvSpec
+from services.driver.checkpoints import load_newest_valid, save_checkpoint
+from services.driver.progress import Progress
+from services.driver.run_dir import RunDir
+from services.driver.signals import Terminated
+from services.driver.sinks import MetricsSinks, truncate_metrics
+
+# Rounds in a row without an update before the run gives up (every segment rejected or lost).
+MAX_IDLE_ROUNDS = 20
+MAX_LEARNER_RESTARTS = 3
+
+
+class LearnerLost(RuntimeError):
+    """The learner actor died; the driver restarts it from the newest checkpoint."""
+
+
+class NoProgressError(RuntimeError):
+    """Rounds keep producing no usable segment; training cannot go on."""
+
+
+class Backend(Protocol):
+    """Where sampling and learning run (`services/driver/backends.py`)."""
+
+    env_spec: EnvSpec
+
+    def describe(self) -> dict[str, Any]: ...
+    def step(self, progress: float) -> RoundResult: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def restart_learner(self) -> None: ...
+    def reseed_workers(self, stream: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _mean(xs: list[float] | list[int]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class TrainingLoop:
+    """One run: the backend's rounds in, metrics lines and checkpoints out."""
+
+    def __init__(self, cfg: RelayConfig, run: RunDir, backend: Backend) -> None:
+        self.cfg = cfg
+        self.run = run
+        self.backend = backend
+        self.c = RunCounters()
+        self.stopped_by: str | None = None
+        self._idle_rounds = 0
+        self._last_ckpt = 0
+
+    def _progress_fraction(self) -> float:
+        budget = self.cfg.stop.env_steps
+        return min(self.c.env_steps / budget, 1.0) if budget else 0.0
+
+    def _stop_reason(self) -> str | None:
+        s = self.cfg.stop
+        if s.env_steps is not None and self.c.env_steps >= s.env_steps:
+            return "env_steps"
+        mean_return = _mean(self.c.returns)
+        if (
+            s.episode_return_mean is not None
+            and mean_return is not None
+            and len(self.c.returns) >= RETURN_WINDOW
+            and mean_return >= s.episode_return_mean
+        ):
+            return "episode_return_mean"
+        if s.wall_s is not None and self.c.wall_s >= s.wall_s:
+            return "wall_s"
+        return None
+
+    def _record(self, metrics: dict[str, Any], startup_s: float | None) -> dict[str, Any]:
+        c = self.c
+        faults = {f"env_faults_{k}": c.env_faults.get(k, 0) for k in ENV_FAULT_KINDS}
+        rec: dict[str, Any] = {
+            "iteration": c.iteration,
+            "env_steps": c.env_steps,
+            "wall_s": round(c.wall_s, 4),
+            "episodes": c.episodes,
+            "episode_return_mean": _mean(c.returns),
+            "episode_return_min": min(c.returns) if c.returns else None,
+            "episode_return_max": max(c.returns) if c.returns else None,
+            "episode_len_mean": _mean(c.lengths),
+            "env_steps_per_s": c.env_steps / max(c.wall_s, 1e-9),
+            **metrics,
+            "worker_restarts": c.worker_restarts,
+            "learner_restarts": c.learner_restarts,
+            "lost_segments": c.lost_segments,
+            "rejected_segments": c.rejected_segments,
+            "amp_skipped_steps": c.amp_skipped_steps,
+            "env_faults": sum(faults.values()),
+            **faults,
+        }
+        if startup_s is not None:
+            rec["startup_s"] = round(startup_s, 4)
+        return rec
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def checkpoint(self) -> Path:
+        ckpt = Checkpoint(
+            learner=self.backend.state_dict(),
+            counters=self.c,
+            config=self.cfg.model_dump(mode="json"),
+            env=self.backend.env_spec,
+        )
+        return save_checkpoint(
+            self.run.checkpoints, self.c.iteration, ckpt.to_dict(), self.cfg.checkpoint.keep
+        )
+
+    def restore(self, ckpt: Checkpoint, counters: bool) -> None:
+        """The one restore path: load a checkpoint into the learner; with `counters` (a resume) the
+        run's counters and metrics continue from it too (a recovered learner keeps the run's)."""
+        self.backend.load_state_dict(ckpt.learner)
+        if counters:
+            self.c = ckpt.counters
+            # Workers' RNG states are not checkpointed; a stream per resume point keeps a resumed
+            # run reproducible without replaying the envs and noise the run started with.
+            self.backend.reseed_workers(self.c.iteration)
+            truncate_metrics(self.run.metrics_path, self.c.iteration)
+
+    def _recover_learner(self, err: LearnerLost) -> None:
+        """Restart the learner from the newest checkpoint; the run's counters go on."""
+        self.c.learner_restarts += 1
+        if self.c.learner_restarts > MAX_LEARNER_RESTARTS:
+            raise RuntimeError(f"learner died {self.c.learner_restarts} times; giving up ({err})")
+        self.backend.restart_learner()
+        found = load_newest_valid(self.run.checkpoints)
+        if found is not None:
+            self.restore(found[1], counters=False)
+        where = found[0].name if found else "initial weights (no checkpoint yet)"
+        print(f"relay: learner lost ({err}); restarted from {where}", file=sys.stderr, flush=True)
+
+    def _count_idle_round(self, out: RoundResult) -> None:
+        self._idle_rounds += 1
+        if out.reject_reason:
+            print(f"relay: segment rejected: {out.reject_reason}", file=sys.stderr, flush=True)
+        if self._idle_rounds >= MAX_IDLE_ROUNDS:
+            why = out.reject_reason or "every segment was lost (rollout workers keep failing)"
+            raise NoProgressError(f"no update in {MAX_IDLE_ROUNDS} rounds in a row: {why}")
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run_until_stop(self, startup_s: float | None = None) -> str:
+        """Train until a stop criterion; returns which one, or 'interrupted' (Ctrl-C) or
+        'terminated' (SIGTERM). Either way the metrics are flushed and a final checkpoint written."""
+        writer = MetricsSinks(
+            self.run, self.cfg.metrics.tensorboard, prometheus=self.cfg.rollout.num_workers > 0
+        )
+        progress = Progress(self.cfg)
+        clock = (self.c.wall_s, time.perf_counter())  # wall_s so far, and when this session started
+        self._last_ckpt = self.c.iteration
+        try:
+            while (reason := self._stop_reason()) is None:
+                try:
+                    self._round(writer, progress, clock, startup_s)
+                except LearnerLost as err:
+                    self._recover_learner(err)
+            self.stopped_by = reason
+        except Terminated:
+            self.stopped_by = "terminated"
+        except KeyboardInterrupt:
+            self.stopped_by = "interrupted"
+        finally:
+            writer.close()
+            progress.close(self.stopped_by)
+        if self.c.iteration > self._last_ckpt:
+            self.checkpoint()
+        return self.stopped_by or "error"
+
+    def _round(
+        self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float], startup_s: float | None
+    ) -> None:
+        """One round: its metrics line when it updated (then a checkpoint on the interval)."""
+        out = self.backend.step(self._progress_fraction())
+        self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
+        self.c.absorb(out)
+        if out.metrics is None:
+            self._count_idle_round(out)
+            return
+        self._idle_rounds = 0
+        self.c.iteration += 1
+        rec = self._record(out.metrics, startup_s if self.c.iteration == 1 else None)
+        writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
+        progress.update(rec)
+        if self.c.iteration % self.cfg.checkpoint.interval == 0:
+            self.checkpoint()
+            self._last_ckpt = self.c.iteration

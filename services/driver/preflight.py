@@ -1,0 +1,121 @@
+"""Every check a config passes before anything starts: `relay validate` and `relay train` (and
+`relay resume`) run exactly these, so they accept and refuse the same configs with the same line.
+
+1. registry names and each entry's own rules (algorithm, model kind, vector backend);
+2. the env: it builds, its spaces are supported, the model kind can read its observations;
+3. the learner device: it parses, and where the learner runs on this machine, it exists here;
+4. memory: what the config implies (ring buffer, segments in flight) fits this machine.
+
+Nothing here writes a file or starts Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from contracts.config import ConfigError, RelayConfig
+from contracts.spaces import EnvSpec
+from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
+from learner.device import check_device, parse_device_spec
+from learner.models import MODEL_KINDS, model_kind
+from rollout_workers.envs import EnvSpecError, probe_env_spec
+from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
+
+# Registry-backed leaves and their names, for `relay validate --help-config`.
+CHOICES = {
+    "learner.algo": list(ALGORITHMS),
+    "model.kind": list(MODEL_KINDS),
+    "env.vectorization": list(VECTOR_BACKENDS),
+}
+GB = 1 << 30
+
+
+class PreflightError(ValueError):
+    """The config is valid but cannot run here (one line, exit 2)."""
+
+
+def check_config(cfg: RelayConfig) -> None:
+    """Registry names, then the rules of the chosen entries, all reported together (ConfigError)."""
+    problems = []
+    for lookup, name in (
+        (algorithm_class, cfg.learner.algo),
+        (model_kind, cfg.model.kind),
+        (vector_backend, cfg.env.vectorization),
+    ):
+        try:
+            lookup(name)
+        except ValueError as err:
+            problems.append(str(err))
+    if not problems:
+        problems += algorithm_class(cfg.learner.algo).config_problems(cfg)
+        problems += model_kind(cfg.model.kind).config_problems(cfg)
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def check_env(cfg: RelayConfig) -> EnvSpec:
+    """Build one env and check the model can read it; returns its spec (PreflightError otherwise)."""
+    try:
+        env = probe_env_spec(cfg.env)
+    except EnvSpecError as err:
+        raise PreflightError(str(err)) from None
+    problem = model_kind(cfg.model.kind).env_problem(cfg, env)
+    if problem:
+        raise PreflightError(problem)
+    return env
+
+
+def runs_here(cfg: RelayConfig, address: str | None) -> bool:
+    """True when the learner runs on this machine: local mode, or a local Ray this command starts."""
+    return cfg.rollout.num_workers == 0 or not (address or os.environ.get("RAY_ADDRESS"))
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes the config implies on the host: the learner's ring buffer (when it is on the CPU), and
+    segments being filled or waiting in the object store."""
+
+    buffer: int
+    segments: int
+
+    @property
+    def total(self) -> int:
+        return self.buffer + self.segments
+
+
+def estimate_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> MemoryEstimate:
+    seg = segment_layout(cfg, env).nbytes()
+    buffer = cfg.buffer_segments * seg * cfg.learner.num_learners if learner_on_cpu else 0
+    # Per worker: the segment it fills, plus those outstanding or waiting (sync keeps the next
+    # round in flight); the learner's gather of a round copies it once more.
+    per_worker = 1 + max(2, cfg.rollout.max_segments_in_flight)
+    segments = (max(cfg.rollout.num_workers, 1) * per_worker + cfg.segments_per_update) * seg
+    return MemoryEstimate(buffer, segments)
+
+
+def host_memory_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def check_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> None:
+    need, have = estimate_memory(cfg, env, learner_on_cpu), host_memory_bytes()
+    if need.total > have:
+        raise PreflightError(
+            f"the config needs about {need.total / GB:.1f} GB of memory (ring buffer "
+            f"{need.buffer / GB:.1f} GB: learner.buffer_size={cfg.learner.buffer_size}; segments "
+            f"{need.segments / GB:.1f} GB: env.num_envs={cfg.env.num_envs} x "
+            f"rollout.rollout_len={cfg.rollout.rollout_len} per segment), more than this machine's "
+            f"{have / GB:.1f} GB"
+        )
+
+
+def preflight(cfg: RelayConfig, address: str | None = None) -> EnvSpec:
+    """All checks, in order; returns the env spec. ConfigError, PreflightError or DeviceError."""
+    check_config(cfg)
+    parse_device_spec(cfg.learner.device)
+    env = check_env(cfg)
+    if runs_here(cfg, address):
+        on_cpu = check_device(cfg.learner.device, cfg.learner.npu_ids).type == "cpu"
+        check_memory(cfg, env, on_cpu)
+    return env

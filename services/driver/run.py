@@ -1,0 +1,139 @@
+"""`relay train` and `relay resume` from a checked config to an exit code.
+
+Order matters for trust: every check first (`preflight`), nothing created until the config is
+runnable; the run directory is claimed (never a run's directory) only once Ray is up; a resumed
+run's config.yaml is replaced only once the resume has started; SIGTERM stops like Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from contracts.checkpoint import Checkpoint
+from contracts.config import RelayConfig, load_config
+from contracts.spaces import EnvSpec
+from services.dashboard.server import Dashboard
+from services.driver.backends import make_backend
+from services.driver.checkpoints import check_resumable, load_newest_valid
+from services.driver.cluster import init_ray
+from services.driver.loop import TrainingLoop
+from services.driver.preflight import preflight
+from services.driver.run_dir import RunDir
+from services.driver.signals import exit_code, sigterm_raises
+
+EXIT_OK = 0
+STOP_CODES = {"interrupted": 130, "terminated": 143}
+
+
+class NoCheckpointError(ValueError):
+    """`relay resume` of a run with no usable checkpoint (exit 2)."""
+
+
+class DashboardError(ValueError):
+    """The dashboard cannot listen where asked (exit 2)."""
+
+
+def start_dashboard(root: Path, host: str, port: int) -> Dashboard:
+    try:
+        board = Dashboard(root, host, port).start()
+    except OSError as err:
+        raise DashboardError(f"dashboard cannot listen on {host}:{port} ({err.strerror})") from None
+    print(f"relay: dashboard at {board.url}", file=sys.stderr, flush=True)
+    return board
+
+
+def train(
+    cfg: RelayConfig,
+    run_dir: str | None,
+    address: str | None,
+    t_start: float,
+    dashboard: tuple[str, int] | None = None,
+) -> int:
+    """`relay train`: a new run in a new (or empty) directory."""
+    env = preflight(cfg, address)
+    target = RunDir.target(cfg, run_dir)
+    RunDir.check_new(target)
+    with sigterm_raises(), _ray_session(cfg, address):
+        run = RunDir.claim(target, cfg)
+        return _train(cfg, run, env, t_start, dashboard, resume_from=None)
+
+
+def resume(run_path: str, overrides: list[str], address: str | None, t_start: float) -> int:
+    """`relay resume RUN`: the run's config plus `overrides`, continued from its newest checkpoint.
+
+    Everything is checked before anything changes; config.yaml is rewritten only once the resume
+    has started, so a refused `--set` leaves the run exactly as it was.
+    """
+    run = RunDir(Path(run_path))
+    if not run.config_path.is_file():
+        raise NoCheckpointError(f"{run.root} is not a run directory (no config.yaml)")
+    cfg = load_config(run.config_path, overrides)
+    env = preflight(cfg, address)
+    found = load_newest_valid(run.checkpoints)
+    if found is None:
+        raise NoCheckpointError(f"no valid checkpoint in {run.checkpoints}")
+    check_resumable(cfg, env, found[1], found[0].name)
+    with sigterm_raises(), _ray_session(cfg, address):
+        run.clean_stale_tmp()
+        print(
+            f"relay: resuming from {found[0].name} (iteration {found[1].counters.iteration}, "
+            f"{found[1].counters.env_steps} env steps)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return _train(cfg, run, env, t_start, None, resume_from=found[1])
+
+
+@contextlib.contextmanager
+def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
+    """Ray for the run (none in local mode); a Ray this command started is shut down after it."""
+    started = cfg.rollout.num_workers > 0 and init_ray(cfg, address)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _train(
+    cfg: RelayConfig,
+    run: RunDir,
+    env: EnvSpec,
+    t_start: float,
+    dashboard: tuple[str, int] | None,
+    resume_from: Checkpoint | None,
+) -> int:
+    board = start_dashboard(run.root, *dashboard) if dashboard else None
+    backend = None
+    try:
+        backend = make_backend(cfg, env)
+        loop = TrainingLoop(cfg, run, backend)
+        if resume_from is not None:
+            loop.restore(resume_from, counters=True)
+            run.write_config(cfg)  # the resume has started: its merged config is the run's now
+        info = backend.describe()
+        print(
+            f"relay: run {run.root} | {info.get('mode')} | device {info.get('device')} | "
+            f"workers {info.get('workers')}",
+            file=sys.stderr,
+            flush=True,
+        )
+        reason = loop.run_until_stop(startup_s=time.perf_counter() - t_start)
+        return STOP_CODES.get(reason, EXIT_OK)
+    except KeyboardInterrupt as err:  # before the loop ran (building actors, restoring)
+        return exit_code(err)
+    except Exception:
+        run.error_log.write_text(traceback.format_exc())
+        raise
+    finally:
+        if board is not None:
+            board.stop()
+        if backend is not None:
+            backend.close()

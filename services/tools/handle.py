@@ -1,0 +1,81 @@
+"""The policy handle: what `relay export` and `relay verify` work with, whatever file it came from.
+
+A torch ActorCritic, the env spec it was built for, the run's config when the file carried one
+(as data), and the post-processing its source applies to actions (identity for relay, ML-Agents'
+clip for imports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from contracts.config import RelayConfig
+from contracts.spaces import EnvSpec
+from learner.models import ActorCritic
+from learner.models.transformer import TokenTransformer
+
+RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
+RELAY_ENV_KEY = "relay_env"  # ONNX metadata: the env spec (observation shape, dtype, bounds; actions)
+
+
+class PolicyLoadError(ValueError):
+    """The file is not a policy relay can load (one line, exit 2)."""
+
+
+def identity(actions: Tensor) -> Tensor:
+    return actions
+
+
+@dataclass
+class PolicyHandle:
+    model: ActorCritic
+    source: str
+    env: EnvSpec
+    config: RelayConfig | None = None
+    action_transform: Callable[[Tensor], Tensor] = identity
+
+    @property
+    def obs_dim(self) -> int:
+        return int(self.model.normalizer.mean.numel())
+
+    def synthetic_obs(self, batch: int, generator: torch.Generator) -> Tensor:
+        """[batch, obs_dim] inputs the policy accepts: standard normals, or for a token policy
+        random contexts (ids in its vocabulary, a random number of slots filled, -1 after)."""
+        trunk = self.model.pi_trunk
+        if not isinstance(trunk, TokenTransformer):
+            return torch.randn(batch, self.obs_dim, generator=generator)
+        ids = torch.randint(0, trunk.vocab_size, (batch, self.obs_dim), generator=generator)
+        filled = torch.randint(1, self.obs_dim + 1, (batch, 1), generator=generator)
+        return torch.where(torch.arange(self.obs_dim) < filled, ids, -1).float()
+
+    @property
+    def continuous(self) -> bool:
+        return self.model.action.kind == "continuous"
+
+
+class DeterministicPolicy(nn.Module):
+    """The exported graph: obs [B, obs_dim] float32 -> (action, ...) with the normalizer folded in.
+
+    Continuous actions: outputs `action` (the mean after the source's action transform), `mean`
+    and `std` [B, A]. Discrete: `action` (argmax, int64 [B]) and `logits` [B, n].
+    """
+
+    def __init__(self, handle: PolicyHandle) -> None:
+        super().__init__()
+        self.model = handle.model
+        self.transform = handle.action_transform
+
+    def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
+        params, _ = self.model.distribution_params(obs)
+        if self.model.action.kind == "discrete":
+            return params.argmax(-1), params
+        std = self.model.log_std.exp().expand_as(params)
+        return self.transform(params), params, std
+
+
+def output_names(handle: PolicyHandle) -> list[str]:
+    return ["action", "mean", "std"] if handle.continuous else ["action", "logits"]

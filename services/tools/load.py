@@ -1,0 +1,95 @@
+"""Loading a policy file as data: a relay checkpoint, a relay ONNX export, or an ML-Agents `.onnx`
+or `.pt`.
+
+Nothing read from a file imports a module, calls a factory or builds an env: the policy is rebuilt
+from the env spec the file carries (or its weights' shapes) and the model settings of its config.
+An env is built only for `recorded_observations`, and only the one the user names on the command
+line (`--env`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from contracts.checkpoint import Checkpoint, CheckpointError
+from contracts.config import EnvConfig
+from learner.models import infer_env_spec
+from learner.models.policy import draw_noise
+from rollout_workers.envs import EnvSpecError, check_env_id
+from rollout_workers.vector_backends import make_vector_env
+from services.driver.checkpoints import read_data
+from services.tools.handle import PolicyHandle, PolicyLoadError
+from services.tools.mlagents import mlagents_policy_from_state_dict
+from services.tools.onnx_import import import_onnx_policy
+from services.tools.relay_policy import relay_policy
+
+
+def _relay_checkpoint(raw: Any, name: str) -> PolicyHandle:
+    try:
+        ckpt = Checkpoint.from_dict(raw)
+        weights = ckpt.learner["model"]
+        env = ckpt.env or infer_env_spec(weights)
+    except (CheckpointError, KeyError, AttributeError, TypeError) as err:
+        raise PolicyLoadError(f"{name}: not a relay checkpoint ({err})") from None
+    return relay_policy(ckpt.config, env, weights, f"relay checkpoint {name}")
+
+
+def load_policy(path: str | Path, relay_only: bool = False) -> PolicyHandle:
+    """A relay checkpoint (.pt), an ML-Agents checkpoint (.pt with a Policy state dict), or an ONNX
+    file (relay export or ML-Agents); `relay_only` accepts relay checkpoints alone."""
+    p = Path(path)
+    if not p.is_file():
+        raise PolicyLoadError(f"{p}: no such file")
+    if p.suffix == ".onnx" and not relay_only:
+        return import_onnx_policy(p)
+    try:
+        raw = read_data(p)
+    except CheckpointError as err:
+        raise PolicyLoadError(str(err)) from None
+    if isinstance(raw, dict) and "Policy" in raw and not relay_only:
+        return mlagents_policy_from_state_dict(raw["Policy"], f"ML-Agents checkpoint {p.name}")
+    return _relay_checkpoint(raw, p.name)
+
+
+def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
+    """The env the user named: with the run's stored env settings only when it is the run's own id."""
+    stored = handle.config.env if handle.config is not None else None
+    if stored is not None and stored.id == env_id:
+        return stored.model_copy(update={"num_envs": 8, "vectorization": "sync"})
+    return EnvConfig(id=env_id, num_envs=8)
+
+
+@torch.no_grad()
+def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> np.ndarray:
+    """[count, obs_dim] observations met by the policy acting in `env_id`, which the user named."""
+    ec = _named_env(handle, env_id)
+    try:
+        check_env_id(ec.id)
+        env = make_vector_env(ec)
+    except EnvSpecError as err:
+        raise PolicyLoadError(str(err)) from None
+    except Exception as err:
+        raise PolicyLoadError(f"--env {env_id}: cannot be built ({type(err).__name__}: {err})") from None
+    shape = tuple(env.single_observation_space.shape or ())
+    if shape != handle.env.obs_shape:
+        env.close()
+        raise PolicyLoadError(f"--env {env_id} observes {shape}, the policy reads {handle.env.obs_shape}")
+    gen = torch.Generator().manual_seed(seed)
+    obs, _ = env.reset(seed=seed)
+    out: list[np.ndarray] = []
+    while sum(o.shape[0] for o in out) < count:
+        out.append(obs.astype(np.float32))
+        x = torch.from_numpy(obs.astype(np.float32))
+        actions, _, _ = handle.model.act(x, draw_noise(handle.model.action, len(obs), gen))
+        a = actions.numpy()
+        space = env.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            a = np.clip(a, space.low, space.high)
+        obs, *_ = env.step(a)
+    env.close()
+    return np.concatenate(out)[:count]

@@ -1,0 +1,41 @@
+"""A relay policy rebuilt from data: its run's config (model settings only), its env spec and its
+weights, checked against each other before anything loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from contracts.config import RelayConfig
+from contracts.spaces import EnvSpec
+from learner.models import build_policy, model_kind, weights_mismatch
+from services.tools.handle import PolicyHandle, PolicyLoadError
+
+
+def relay_policy(
+    cfg_data: Any, env: EnvSpec, weights: dict[str, Any], source: str, acting_only: bool = False
+) -> PolicyHandle:
+    """A relay policy rebuilt from its run's config (model settings only) and env spec, weights
+    checked against the model before they load. `acting_only`: the weights are an exported graph's
+    (no value network, no normalizer when it was off, other initializers beside them)."""
+    try:
+        cfg = RelayConfig.model_validate(cfg_data)
+        model_kind(cfg.model.kind)
+    except (ValidationError, ValueError, TypeError) as err:
+        first = " ".join(str(err).split())[:200]
+        raise PolicyLoadError(f"{source}: unreadable relay config ({first})") from None
+    critic = "v_head.weight" in weights
+    try:
+        model = build_policy(cfg, env, critic=critic)
+    except (ValueError, RuntimeError) as err:
+        raise PolicyLoadError(f"{source}: its config and env spec do not make a policy ({err})") from None
+    optional = ("normalizer.",) if acting_only and not cfg.model.normalize_obs else ()
+    problem = weights_mismatch(model.state_dict(), weights, optional, allow_extra=acting_only)
+    if problem:
+        raise PolicyLoadError(f"{source}: its weights do not fit its config ({problem})")
+    model.load_state_dict(
+        {k: torch.as_tensor(v) for k, v in weights.items() if k in model.state_dict()}, strict=False
+    )
+    return PolicyHandle(model.eval(), source, env, cfg)

@@ -1,0 +1,77 @@
+"""The metrics sinks: metrics.jsonl is strict JSON (non-finite numbers as null), TensorBoard gets
+the numeric keys of contracts/metrics.py and nothing else, a failing optional sink never stops
+training, and truncation for a resume keeps only lines up to the checkpoint."""
+
+import json
+import math
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from contracts.config import build_config
+from contracts.metrics import METRICS, numeric_metrics
+from services.driver.run_dir import RunDir
+from services.driver.sinks import MetricsSinks, truncate_metrics
+
+
+def _run(tmp_path) -> RunDir:
+    return RunDir.claim(tmp_path / "run", build_config({}))
+
+
+RECORD = {
+    "iteration": 1,
+    "env_steps": 256,
+    "policy_loss": float("nan"),
+    "entropy": 0.5,
+    "grad_norm": float("inf"),
+    "device": "cpu",
+    "not_a_metric": 3.0,
+    "worker_restarts": 0,
+}
+
+
+def test_jsonl_is_strict_json_and_tensorboard_gets_the_declared_numeric_keys(tmp_path):
+    run = _run(tmp_path)
+    sinks = MetricsSinks(run, tensorboard=True, prometheus=False)
+    sinks.write(RECORD)
+    sinks.write({**RECORD, "iteration": 2, "env_steps": 512})
+    sinks.close()
+    raw = run.metrics_path.read_text()
+    assert "NaN" not in raw and "Infinity" not in raw
+    first = json.loads(raw.splitlines()[0])
+    assert first["policy_loss"] is None and first["grad_norm"] is None and first["device"] == "cpu"
+    events = EventAccumulator(str(run.events))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags == {"iteration", "env_steps", "entropy", "worker_restarts"}
+    assert [e.step for e in events.Scalars("entropy")] == [256, 512]
+
+
+def test_numeric_metrics_filters_to_finite_declared_numbers():
+    got = dict(numeric_metrics(RECORD))
+    assert set(got) == {"iteration", "env_steps", "entropy", "worker_restarts"}
+    assert all(k in METRICS and math.isfinite(v) for k, v in got.items())
+
+
+def test_a_failing_optional_sink_is_logged_and_training_goes_on(tmp_path, caplog):
+    class Broken:
+        def write(self, record):
+            raise OSError("disk full")
+
+        def close(self):
+            pass
+
+    run = _run(tmp_path)
+    sinks = MetricsSinks(run, tensorboard=False, prometheus=False)
+    sinks.extra.append(Broken())
+    sinks.write(RECORD)
+    sinks.close()
+    assert "metrics sink Broken failed: disk full" in caplog.text
+    assert len(run.metrics_path.read_text().splitlines()) == 1
+
+
+def test_truncation_keeps_lines_up_to_the_checkpoint_and_drops_torn_ones(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"iteration": 1}\n{"iteration": 2}\nnot json\n{"iteration": 3}\n{"iteration": 4, "x"')
+    truncate_metrics(path, 2)
+    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
+    assert not list(tmp_path.glob("*.tmp"))

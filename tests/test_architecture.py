@@ -1,0 +1,114 @@
+"""The layers, read from the source: contracts at the bottom, the learner and the rollout workers
+beside each other above them, the services on top; no import cycle anywhere (imports inside
+functions included); function-level imports only for what is lazy on purpose."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("contracts", "learner", "rollout_workers", "services")
+# Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
+# work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled).
+LAZY_OK = ("ray", "onnx", "onnxruntime", "tensorboard", "torch.utils.tensorboard", "torch_npu")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, inside a function) for every import in the file; `from pkg import x`
+    counts as an import of pkg.x when that is a module."""
+    tree = ast.parse(path.read_text())
+    inside = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for sub in ast.walk(node)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in inside) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.append((sub if sub in MODULES else node.module, id(node) in inside))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {m for m, _ in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()
+    }
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_contracts_import_nothing_of_relay():
+    for name, deps in _graph().items():
+        if _layer(name) == "contracts":
+            assert {_layer(d) for d in deps} <= {"contracts"}, (name, deps)
+
+
+def test_learner_and_rollout_workers_never_import_services_or_each_others_core():
+    trainer = {"learner.learner", "learner.actor", "learner.update"}
+    for name, deps in _graph().items():
+        layer = _layer(name)
+        if layer in ("learner", "rollout_workers"):
+            assert not {d for d in deps if _layer(d) == "services"}, (name, deps)
+        if layer == "rollout_workers":
+            assert not deps & trainer, (name, deps & trainer)
+        if layer == "learner":
+            assert not {d for d in deps if _layer(d) == "rollout_workers"}, (name, deps)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        v = todo.pop()
+        if v not in seen:
+            seen.add(v)
+            todo.extend(graph.get(v, ()))
+    return seen
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """The modules that can reach themselves through imports."""
+    return sorted(v for v in graph if v in _reachable(graph, v))
+
+
+def test_no_import_cycles():
+    """Over every import, function-level ones included."""
+    assert _cycles(_graph()) == []
+
+
+def test_function_level_imports_are_only_the_lazy_ones():
+    offenders = [
+        (name, mod)
+        for name, path in MODULES.items()
+        for mod, inside in _imports(path)
+        if inside and not mod.startswith(LAZY_OK)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_checks_are_not_vacuous():
+    """The cycle finder finds a cycle, and the graph holds the edges the layer rules read."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
+    graph = _graph()
+    assert "contracts.config" in graph["learner.learner"]
+    assert "learner.algorithms" in graph["rollout_workers.sampler"]
+    assert "services.driver.loop" in graph["services.driver.backends"]
