@@ -74,6 +74,7 @@ class Learner:
         self.updates = 0
         self._pending: list[Moments] = []
         self._fresh_segments = 0
+        self._fresh_steps = 0  # valid steps in the fresh segments
         self._behaviour_versions: list[int] = []
         self._incarnations: dict[int, str] = {}
 
@@ -88,8 +89,14 @@ class Learner:
         if moments.get("count", 0) > 0:
             self._pending.append(Moments.from_numpy(moments))
         self._fresh_segments += 1
+        self._fresh_steps += int(segment.env_steps)
         self._behaviour_versions.append(int(segment.weights_version))
         return None
+
+    def _discard_fresh(self) -> None:
+        self._pending.clear()
+        self._fresh_segments = self._fresh_steps = 0
+        self._behaviour_versions.clear()
 
     def train_round(
         self, segments: Sequence[Segment], progress: float = 0.0, lockstep: bool = False
@@ -108,6 +115,12 @@ class Learner:
             out.episode_returns += list(seg.episode_returns)
             out.episode_lengths += list(seg.episode_lengths)
             out.env_steps += int(seg.env_steps)
+        if self.ready and self._fresh_steps == 0 and not lockstep:
+            # Every step was lost (env faults): an update on all-padding data would still move the
+            # weights (Adam's momentum), so the round is dropped.
+            self._discard_fresh()
+            out.reject_reason = "every step of the round was lost to env faults"
+            return out
         # Data-parallel replicas must all take part in every update (their gradients are averaged):
         # in lockstep a replica that lost a segment trains on its newest ones again.
         if self.ready or (lockstep and self.buffer.size >= self.segments_per_update):
@@ -164,10 +177,8 @@ class Learner:
         # are exactly the ones the learner trains version v's data with.
         for moments in gather_moments(self._pending):
             self.model.normalizer.update(moments)
-        self._pending.clear()
         lag = [self.version - v for v in self._behaviour_versions]
-        self._fresh_segments = 0
-        self._behaviour_versions.clear()
+        self._discard_fresh()
         self.updates += 1
         self.algo.after_update(self.model, self.updates)
         if self.updates % self.cfg.learner.broadcast_interval == 0:

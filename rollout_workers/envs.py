@@ -98,6 +98,9 @@ def probe_env_spec(ec: EnvConfig) -> EnvSpec:
     except Exception as err:  # a factory that raises, bad env.kwargs, a broken env
         raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
     try:
+        if not isinstance(env, gym.Env):
+            made = type(env).__name__
+            raise EnvSpecError(f"env.id={ec.id!r} cannot be built (it made a {made}, not an env)")
         return env_spec(env.observation_space, env.action_space)
     finally:
         with contextlib.suppress(Exception):  # a broken env may fail to close too

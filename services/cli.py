@@ -8,9 +8,11 @@ and SIGTERM 143, after a clean stop.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -196,13 +198,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAILURE
 
 
+@contextlib.contextmanager
+def _cwd_importable() -> Iterator[None]:
+    """As `python -m services.cli` does: a `module:factory` env id in the config may name a module
+    of the folder the command runs in (Ray's workers get the driver's sys.path at ray.init)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args = build_parser().parse_args(argv)
-    # As `python -m services.cli` does: a `module:factory` env id in the config may name a module
-    # of the folder the command runs in (and Ray's workers get the driver's sys.path).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     handlers: dict[str, Any] = {
         "validate": lambda: _cmd_validate(args),
         "train": lambda: _cmd_train(args, t_start),
@@ -212,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         "verify": lambda: _cmd_verify(args),
     }
     try:
-        return handlers[args.command]()
+        with _cwd_importable():
+            return handlers[args.command]()
     except (*BAD_INPUT, InputError) as err:
         print(f"relay {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -66,3 +66,29 @@ def test_grafana_dashboard_queries_relays_metrics():
     for key in DASHBOARD_METRICS:
         assert f"ray_relay_{key}{{" in exprs, key
     assert 'run=~"$run"' in exprs and dash["templating"]["list"][1]["name"] == "run"
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster-gpu.yaml"])
+def test_launcher_clusters_start_with_token_authentication(name):
+    """Ray binds its services on every interface; the token is what keeps other hosts out."""
+    config = yaml.safe_load((DEPLOY / name).read_text())
+    starts = [
+        c for c in config["head_start_ray_commands"] + config["worker_start_ray_commands"] if "ray start" in c
+    ]
+    assert starts and all(c.startswith("RAY_AUTH_MODE=token ray start") for c in starts)
+    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+
+
+@pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
+def test_kuberay_pods_run_with_token_authentication(name):
+    doc = yaml.safe_load((DEPLOY / "kuberay" / name).read_text())
+    spec = doc["spec"].get("rayClusterSpec", doc["spec"])
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token"
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+                "name": "relay-ray-token",
+                "key": "auth_token",
+            }

@@ -1,20 +1,32 @@
 """`relay dashboard PATH`: the learner metrics dashboard for a run directory or a folder of runs.
 
 A standard-library HTTP server (no framework, no CDN: the charting library, uPlot, is vendored in
-services/dashboard_static/). The page polls two JSON endpoints and appends new points to its
+services/dashboard/static/). The page polls two JSON endpoints and appends new points to its
 charts without reloading:
 
     GET /api/runs                          the runs under PATH (a run directory is one run)
     GET /api/metrics?run=NAME&since=K      complete metrics.jsonl lines from line K on
 
 A missing run, an empty or torn metrics file, or a run directory that disappears gets a clear
-JSON message, never a crash; a run name that resolves outside PATH is refused (403).
+JSON message, never a crash. It keeps serving whatever is in the folder:
+
+- responses are strict JSON: a line that is not valid UTF-8 or not a JSON object is sent as null
+  (the page skips it; the lines after it are served), and non-finite numbers (NaN, Infinity,
+  1e999) as null;
+- only regular files are read (a FIFO or a directory named metrics.jsonl gets an error, never a
+  hung thread), a line over MAX_LINE_BYTES is skipped, and one response carries at most
+  MAX_RESPONSE_BYTES of lines (the page asks again for the rest);
+- no path leaves the served folder, symbolic links included (403);
+- on a loopback address only requests whose Host header names that address are answered (a DNS
+  rebinding page cannot read the metrics through the victim's browser).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +37,9 @@ from urllib.parse import parse_qs, urlparse
 from contracts.metrics import CHARTS
 
 STATIC = Path(__file__).with_name("static")
+MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB
+MAX_RESPONSE_BYTES = 4 << 20
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
 
 
@@ -64,27 +79,50 @@ class RunStore:
             )
         return path
 
-    def metrics(self, name: str, since: int) -> dict[str, Any]:
-        """Complete lines from `since` on; a torn last line (a write in progress) waits for later."""
+    def _open_metrics(self, name: str) -> tuple[int, os.stat_result]:
+        """An open descriptor of the run's metrics.jsonl and its stat; the file must be a regular
+        file inside the served folder (a symbolic link is followed only when its target is)."""
         path = self.run_dir(name) / "metrics.jsonl"
+        real = path.resolve()
+        if real != self.root and self.root not in real.parents:
+            raise DashboardError(
+                HTTPStatus.FORBIDDEN, f"metrics of run {name!r} point outside the served folder"
+            )
+        # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise DashboardError(HTTPStatus.CONFLICT, f"metrics.jsonl of run {name!r} is not a regular file")
+        return fd, st
+
+    def metrics(self, name: str, since: int) -> dict[str, Any]:
+        """Complete lines from `since` on, at most MAX_RESPONSE_BYTES of them; a torn last line (a
+        write in progress) waits for later."""
         try:
-            with path.open("rb") as f:
-                st = os.fstat(f.fileno())
-                first_line, offset = self._start(name, st, since)
-                f.seek(offset)
-                data = f.read()
+            fd, st = self._open_metrics(name)
         except FileNotFoundError:
             return {"run": name, "next": since, "lines": [], "note": "no metrics yet"}
-        end = data.rfind(b"\n") + 1
-        complete = data[:end].splitlines()
-        lines = []
-        for raw in complete[since - first_line :]:
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError:
-                lines.append(None)  # keeps line numbering; the page skips it
-        self._ends[name] = (st.st_ino, first_line + len(complete), offset + end)
-        return {"run": name, "next": first_line + len(complete), "lines": lines}
+        with os.fdopen(fd, "rb") as f:
+            line_no, pos = self._start(name, st, since)
+            f.seek(pos)
+            lines: list[dict[str, Any] | None] = []
+            budget = MAX_RESPONSE_BYTES
+            while budget > 0:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                size = len(raw)
+                if not raw.endswith(b"\n"):
+                    rest = _rest_of_line(f) if size > MAX_LINE_BYTES else None
+                    if rest is None:
+                        break  # the end, or a line still being written
+                    size, raw = size + rest, b""  # an over-long line: skipped
+                    f.seek(pos + size)
+                if line_no >= since:
+                    lines.append(parse_line(raw) if raw else None)
+                    budget -= min(size, MAX_LINE_BYTES)
+                pos, line_no = pos + size, line_no + 1
+        self._ends[name] = (st.st_ino, line_no, pos)
+        return {"run": name, "next": line_no, "lines": lines}
 
     def _start(self, name: str, st: os.stat_result, since: int) -> tuple[int, int]:
         """(line number, byte offset) to read from: where the last poll ended when that is still
@@ -95,10 +133,45 @@ class RunStore:
         return 0, 0
 
 
+def _rest_of_line(f: Any, chunk: int = 1 << 16) -> int | None:
+    """Bytes up to and including the next newline from f's position, or None when the line is not
+    complete yet (f is moved; the caller seeks)."""
+    size = 0
+    while True:
+        data = f.read(chunk)
+        if not data:
+            return None
+        cut = data.find(b"\n")
+        if cut >= 0:
+            return size + cut + 1
+        size += len(data)
+
+
+def _finite(value: Any) -> Any:
+    """JSON values with non-finite floats as None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """A metrics line as a JSON object with finite numbers, or None when it is not one."""
+    try:
+        obj = json.loads(raw.decode("utf-8"), parse_constant=lambda _: None)
+        return _finite(obj) if isinstance(obj, dict) else None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
 class Handler(BaseHTTPRequestHandler):
     """Routes GET requests; `store` is set per server by `make_handler`."""
 
     store: RunStore
+    allowed_hosts: frozenset[str] | None = None  # None: any (the server is not on loopback)
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no line per poll
         pass
@@ -112,7 +185,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, status: HTTPStatus, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
+        self._send(status, json.dumps(payload, allow_nan=False).encode(), "application/json")
+
+    def _host_allowed(self) -> bool:
+        given = (self.headers.get("Host") or "").strip().lower()
+        return self.allowed_hosts is None or given in self.allowed_hosts
 
     def _static(self, name: str) -> None:
         path = (STATIC / name).resolve()
@@ -132,12 +209,15 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/runs":
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
         elif path == "/api/metrics":
-            since = max(int(query.get("since", "0")), 0)
+            since = min(max(int(query.get("since", "0")), 0), 1 << 40)
             self._json(HTTPStatus.OK, self.store.metrics(query.get("run", "."), since))
         else:
             raise DashboardError(HTTPStatus.NOT_FOUND, f"no page {path}")
 
     def do_GET(self) -> None:
+        if not self._host_allowed():
+            self._json(HTTPStatus.FORBIDDEN, {"error": "unexpected Host header"})
+            return
         url = urlparse(self.path)
         try:
             self._route(url.path, {k: v[0] for k, v in parse_qs(url.query).items()})
@@ -147,8 +227,16 @@ class Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.BAD_REQUEST, {"error": "since must be a whole number"})
 
 
-def make_handler(store: RunStore) -> type[BaseHTTPRequestHandler]:
+def make_handler(store: RunStore) -> type[Handler]:
     return type("BoundHandler", (Handler,), {"store": store})
+
+
+def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
+    """Host headers a server bound to host:port answers: loopback names on that port when it is
+    on a loopback address, else any (the user chose to expose it)."""
+    if host != "::1" and not host.startswith("127."):
+        return None
+    return frozenset({f"{name}:{port}" for name in LOOPBACK_NAMES} | {f"{host}:{port}"})
 
 
 class Dashboard:
@@ -156,8 +244,10 @@ class Dashboard:
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
         self.store = RunStore(root)
-        self.server = ThreadingHTTPServer((host, port), make_handler(self.store))
+        handler = make_handler(self.store)
+        self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
+        handler.allowed_hosts = allowed_hosts(host, self.server.server_address[1])
         self._thread: threading.Thread | None = None
 
     @property

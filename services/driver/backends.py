@@ -65,11 +65,18 @@ class RayBackend:
         self.cfg = cfg
         self.env_spec = env_spec
         self.workers: list[Any] = []
-        # Learners are placed first, so rollout workers can never take the CPUs of their nodes.
-        self.learners = [create_learner_actor(cfg, env_spec) for _ in range(cfg.learner.num_learners)]
+        self.learners: list[Any] = []
+        try:
+            # The learners are placed before any rollout worker is created, so workers can never
+            # take the CPUs a learner needs.
+            self.learners = [create_learner_actor(cfg, env_spec) for _ in range(cfg.learner.num_learners)]
+            wait_until_placed(cfg, {"learner": self.learners})
+            self.workers = create_rollout_workers(cfg)
+            wait_until_placed(cfg, {"rollout worker": self.workers})
+        except BaseException:  # unplaceable, interrupted: no actor is left pending behind us
+            self.close()
+            raise
         self.learner = self.learners[0]  # rank 0 publishes weights and reports metrics
-        self.workers = create_rollout_workers(cfg)
-        wait_until_placed(cfg, {"learner": self.learners, "rollout worker": self.workers})
         if len(self.learners) > 1:
             self._join_group()
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())

@@ -3,8 +3,9 @@
 - A cluster address that does not answer is refused in seconds (Ray would retry for minutes).
 - Ctrl-C or SIGTERM while Ray starts leaves nothing running: the processes it had started are
   ended before the interrupt goes on.
-- The local Ray that `relay train` starts has token authentication on (Ray binds its services on
-  every interface; the token is what keeps other hosts out).
+- The local Ray that `relay train` starts is a new instance with token authentication on (Ray
+  >= 2.59's default; Ray binds its services on every interface, and the token is what keeps
+  other hosts out).
 - Actors that cannot be placed are reported every REPORT_S with what they need and what the
   cluster has; after `rollout.placement_timeout_s` the run stops (exit 2) naming what is missing.
 """
@@ -14,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -27,6 +29,7 @@ import ray
 from contracts.config import RelayConfig
 from learner.actor import learner_resources
 from rollout_workers.worker import worker_resources
+from services.driver.signals import Terminated
 
 REPORT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
@@ -72,25 +75,13 @@ def _end_children() -> None:
     psutil.wait_procs(alive, timeout=3)
 
 
-@contextlib.contextmanager
-def _token_auth_for_local_start() -> Iterator[None]:
-    """RAY_AUTH_MODE=token while Ray starts its processes (they inherit it), unless the user chose
-    a mode; restored afterwards so this process's environment is left as it was."""
-    chosen = os.environ.get("RAY_AUTH_MODE")
-    if chosen is None:
-        os.environ["RAY_AUTH_MODE"] = "token"
-    try:
-        yield
-    finally:
-        if chosen is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-
-
 def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
+    # ray.init installs its own SIGTERM handler (sys.exit); relay's clean stop is put back after.
+    relay_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address:
             check_reachable(address)
@@ -99,22 +90,30 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
         # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
         # processes do).
         needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
-        with _token_auth_for_local_start():
-            ray.init(
-                num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-            )
+        # Ray >= 2.59 starts local clusters with token authentication on (unless RAY_AUTH_MODE says
+        # otherwise) and warns that it did; relay documents it instead.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        ray.init(
+            address="local",  # a new local instance, never one a `ray start` left running
+            num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
         return True
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
         _end_children()
         with contextlib.suppress(Exception):
             ray.shutdown()
+        if isinstance(err, SystemExit) and err.code == signal.SIGTERM:
+            raise Terminated() from None
         raise
     except (ConnectionError, TimeoutError, ray.exceptions.RayError) as err:
         _end_children()
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ClusterError(f"cannot join the Ray cluster at {address} ({first[:200]})") from None
+    finally:
+        if threading.current_thread() is threading.main_thread() and relay_sigterm is not None:
+            signal.signal(signal.SIGTERM, relay_sigterm)
 
 
 def _fmt(resources: dict[str, float]) -> str:
@@ -130,13 +129,14 @@ def _cluster_has() -> str:
 
 
 def _pending_demand(cfg: RelayConfig, pending: dict[str, int]) -> tuple[str, dict[str, float]]:
-    """('2 rollout workers (CPU 1 each), 1 learner (CPU 1, GPU 1)', summed demand)."""
+    """('2 rollout workers (CPU 1 each), 1 learner (CPU 1, GPU 1)', the summed demand)."""
     per = {"learner": learner_resources(cfg), "rollout worker": worker_resources(cfg)}
     parts: list[str] = []
     total: dict[str, float] = {}
     for kind, count in pending.items():
         if count:
-            parts.append(f"{count} {kind}{'s' if count > 1 else ''} ({_fmt(per[kind])} each)")
+            each = " each" if count > 1 else ""
+            parts.append(f"{count} {kind}{'s' if count > 1 else ''} ({_fmt(per[kind])}{each})")
             for k, v in per[kind].items():
                 total[k] = total.get(k, 0.0) + v * count
     return ", ".join(parts), total

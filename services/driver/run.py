@@ -11,6 +11,7 @@ import contextlib
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +22,19 @@ from contracts.config import RelayConfig, load_config
 from contracts.spaces import EnvSpec
 from services.dashboard.server import Dashboard
 from services.driver.backends import make_backend
-from services.driver.checkpoints import check_resumable, load_newest_valid
+from services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
 from services.driver.cluster import init_ray
 from services.driver.loop import TrainingLoop
 from services.driver.preflight import preflight
 from services.driver.run_dir import RunDir
-from services.driver.signals import exit_code, sigterm_raises
+from services.driver.signals import sigterm_raises
 
 EXIT_OK = 0
 STOP_CODES = {"interrupted": 130, "terminated": 143}
 
 
 class NoCheckpointError(ValueError):
-    """`relay resume` of a run with no usable checkpoint (exit 2)."""
+    """`relay resume` of a directory that is no run or has no usable checkpoint (exit 2)."""
 
 
 class DashboardError(ValueError):
@@ -61,8 +62,7 @@ def train(
     target = RunDir.target(cfg, run_dir)
     RunDir.check_new(target)
     with sigterm_raises(), _ray_session(cfg, address):
-        run = RunDir.claim(target, cfg)
-        return _train(cfg, run, env, t_start, dashboard, resume_from=None)
+        return _train(cfg, env, lambda: RunDir.claim(target, cfg), t_start, dashboard, resume_from=None)
 
 
 def resume(run_path: str, overrides: list[str], address: str | None, t_start: float) -> int:
@@ -75,6 +75,7 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
     if not run.config_path.is_file():
         raise NoCheckpointError(f"{run.root} is not a run directory (no config.yaml)")
     cfg = load_config(run.config_path, overrides)
+    confirm_env_code(run.root, cfg.env.id, overrides)
     env = preflight(cfg, address)
     found = load_newest_valid(run.checkpoints)
     if found is None:
@@ -88,7 +89,18 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
             file=sys.stderr,
             flush=True,
         )
-        return _train(cfg, run, env, t_start, None, resume_from=found[1])
+        return _train(cfg, env, lambda: run, t_start, None, resume_from=found[1])
+
+
+def confirm_env_code(run: Path, env_id: str, overrides: list[str]) -> None:
+    """A `module:factory` env id imports and calls code. Read from a run directory it is data,
+    so it runs only when the user names it on the command line too."""
+    named = any(item.split("=", 1)[0].strip() == "env.id" for item in overrides)
+    if ":" in env_id and not named:
+        raise ResumeError(
+            f"{run}/config.yaml names env.id={env_id}, which imports and runs code; resume only "
+            f"after naming it yourself: relay resume {run} --set env.id={env_id}"
+        )
 
 
 @contextlib.contextmanager
@@ -104,16 +116,19 @@ def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
 
 def _train(
     cfg: RelayConfig,
-    run: RunDir,
     env: EnvSpec,
+    get_run: Callable[[], RunDir],
     t_start: float,
     dashboard: tuple[str, int] | None,
     resume_from: Checkpoint | None,
 ) -> int:
-    board = start_dashboard(run.root, *dashboard) if dashboard else None
-    backend = None
+    """Place the actors, then take the run directory (a run whose actors cannot be placed leaves
+    nothing behind), train, and tear down. Ctrl-C or SIGTERM before the loop runs propagates."""
+    backend, board, run = None, None, None
     try:
         backend = make_backend(cfg, env)
+        run = get_run()
+        board = start_dashboard(run.root, *dashboard) if dashboard else None
         loop = TrainingLoop(cfg, run, backend)
         if resume_from is not None:
             loop.restore(resume_from, counters=True)
@@ -127,10 +142,9 @@ def _train(
         )
         reason = loop.run_until_stop(startup_s=time.perf_counter() - t_start)
         return STOP_CODES.get(reason, EXIT_OK)
-    except KeyboardInterrupt as err:  # before the loop ran (building actors, restoring)
-        return exit_code(err)
     except Exception:
-        run.error_log.write_text(traceback.format_exc())
+        if run is not None:
+            run.error_log.write_text(traceback.format_exc())
         raise
     finally:
         if board is not None:

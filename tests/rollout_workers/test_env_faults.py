@@ -106,3 +106,55 @@ def test_grpo_group_with_a_non_finite_member_is_dropped_whole():
     np.testing.assert_array_equal(seg["outcome"][kept], seg["mask"][:, kept].sum(axis=0))
     assert len(seg.episode_returns) == 2
     SegmentRingBuffer(s.layout, 1).add(seg)
+
+
+def _last_line(run):
+    import json
+
+    return json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def test_faults_reach_the_metrics_by_kind_in_a_real_run(tmp_path):
+    """PPO, local mode: a run over a faulty env finishes, and every fault is counted."""
+    from tests.helpers import train_local
+
+    run = tmp_path / "ppo"
+    sets = (f"env.id={FAULTY}", "env.kwargs={nan_obs_at: [5], raise_at: [40]}", "learner.buffer_size=512")
+    assert train_local("cartpole_ppo.yaml", run, *sets, "stop.env_steps=2000") == 0
+    last = _last_line(run)
+    assert last["env_faults_nonfinite_obs"] >= 8 and last["env_faults_raised"] >= 1
+    assert last["env_faults"] == sum(
+        last[f"env_faults_{k}"] for k in ("raised", "nonfinite_obs", "nonfinite_reward")
+    )
+
+
+def test_a_grpo_run_survives_an_env_that_raises(tmp_path):
+    """GRPO used to end the run (exit 1) on the first env that raised; now it goes on like PPO."""
+    from tests.helpers import train_local
+    from tests.rollout_workers.faulty_envs import FaultyCartPole
+
+    # With every: 1000 only instance 0 faults: the preflight's probe env takes -1, the sampler's
+    # first env is 0; the env rebuilt after it raised is healthy.
+    FaultyCartPole.created = -1
+    run = tmp_path / "grpo"
+    sets = (f"env.id={FAULTY}", "env.kwargs={raise_at: [30], every: 1000}", "stop.env_steps=6000")
+    assert train_local("cartpole_grpo.yaml", run, *sets) == 0
+    last = _last_line(run)
+    assert last["env_faults_raised"] >= 1 and last["env_steps"] >= 6000
+
+
+def test_rounds_whose_every_step_was_lost_do_not_update_and_end_the_run(tmp_path, capsys):
+    """An env that faults in every segment leaves no valid step: the learner must not take Adam
+    steps on all-padding batches, and the driver gives up after 20 such rounds."""
+    from tests.helpers import train_local
+
+    run = tmp_path / "lost"
+    sets = (f"env.id={FAULTY}", "env.kwargs={raise_at: [2]}", "stop.env_steps=6000", "env.num_envs=4")
+    sets += (
+        "learner.group_size=2",
+        "rollout.rollout_len=50",
+        "learner.buffer_size=200",
+        "learner.batch_size=100",
+    )
+    assert train_local("cartpole_grpo.yaml", run, *sets) == 1
+    assert "no update in 20 rounds in a row: every step of the round was lost" in capsys.readouterr().err

@@ -8,8 +8,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from services.dashboard.server import Dashboard
+from services.dashboard.server import Dashboard, RunStore
 from tests.browser import ARGS as CHROMIUM_ARGS
 from tests.browser import chromium
 
@@ -154,3 +156,95 @@ def test_a_real_browser_watches_the_return_chart_grow(runs):
         browser.close()
     assert not errors, errors
     assert (ARTIFACTS / "dashboard-test.png").stat().st_size > 10_000
+
+
+def _raw_get(board, path: str, host: str | None = None) -> tuple[int, bytes]:
+    """A GET with a chosen Host header (urllib always sends the right one)."""
+    import http.client
+
+    port = board.server.server_address[1]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.putrequest("GET", path, skip_host=True)
+    conn.putheader("Host", host or f"127.0.0.1:{port}")
+    conn.endheaders()
+    res = conn.getresponse()
+    body = res.read()
+    conn.close()
+    return res.status, body
+
+
+def test_bad_lines_are_null_non_finite_numbers_are_null_and_later_lines_are_served(runs):
+    root, board = runs
+    with (root / "a" / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"iteration": 4, "bad": "\xff\xfe"}\n')  # not UTF-8
+        f.write(b'{"iteration": 5, "policy_loss": NaN, "grad_norm": Infinity, "x": 1e999}\n')
+        f.write(b"[1, 2]\n")  # JSON, but not an object
+        f.write(line(6).encode())
+    status, raw = _raw_get(board, "/api/metrics?run=a&since=3")
+    assert status == 200
+    body = json.loads(raw)  # strict JSON: NaN/Infinity would not parse in a browser
+    assert b"NaN" not in raw and b"Infinity" not in raw
+    assert body["lines"][0] is None and body["lines"][2] is None
+    assert body["lines"][1] == {"iteration": 5, "policy_loss": None, "grad_norm": None, "x": None}
+    assert body["lines"][3]["iteration"] == 6 and body["next"] == 7
+
+
+def test_fifos_directories_and_links_out_of_the_folder_are_refused_and_serving_goes_on(runs, tmp_path):
+    import os
+
+    root, board = runs
+    (root / "fifo").mkdir()
+    os.mkfifo(root / "fifo" / "metrics.jsonl")
+    (root / "dir" / "metrics.jsonl").mkdir(parents=True)
+    (root / "dir" / "config.yaml").write_text("env: {}\n")
+    outside = tmp_path / "secret.jsonl"
+    outside.write_text('{"iteration": 1, "secret": 42}\n')
+    (root / "link").mkdir()
+    (root / "link" / "metrics.jsonl").symlink_to(outside)
+    (root / "inside").mkdir()
+    (root / "inside" / "metrics.jsonl").symlink_to(root / "a" / "metrics.jsonl")
+    assert get(board, "/api/metrics?run=fifo")[0] == 409  # answered at once, no thread hangs
+    assert get(board, "/api/metrics?run=dir")[0] == 409
+    status, body = get(board, "/api/metrics?run=link")
+    assert status == 403 and "secret" not in json.dumps(body)
+    assert get(board, "/api/metrics?run=inside")[1]["next"] == 3
+    assert get(board, "/api/metrics?run=a")[0] == 200
+
+
+def test_an_over_long_line_is_skipped_and_responses_are_capped(runs, monkeypatch):
+    from services.dashboard import server
+
+    root, board = runs
+    metrics = root / "a" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"iteration": 4, "blob": "' + "x" * (server.MAX_LINE_BYTES + 10) + '"}\n')
+        f.write(line(5))
+    status, raw = _raw_get(board, "/api/metrics?run=a&since=3")
+    body = json.loads(raw)
+    assert status == 200 and body["lines"][0] is None and body["lines"][1]["iteration"] == 5
+    assert len(raw) < 10_000
+    monkeypatch.setattr(server, "MAX_RESPONSE_BYTES", 2 * len(line(1)))
+    first = get(board, "/api/metrics?run=a&since=0")[1]
+    assert first["next"] == 2  # a capped response; the page asks again from `next`
+    assert get(board, f"/api/metrics?run=a&since={first['next']}")[1]["next"] == 4
+
+
+def test_host_header_must_name_the_loopback_address(runs):
+    """DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example."""
+    _, board = runs
+    port = board.server.server_address[1]
+    assert _raw_get(board, "/api/runs", host=f"evil.example:{port}")[0] == 403
+    assert _raw_get(board, "/api/runs", host="127.0.0.1:1")[0] == 403
+    assert _raw_get(board, "/api/runs", host=f"localhost:{port}")[0] == 200
+    assert _raw_get(board, "/api/runs")[0] == 200
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(max_size=200).filter(lambda b: b"\n" not in b), max_size=12))
+def test_any_bytes_in_metrics_get_strict_json_with_one_entry_per_line(tmp_path_factory, chunks):
+    """What the server sends for a run: the store's answer, encoded as strict JSON."""
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "metrics.jsonl").write_bytes(b"".join(c + b"\n" for c in chunks))
+    body = json.loads(json.dumps(RunStore(root).metrics(".", 0), allow_nan=False))
+    assert len(body["lines"]) == len(chunks) == body["next"]
+    assert all(x is None or isinstance(x, dict) for x in body["lines"])

@@ -1,0 +1,214 @@
+"""Every bad input: one line on stderr, exit 2, nothing created.
+
+Most cases run `relay` in-process (the same `main` the console script calls); a few run it as a
+subprocess, where a traceback would reach the terminal. Property tests throw random `--set`
+values and random YAML documents at the config loader: it answers with a config or one line,
+never anything else.
+"""
+
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts.config import ConfigError, RelayConfig, build_config, config_leaves, load_config
+from services.cli import main
+
+ROOT = Path(__file__).parents[2]
+CARTPOLE = str(ROOT / "configs/cartpole_ppo.yaml")
+
+
+def _refused(capsys, argv: list[str], *needles: str) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        "learner.lr",
+        "learner.clip_ratio",
+        "learner.max_grad_norm",
+        "stop.wall_s",
+        "stop.episode_return_mean",
+        "model.init_log_std",
+    ],
+)
+@pytest.mark.parametrize("value", ["inf", "nan", "1e999", "-.inf", ".nan"])
+def test_non_finite_floats_are_refused(capsys, tmp_path, leaf, value):
+    run = tmp_path / "run"
+    _refused(capsys, ["train", CARTPOLE, "--run-dir", str(run), "--set", f"{leaf}={value}"], leaf)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (["env.num_envs=100000000"], "env.num_envs"),
+        (["rollout.rollout_len=1000000000"], "rollout.rollout_len"),
+        (["model.hidden_sizes=[0]"], "model.hidden_sizes"),
+        (["metrics.run_name=../../escape"], "metrics.run_name"),
+        # Valid sizes whose product is far beyond this machine: checked before anything starts.
+        (
+            [
+                "env.num_envs=65536",
+                "rollout.rollout_len=100000",
+                "learner.buffer_size=13107200000",
+                "learner.batch_size=6553600000",
+            ],
+            "GB of memory",
+        ),
+        (["learner.device=cuda"], "no cuda device is available on this host"),
+        (["learner.device=npu:0"], "torch_npu is not installed"),
+        (["env.kwargs={no_such_argument: 1}"], "cannot be built (TypeError"),
+    ],
+)
+def test_sizes_and_devices_this_machine_cannot_run(capsys, tmp_path, sets, needle):
+    run = tmp_path / "run"
+    args = [x for kv in sets for x in ("--set", kv)]
+    _refused(
+        capsys, ["train", CARTPOLE, "--run-dir", str(run), "--set", "rollout.num_workers=0", *args], needle
+    )
+    assert not run.exists()
+
+
+def test_config_files_that_are_not_configs(capsys, tmp_path):
+    (tmp_path / "latin1.yaml").write_bytes("env:\n  id: Cart\xe9Pole\n".encode("latin-1"))
+    _refused(capsys, ["validate", str(tmp_path / "latin1.yaml")], "not UTF-8 text")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    _refused(capsys, ["validate", str(tmp_path / "list.yaml")], "mapping of sections")
+    (tmp_path / "tag.yaml").write_text("env: !!python/object/apply:os.system ['echo pwned']\n")
+    _refused(capsys, ["validate", str(tmp_path / "tag.yaml")], "not valid YAML")
+    _refused(capsys, ["validate", str(tmp_path)], "config file not found")
+
+
+def test_alias_bomb_is_refused_fast_and_in_one_line(capsys, tmp_path):
+    """377 bytes that expand to 9^9 values: refused at the expansion cap, in well under a second."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{cur}: &{cur} [{','.join('*' + prev for _ in range(9))}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("env:\n  id: CartPole-v1\n  kwargs:\n" + "".join(f"    {x}\n" for x in lines))
+    t0 = time.perf_counter()
+    err = _refused(capsys, ["validate", str(bomb)], "expands to more than")
+    assert time.perf_counter() - t0 < 2.0 and len(err) < 300
+    t0 = time.perf_counter()
+    _refused(capsys, ["validate", CARTPOLE, "--set", "env.kwargs=" + "{" + ", ".join(lines) + "}"], "YAML")
+    assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.parametrize(
+    "value, needle",
+    [
+        ("[1, 2", "not valid YAML"),
+        ("!!python/object/apply:os.system ['touch pwned']", "not valid YAML"),
+        ("{a: b", "not valid YAML"),
+        ("'unclosed", "not valid YAML"),
+    ],
+)
+def test_bad_yaml_in_set_is_one_line_and_runs_nothing(capsys, tmp_path, monkeypatch, value, needle):
+    monkeypatch.chdir(tmp_path)
+    _refused(capsys, ["validate", CARTPOLE, "--set", f"learner.lr={value}"], needle)
+    assert not (tmp_path / "pwned").exists()
+
+
+ENV_MODULES = {
+    "raises_on_import": ("raise RuntimeError('no licence server')\n", "no licence server"),
+    "syntax_error": ("def broken(:\n", "SyntaxError"),
+    "factory_raises": ("def make(**kw):\n    raise ValueError('bad seed file')\n", "bad seed file"),
+    "not_an_env": ("def make(**kw):\n    return 42\n", "cannot be built"),
+}
+
+
+@pytest.mark.parametrize("module", list(ENV_MODULES))
+def test_user_env_modules_that_fail_are_one_line(capsys, tmp_path, monkeypatch, module):
+    source, needle = ENV_MODULES[module]
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    _refused(capsys, ["train", CARTPOLE, "--run-dir", str(run), "--set", f"env.id={module}:make"], needle)
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["dashboard", ".", "--port", "99999"], "99999 is not a port number"),
+        (["train", CARTPOLE, "--dashboard-port", "-1"], "not a port number"),
+        (["train", CARTPOLE, "--no-such-flag"], "unrecognized arguments"),
+        (["verify", "x.onnx", "--batch", "0"], "--batch 0"),
+        ([], "the following arguments are required"),
+    ],
+)
+def test_command_line_errors_are_one_line(argv, needle):
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+
+
+# ---- properties --------------------------------------------------------------------------------
+LEAVES = [path for path, _, _ in config_leaves()]
+yaml_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(alphabet=string.printable, max_size=20),
+)
+yaml_values = st.recursive(
+    yaml_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    leaf=st.one_of(st.sampled_from(LEAVES), st.text(alphabet=string.ascii_lowercase + "._", max_size=25)),
+    raw=st.one_of(
+        st.text(max_size=40), yaml_values.map(lambda v: yaml.safe_dump(v, default_flow_style=True))
+    ),
+)
+def test_any_set_value_gives_a_config_or_one_line(leaf, raw):
+    try:
+        cfg = build_config({}, [f"{leaf}={raw}"])
+    except ConfigError as err:
+        assert "\n" not in str(err) and len(str(err)) < 2000
+    else:
+        assert isinstance(cfg, RelayConfig)
+
+
+@settings(max_examples=150, deadline=None)
+@given(doc=st.dictionaries(st.sampled_from(["env", "rollout", "learner", "model", "stop", "x"]), yaml_values))
+def test_any_yaml_document_gives_a_config_or_one_line(tmp_path_factory, doc):
+    path = tmp_path_factory.mktemp("cfg") / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        load_config(path)
+    except ConfigError as err:
+        assert "\n" not in str(err)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(leaf=st.sampled_from(LEAVES), raw=st.text(alphabet=string.printable, max_size=12))
+def test_validate_of_any_set_exits_0_or_2_with_one_line(capsys, leaf, raw):
+    """The whole command, preflight included (it builds the env): never a traceback."""
+    code = main(["validate", CARTPOLE, "--set", f"{leaf}={raw}"])
+    captured = capsys.readouterr()
+    assert code in (0, 2)
+    if code == 2:
+        assert len(captured.err.strip().splitlines()) == 1, captured.err

@@ -1,0 +1,101 @@
+"""Nothing read from a checkpoint, an ONNX file or a run directory imports a module, calls a
+factory or builds an env unless the user names it on the command line.
+
+The hostile files carry `env.id: subprocess:run` with `env.kwargs: {args: "touch MARKER",
+shell: true}`: building that env runs a shell command, so the marker file existing is proof that
+code ran.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from services.cli import main
+from tests.helpers import train_local
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = tmp_path_factory.mktemp("cartpole")
+    assert train_local("cartpole_ppo.yaml", run, "learner.buffer_size=512", "stop.env_steps=600") == 0
+    return run, sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+
+
+def _hostile_env(marker: Path) -> dict:
+    return {"id": "subprocess:run", "kwargs": {"args": f"touch {marker}", "shell": True}}
+
+
+def _hostile_checkpoint(ckpt: Path, tmp_path: Path, marker: Path) -> Path:
+    state = torch.load(ckpt, weights_only=True)
+    state["config"]["env"].update(_hostile_env(marker))
+    out = tmp_path / "hostile.pt"
+    torch.save(state, out)
+    return out
+
+
+def test_export_and_verify_of_a_hostile_checkpoint_run_nothing(trained, tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    hostile = _hostile_checkpoint(trained[1], tmp_path, marker)
+    assert main(["export", str(hostile), "--out", str(tmp_path / "p.onnx")]) == 0
+    assert "checked on 2000 observations" in capsys.readouterr().out  # synthetic: no env needed
+    assert main(["verify", str(hostile), "--dtypes", "float32", "--batch", "4"]) == 0
+    # Naming another env on the command line builds that one; the file's kwargs stay unused.
+    assert main(["export", str(hostile), "--out", str(tmp_path / "q.onnx"), "--env", "CartPole-v1"]) == 0
+    assert not marker.exists()
+
+
+def test_verify_of_a_hostile_onnx_runs_nothing(trained, tmp_path):
+    marker = tmp_path / "pwned"
+    out = tmp_path / "p.onnx"
+    assert main(["export", str(trained[1]), "--out", str(out)]) == 0
+    proto = onnx.load(str(out))
+    for prop in proto.metadata_props:
+        if prop.key == "relay_config":
+            cfg = json.loads(prop.value)
+            cfg["env"].update(_hostile_env(marker))
+            prop.value = json.dumps(cfg)
+    onnx.save(proto, str(out))
+    assert main(["verify", str(out), "--dtypes", "float32", "--batch", "4"]) == 0
+    assert not marker.exists()
+
+
+def test_resume_of_a_run_whose_config_names_code_asks_for_it_on_the_command_line(trained, tmp_path, capsys):
+    import shutil
+
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)
+    text = (run / "config.yaml").read_text().replace("id: CartPole-v1", "id: subprocess:run")
+    (run / "config.yaml").write_text(
+        text.replace("kwargs: {}", f"kwargs: {{args: touch {marker}, shell: true}}")
+    )
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--set env.id=subprocess:run" in err
+    assert not marker.exists()
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_pickled_payload_is_refused_in_one_line(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    torch.save({"config": {}, "learner": Evil()}, tmp_path / "evil.pt")
+    for command in (["verify", "evil.pt"], ["export", "evil.pt"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", *command], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "pickled objects or code, which relay never loads" in proc.stderr
+    assert not (tmp_path / "pwned").exists()
