@@ -19,6 +19,7 @@ from services.driver.checkpoints import list_checkpoints, load_newest_valid, sav
 from services.driver.loop import TrainingLoop
 from services.driver.run_dir import RunDir
 from services.driver.sinks import MetricsWriter
+from tests.helpers_proc import start_train
 
 ROOT = Path(__file__).parents[2]
 LOCAL = [
@@ -135,29 +136,13 @@ def _wait_for_new_checkpoint(folder: Path, after: int, timeout: float = 120.0) -
 def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
     """Kill the driver with SIGKILL at random moments while it checkpoints every iteration."""
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "services.train",
-        "configs/cartpole_ppo.yaml",
-        "--run-dir",
-        str(run),
-        *LOCAL,
-        "--set",
-        "checkpoint.interval=1",
-        "--set",
-        "checkpoint.keep=2",
-        "--set",
-        "stop.env_steps=1000000",
-        "--set",
-        "stop.episode_return_mean=null",
-    ]
+    sets = [kv for kv in LOCAL if kv != "--set"] + ["checkpoint.interval=1", "checkpoint.keep=2"]
     for delay in (0.3, 0.75, 1.2):
         resuming = bool(list_checkpoints(run / "checkpoints"))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "resume", str(run), *LOCAL[2:]] if resuming else cmd,
-            cwd=ROOT,
-        )
+        if resuming:
+            proc = subprocess.Popen([sys.executable, "-m", "services.cli", "resume", str(run)], cwd=ROOT)
+        else:
+            proc = start_train(run, *sets)
         # Kill once this process is checkpointing every iteration (start-up time varies with load).
         _wait_for_new_checkpoint(run / "checkpoints", after=len(_lines(run)) if resuming else 0)
         time.sleep(delay)
