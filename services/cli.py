@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from contracts.checkpoint import CheckpointError
 from contracts.config import ConfigError, config_help, dump_config, load_config
-from learner.device import DeviceError
+from learner.device import DeviceError, check_device
 from services.driver import run as driver
 from services.driver.checkpoints import ResumeError
 from services.driver.cluster import ClusterError
@@ -177,6 +177,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")
     out = Path(args.out) if args.out else ckpt.with_suffix(".onnx")
+    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        raise InputError(f"--out {out}: not a file in a writable folder")
     report = export_onnx(load_policy(ckpt, relay_only=True), out, env_id=args.env)
     print(
         f"wrote {report.path} (checked on {report.checked} observations against onnxruntime: "
@@ -192,6 +194,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise InputError(f"--dtypes {args.dtypes!r}: choose from {', '.join(DTYPES)}")
     if args.batch < 1:
         raise InputError(f"--batch {args.batch}: must be at least 1")
+    if not (0 <= args.min_cosine <= 1 and 0 <= args.max_abs < float("inf")):
+        raise InputError("--min-cosine must be in [0, 1] and --max-abs a finite number >= 0")
+    check_device(args.device)
     opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, args.env)
     text, passed = run_verify(load_policy(args.model), opts)
     print(text)

@@ -61,10 +61,14 @@ def read_data(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        if "weights_only" in str(err) or "Unsupported global" in str(err):
-            first = "it holds pickled objects or code, which relay never loads"
-        raise CheckpointError(f"{path.name} cannot be read as data ({first[:200]})") from None
+        text = str(err)
+        if "GLOBAL" in text or "Unsupported global" in text:
+            why = "it holds pickled objects or code, which relay never loads"
+        elif "Weights only load failed" in text:
+            why = "not a torch checkpoint file"
+        else:
+            why = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)[:200]
+        raise CheckpointError(f"{path.name} cannot be read as data ({why})") from None
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

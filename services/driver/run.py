@@ -62,7 +62,9 @@ def train(
     target = RunDir.target(cfg, run_dir)
     RunDir.check_new(target)
     with sigterm_raises(), _ray_session(cfg, address):
-        return _train(cfg, env, lambda: RunDir.claim(target, cfg), t_start, dashboard, resume_from=None)
+        return _train(
+            cfg, env, target, lambda: RunDir.claim(target, cfg), t_start, dashboard, resume_from=None
+        )
 
 
 def resume(run_path: str, overrides: list[str], address: str | None, t_start: float) -> int:
@@ -89,7 +91,7 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
             file=sys.stderr,
             flush=True,
         )
-        return _train(cfg, env, lambda: run, t_start, None, resume_from=found[1])
+        return _train(cfg, env, run.root, lambda: run, t_start, None, resume_from=found[1])
 
 
 def confirm_env_code(run: Path, env_id: str, overrides: list[str]) -> None:
@@ -117,18 +119,20 @@ def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
 def _train(
     cfg: RelayConfig,
     env: EnvSpec,
+    root: Path,
     get_run: Callable[[], RunDir],
     t_start: float,
     dashboard: tuple[str, int] | None,
     resume_from: Checkpoint | None,
 ) -> int:
-    """Place the actors, then take the run directory (a run whose actors cannot be placed leaves
-    nothing behind), train, and tear down. Ctrl-C or SIGTERM before the loop runs propagates."""
+    """Listen (the dashboard's port is checked first), place the actors, then take the run
+    directory (a run that cannot start leaves nothing behind), train, and tear down. Ctrl-C or
+    SIGTERM before the loop runs propagates."""
     backend, board, run = None, None, None
     try:
+        board = start_dashboard(root, *dashboard) if dashboard else None
         backend = make_backend(cfg, env)
         run = get_run()
-        board = start_dashboard(run.root, *dashboard) if dashboard else None
         loop = TrainingLoop(cfg, run, backend)
         if resume_from is not None:
             loop.restore(resume_from, counters=True)

@@ -117,3 +117,19 @@ def test_unplaceable_actors_are_reported_then_refused_naming_what_is_missing(
     assert "rollout.placement_timeout_s=null" in err[-1]
     assert not run.exists()  # nothing created for a run that could not start
     wait_for(lambda: ray.available_resources().get("CPU") == free_before, 30, "the placed actors to be freed")
+
+
+def test_a_local_run_starts_ray_with_token_authentication(ray_tmp):
+    """Ray binds its services on every interface; the token is what keeps other hosts out.
+    (Ray has no public query for the mode, hence its internal one.)"""
+    code = (
+        "import ray; from contracts.config import build_config; from services.driver.cluster import init_ray; "
+        "init_ray(build_config({}), None); "
+        "from ray._raylet import AuthenticationMode, get_authentication_mode; "
+        "print('mode', get_authentication_mode() == AuthenticationMode.TOKEN); ray.shutdown()"
+    )
+    env = {k: v for k, v in _env(ray_tmp).items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "mode True" in proc.stdout, proc.stderr

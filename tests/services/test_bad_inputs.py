@@ -212,3 +212,32 @@ def test_validate_of_any_set_exits_0_or_2_with_one_line(capsys, leaf, raw):
     assert code in (0, 2)
     if code == 2:
         assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_a_dashboard_port_in_use_is_refused_before_anything_is_created(capsys, tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = tmp_path / "run"
+        argv = ["train", CARTPOLE, "--run-dir", str(run), "--dashboard", "--dashboard-port", str(port)]
+        _refused(
+            capsys, [*argv, "--set", "rollout.num_workers=0"], f"dashboard cannot listen on 127.0.0.1:{port}"
+        )
+    assert not run.exists()
+
+
+def test_export_and_verify_options_nobody_listed(capsys, tmp_path):
+    ckpt = tmp_path / "c.pt"
+    ckpt.write_bytes(b"not a checkpoint")
+    _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path)], "not a file in a writable folder")
+    _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path / "no" / "x.onnx")], "writable folder")
+    _refused(capsys, ["export", str(ckpt)], "c.pt cannot be read as data (not a torch checkpoint file)")
+    _refused(capsys, ["verify", str(ckpt), "--min-cosine", "nan"], "--min-cosine")
+    _refused(capsys, ["verify", str(ckpt), "--device", "cuda"], "no cuda device")
+    _refused(capsys, ["verify", str(tmp_path / "missing.onnx")], "no such file")
+    (tmp_path / "x.onnx").write_bytes(b"\x00garbage")
+    _refused(capsys, ["verify", str(tmp_path / "x.onnx")], "not an ONNX model")
+    _refused(capsys, ["dashboard", str(ckpt)], "no such folder")

@@ -1,0 +1,121 @@
+"""Timings behind docs/promises.md: how fast relay refuses and stops, and what it leaves behind.
+
+    python benchmarks/promises.py
+
+Each row runs `relay` as a user would (a subprocess; Python start-up and `import torch`, about
+1.5 s here, included) and reports exit code, wall time from the signal or the command to the exit,
+and what was left: metrics lines vs the newest checkpoint, Ray processes of the run's own
+RAY_TMPDIR, a run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, table
+
+from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, start_train, wait_for
+
+
+def _bomb() -> Path:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, cur in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{cur}: &{cur} [{','.join('*' + prev for _ in range(9))}]")
+    path = Path(tempfile.mkdtemp()) / "bomb.yaml"
+    path.write_text("env:\n  id: CartPole-v1\n  kwargs:\n" + "".join(f"    {x}\n" for x in lines))
+    return path
+
+
+def refusal(name: str, argv: list[str]) -> list[object]:
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        [sys.executable, "-m", "services.cli", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+    lines = p.stderr.strip().splitlines()
+    return [name, p.returncode, round(time.perf_counter() - t0, 2), len(lines), "-", "-", lines[-1][:70]]
+
+
+def _ray_env(tmp: str) -> dict[str, str]:
+    return {**os.environ, "RAY_TMPDIR": tmp}
+
+
+def stop(name: str, sig: int, sets: list[str]) -> list[object]:
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    run = Path(tempfile.mkdtemp()) / "run"
+    proc = start_train(run, *sets, "checkpoint.interval=1000", env=_ray_env(tmp))
+    wait_for(lambda: len(metrics_lines(run)) >= 5, 180, "five iterations")
+    t0 = time.perf_counter()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    elapsed = time.perf_counter() - t0
+    last = metrics_lines(run)[-1]["iteration"]
+    newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1].name
+    time.sleep(3)
+    return [
+        name,
+        proc.returncode,
+        round(elapsed, 2),
+        "-",
+        f"{last} / {newest}",
+        len(processes_mentioning(tmp)),
+        "-",
+    ]
+
+
+def interrupt_ray_start() -> list[object]:
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    run = Path(tempfile.mkdtemp()) / "run"
+    proc = start_train(run, "rollout.num_workers=2", env=_ray_env(tmp))
+    wait_for(lambda: any(Path(tmp).rglob("session_*")), 120, "Ray to start")
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    elapsed = time.perf_counter() - t0
+    time.sleep(3)
+    relay = [x for x in err.splitlines() if x.startswith("relay")]
+    left = len(processes_mentioning(tmp))
+    return [
+        "Ctrl-C while Ray starts",
+        proc.returncode,
+        round(elapsed, 2),
+        len(relay),
+        "no run dir" if not run.exists() else "RUN DIR",
+        left,
+        relay[-1],
+    ]
+
+
+def main() -> None:
+    rows = [
+        refusal("alias bomb (411-byte config)", ["validate", str(_bomb())]),
+        refusal("--address 127.0.0.1:1", ["train", "configs/cartpole_ppo.yaml", "--address", "127.0.0.1:1"]),
+        refusal("learner.lr=nan", ["validate", "configs/cartpole_ppo.yaml", "--set", "learner.lr=nan"]),
+        stop("SIGTERM, local mode", signal.SIGTERM, ["rollout.num_workers=0", "learner.buffer_size=512"]),
+        stop("SIGTERM, Ray mode (2 workers)", signal.SIGTERM, ["rollout.num_workers=2"]),
+        stop("Ctrl-C, Ray mode (2 workers)", signal.SIGINT, ["rollout.num_workers=2"]),
+        interrupt_ray_start(),
+    ]
+    print(machine_header("what relay promises: refusals and clean stops"))
+    headers = [
+        "case",
+        "exit",
+        "seconds",
+        "stderr lines",
+        "last line / newest ckpt",
+        "Ray procs left",
+        "last stderr line",
+    ]
+    print(table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
