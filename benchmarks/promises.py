@@ -54,7 +54,7 @@ def stop(name: str, sig: int, sets: list[str]) -> list[object]:
     wait_for(lambda: len(metrics_lines(run)) >= 5, 180, "five iterations")
     t0 = time.perf_counter()
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    proc.communicate(timeout=120)
     elapsed = time.perf_counter() - t0
     last = metrics_lines(run)[-1]["iteration"]
     newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1].name

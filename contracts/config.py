@@ -49,8 +49,8 @@ class EnvConfig(_Section):
     )
     vectorization: str = Field(
         "sync",
-        description="Vector env backend: sync (SyncVectorEnv, for cheap envs) or async "
-        "(AsyncVectorEnv, a process per env, for costly ones).",
+        description="Vector env backend: sync (SyncVectorEnv, for cheap envs), async (AsyncVectorEnv, "
+        "a process per env, for costly ones) or envpool (EnvPool's batched C++ envs).",
     )
     seed: int = Field(
         0, ge=0, lt=2**63, description="Run seed: env seeds, exploration noise and init all derive from it."
@@ -59,6 +59,18 @@ class EnvConfig(_Section):
         None, ge=1, le=2**31, description="Override the env's time limit (episodes are truncated there)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for gym.make.")
+    preprocess: str = Field(
+        "none",
+        description="Env preprocessing: none, or atari (no-op reset, max-and-skip 4, 84x84 grey, fire "
+        "reset, episodic life and sign-clipped rewards for learning with the true game reported, "
+        "4-frame stack; observations uint8 [4, 84, 84]).",
+    )
+    normalize_reward: bool = Field(
+        False,
+        description="Scale rewards for learning by the running std of the discounted return (statistics "
+        "gathered on the workers, merged on the learner, checkpointed, shipped with the weights); "
+        "episode returns are reported unscaled.",
+    )
 
 
 class RolloutConfig(_Section):
@@ -137,6 +149,18 @@ class LearnerConfig(_Section):
         None, gt=0, description="Stop the update's epochs early once approx_kl exceeds 1.5x this."
     )
     normalize_advantages: bool = Field(True, description="Normalize advantages per minibatch (PPO).")
+    off_policy_correction: Literal["none", "vtrace"] = Field(
+        "none",
+        description="PPO's targets for segments acted by older weights (async lag): none (GAE on the "
+        "behaviour critic's values) or vtrace (IMPALA's V-trace targets from the current policy and "
+        "critic, with PPO's clipped surrogate on V-trace advantages, as APPO).",
+    )
+    vtrace_rho_bar: float = Field(
+        1.0, gt=0, le=1e6, description="V-trace: truncation of the TD importance weights."
+    )
+    vtrace_c_bar: float = Field(
+        1.0, gt=0, le=1e6, description="V-trace: truncation of the trace-cutting weights."
+    )
     grad_accum_steps: int = Field(
         1, ge=1, le=65_536, description="Micro-batches accumulated per optimizer step."
     )
@@ -178,8 +202,9 @@ class ModelConfig(_Section):
     kind: str = Field(
         "mlp",
         description="Policy network, a name from the model registry: mlp (MLP trunks over the "
-        "normalized observation) or transformer (a tiny causal transformer over an observation of "
-        "token ids: prompt + tokens emitted so far, -1 = empty).",
+        "normalized observation), transformer (a tiny causal transformer over an observation of "
+        "token ids: prompt + tokens emitted so far, -1 = empty) or cnn (the Nature CNN over uint8 "
+        "frames).",
     )
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."

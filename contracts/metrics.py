@@ -45,11 +45,19 @@ METRICS: dict[str, str] = {
     "group_reward_mean": "mean episodic return over groups (GRPO)",
     "zero_std_group_fraction": "groups whose members all scored the same (GRPO)",
     "learner_samples_per_s": "samples the update processed per second",
-    "update_s": "seconds of the update",
+    "update_s": "seconds the learner updated since the previous line",
+    "wait_s": "seconds the learner waited for segments since the previous line",
+    "ingest_s": "seconds the learner copied segments into its ring buffer since the previous line",
+    "publish_s": "seconds the learner published weights since the previous line",
+    "learner_busy": "fraction of the wall time since the previous line the learner computed "
+    "(ingest + update + publish)",
+    "num_workers": "live rollout workers",
     "epochs_run": "epochs the update ran (target_kl may stop it early)",
     "weights_version": "version of the newest published weights",
     "policy_lag_mean": "mean versions between a segment's weights and the learner's",
     "buffer_fill": "fraction of ring-buffer slots holding a segment",
+    "buffer_bytes": "bytes of the ring buffer on the learner's device (observations in their own dtype)",
+    "segment_bytes": "bytes of one segment's arrays (what one sample call sends through the object store)",
     "device": "the learner's device",
     "device_memory_bytes": "device memory allocated",
     "device_memory_peak_bytes": "peak device memory allocated",
@@ -83,7 +91,19 @@ REQUIRED_KEYS: tuple[str, ...] = (
     "rejected_segments",
     "amp_skipped_steps",
     "env_faults",
+    "learner_busy",
+    "num_workers",
 )
+
+# Seconds by phase behind learner_busy, in the order a round goes through them.
+PHASES: tuple[str, ...] = ("wait_s", "ingest_s", "update_s", "publish_s")
+# learner_busy at or above this: the learner is the bottleneck ("learner-bound"), else the samplers.
+LEARNER_BOUND = 0.7
+
+
+def bottleneck(learner_busy: float) -> str:
+    return "learner-bound" if learner_busy >= LEARNER_BOUND else "sampler-bound"
+
 
 CHARTS: list[dict[str, Any]] = [
     {
@@ -107,6 +127,13 @@ CHARTS: list[dict[str, Any]] = [
     },
     {"id": "lag", "title": "Policy lag and weights version", "keys": ["policy_lag_mean", "weights_version"]},
     {"id": "buffer", "title": "Buffer fill", "keys": ["buffer_fill"]},
+    {"id": "busy", "title": "Learner busy (fraction of wall time computing)", "keys": ["learner_busy"]},
+    {
+        "id": "phases",
+        "title": "Learner seconds by phase (wait, ingest, update, publish)",
+        "keys": list(PHASES),
+    },
+    {"id": "workers", "title": "Rollout workers", "keys": ["num_workers"]},
     {
         "id": "memory",
         "title": "Device memory (bytes, allocated / peak)",

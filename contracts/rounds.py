@@ -32,6 +32,8 @@ class RoundResult:
     env_faults: dict[str, int] = field(default_factory=dict)
     amp_skipped_steps: int = 0
     metrics: dict[str, Any] | None = None
+    # Seconds by phase in this round (wait_s, ingest_s, update_s, publish_s; contracts/metrics.py).
+    phases: dict[str, float] = field(default_factory=dict)
     # (version, [object ref]) of weights the update published; set by the learner actor.
     published: tuple[int, list[Any]] | None = None
 
@@ -44,6 +46,8 @@ class RoundResult:
         out = RoundResult(
             metrics=first.metrics, published=first.published, amp_skipped_steps=first.amp_skipped_steps
         )
+        # Phases: the slowest replica's (they run in parallel and wait for each other).
+        out.phases = {k: max(p.phases.get(k, 0.0) for p in parts) for k in first.phases}
         for part in parts:
             out.env_steps += part.env_steps
             out.episode_returns += part.episode_returns

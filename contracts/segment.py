@@ -58,7 +58,9 @@ class Segment:
 
     episode_returns / episode_lengths: episodes that finished in it; env_steps: valid steps;
     env_faults: faults since the previous segment of this worker, by kind (ENV_FAULT_KINDS);
-    obs_moments: normalizer moments of its valid observations ({"count": 0} when none).
+    obs_moments: normalizer moments of its valid observations ({"count": 0} when none);
+    return_moments: moments of the discounted returns of its valid steps, for reward scaling
+    (env.normalize_reward; {"count": 0} otherwise).
     """
 
     arrays: dict[str, np.ndarray]
@@ -70,6 +72,7 @@ class Segment:
     env_steps: int = 0
     env_faults: dict[str, int] = field(default_factory=dict)
     obs_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
+    return_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.arrays[name]

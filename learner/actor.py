@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 from typing import Any
 
 import ray
@@ -11,12 +13,14 @@ import torch
 
 from contracts.config import RelayConfig
 from contracts.rounds import RoundResult
+from contracts.segment import Segment, SegmentRejected
 from contracts.spaces import EnvSpec
 from learner.device import accelerator_resources, ray_options
 from learner.distributed import init_group, world_size
 from learner.learner import Learner
 
 log = logging.getLogger(__name__)
+Staged = tuple[Segment, dict[str, torch.Tensor] | None] | ray.exceptions.RayError
 
 
 class LearnerActor:
@@ -26,6 +30,9 @@ class LearnerActor:
         torch.set_num_threads(num_threads)
         self.learner = Learner(RelayConfig.model_validate(cfg_data), env)
         self._published: tuple[int, list[ray.ObjectRef]] | None = None
+        # Segments of the next rounds, fetched and staged by a thread while the learner updates.
+        self._prefetched: dict[ray.ObjectRef, Staged] = {}
+        self._prefetcher: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
         """Device, Ray-assigned accelerator ids and parameter count, for logs."""
@@ -49,6 +56,43 @@ class LearnerActor:
             self._published = (self.learner.version, [ray.put(weights)])
         return self._published
 
+    def _fetch(self, ref: ray.ObjectRef) -> Staged:
+        """A segment and its staged fields (None when the buffer will reject it), or the error that
+        lost it (its worker died)."""
+        try:
+            segment = ray.get(ref)
+        except ray.exceptions.RayError as err:
+            return err
+        try:
+            return segment, self.learner.buffer.stage(segment)
+        except SegmentRejected:
+            return segment, None  # ingest rejects it again and says why
+
+    def _prefetch(self, refs: list[ray.ObjectRef]) -> None:
+        for ref in refs:
+            if ref not in self._prefetched:
+                self._prefetched[ref] = self._fetch(ref)
+
+    def _take(
+        self, refs: list[ray.ObjectRef]
+    ) -> tuple[list[Segment], list[dict[str, torch.Tensor] | None], int, float]:
+        """(segments, their staged fields, segments lost, seconds waited): what a prefetch got
+        ready, the rest fetched now."""
+        t0 = time.perf_counter()
+        if self._prefetcher is not None:
+            self._prefetcher.join()
+            self._prefetcher = None
+        segments, staged, lost = [], [], 0
+        for ref in refs:
+            item = self._prefetched.pop(ref, None) or self._fetch(ref)
+            if isinstance(item, ray.exceptions.RayError):
+                lost += 1
+                log.warning("dropped a segment whose worker failed: %s", type(item).__name__)
+                continue
+            segments.append(item[0])
+            staged.append(item[1])
+        return segments, staged, lost, time.perf_counter() - t0
+
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this node for the learners' process group (rank 0 hosts it)."""
         with socket.socket() as s:
@@ -60,19 +104,24 @@ class LearnerActor:
         init_group(self.learner.dev, rank, world, address, port)
         return rank
 
-    def train_round(self, segment_refs: list[ray.ObjectRef], progress: float) -> RoundResult:
-        """Fetch the segments (dropping any whose worker died), ingest them, update when a round is in."""
-        segments, lost = [], 0
-        for ref in segment_refs:
-            try:
-                segments.append(ray.get(ref))
-            except ray.exceptions.RayError as err:
-                lost += 1
-                log.warning("dropped a segment whose worker failed: %s", type(err).__name__)
-        out = self.learner.train_round(segments, progress, lockstep=world_size() > 1)
+    def train_round(
+        self, segment_refs: list[ray.ObjectRef], progress: float, upcoming: list[ray.ObjectRef] | None = None
+    ) -> RoundResult:
+        """Fetch the segments (dropping any whose worker died), ingest them, update when a round is
+        in. `upcoming`: segments of the next rounds, already done; a thread fetches and stages
+        them (object transfer, validation, page-locked host copies on an accelerator) while this
+        round's update runs, so the next round starts with its data at hand."""
+        segments, staged, lost, waited = self._take(segment_refs)
+        if upcoming:
+            self._prefetcher = threading.Thread(target=self._prefetch, args=(upcoming,), daemon=True)
+            self._prefetcher.start()
+        out = self.learner.train_round(segments, progress, lockstep=world_size() > 1, staged=staged)
         out.lost_segments = lost
+        out.phases["wait_s"] = waited
         if out.metrics is not None:
+            t0 = time.perf_counter()
             out.published = self.publish()
+            out.phases["publish_s"] = time.perf_counter() - t0
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -35,18 +35,28 @@ class SegmentRingBuffer:
         self.size = 0
         self.added = 0
 
-    def add(self, segment: Segment) -> int:
-        """Copy one segment in at the ring pointer; returns its slot. Raises SegmentRejected.
+    def stage(self, segment: Segment) -> dict[str, Tensor]:
+        """A segment's fields validated and ready for the device: host tensors, page-locked when
+        the buffer is on an accelerator so the copy can run asynchronously. Raises SegmentRejected.
 
         Validation runs on the host copy (the segment arrives from a CPU worker anyway), so a
-        rejection costs no device sync and leaves the buffer untouched.
+        rejection costs no device sync and leaves the buffer untouched. Safe to call from another
+        thread while the buffer is in use (it touches no storage).
         """
-        checked = self.layout.validate(segment)
-        slot = self.pointer
-        for name, arr in checked.items():
-            dst = self.storage[name][slot]
+        staged = {}
+        for name, arr in self.layout.validate(segment).items():
             # Object-store arrays are read-only; np.require copies only those.
             src = torch.from_numpy(np.require(arr, requirements=["C", "W"]))
+            staged[name] = src.pin_memory() if self.device.type != "cpu" else src
+        return staged
+
+    def add(self, segment: Segment | dict[str, Tensor]) -> int:
+        """Copy one segment (or its staged fields) in at the ring pointer; returns its slot.
+        Raises SegmentRejected, leaving the buffer untouched."""
+        staged = segment if isinstance(segment, dict) else self.stage(segment)
+        slot = self.pointer
+        for name, src in staged.items():
+            dst = self.storage[name][slot]
             dst.copy_(src.to(dst.dtype), non_blocking=True)
         self.pointer = (self.pointer + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)

@@ -46,7 +46,7 @@ def _deltas_and_coefficients(
     return deltas, coef
 
 
-def _reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
+def reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
     """y_t = x_t + coef_t * y_{t+1} (y_T = 0) along dim 0, in O(log T) vectorized steps.
 
     coef, x: [T, ...]. Odd/even reduction: fold neighbouring pairs into one affine step, solve the
@@ -62,7 +62,7 @@ def _reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
     c_even, c_odd = coef[0::2], coef[1::2]
     x_even, x_odd = x[0::2], x[1::2]
     # Pair (2i, 2i+1) maps y_{2i+2} to y_{2i} = x_2i + c_2i x_2i+1 + c_2i c_2i+1 y_{2i+2}.
-    y_even = _reverse_linear_scan(c_even * c_odd, torch.addcmul(x_even, c_even, x_odd))
+    y_even = reverse_linear_scan(c_even * c_odd, torch.addcmul(x_even, c_even, x_odd))
     out = torch.empty_like(x)
     out[0::2] = y_even
     torch.addcmul(x_odd[:-1], c_odd[:-1], y_even[1:], out=out[1::2][:-1])
@@ -92,7 +92,7 @@ def compute_gae(
         rewards, values, terminated, truncated, bootstrap_value, last_value, mask, gamma, lam
     )
     m = mask.float()
-    advantages = _reverse_linear_scan(coef, deltas).mul_(m)
+    advantages = reverse_linear_scan(coef, deltas).mul_(m)
     returns = (advantages + values) * m
     return advantages, returns
 

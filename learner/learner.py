@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import resource
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,10 @@ from learner.distributed import gather_moments, world_size
 from learner.models import ActorCritic, build_policy
 from learner.normalizer import Moments
 from learner.update import run_update
+
+# Seconds the learner spends, by phase: copying segments in, updating. (The actor adds waiting for
+# segments and publishing weights; `contracts/metrics.py` names them all.)
+LEARNER_PHASES = ("ingest_s", "update_s")
 
 
 def _peak_rss_bytes() -> int:
@@ -72,22 +77,31 @@ class Learner:
         self.generator.manual_seed(cfg.env.seed)
         self.version = 0
         self.updates = 0
-        self._pending: list[Moments] = []
+        self._pending: list[Moments] = []  # observation moments since the last update
+        self._pending_returns: list[Moments] = []  # discounted-return moments (reward scaling)
         self._fresh_segments = 0
         self._fresh_steps = 0  # valid steps in the fresh segments
         self._behaviour_versions: list[int] = []
         self._incarnations: dict[int, str] = {}
+        self.phases = dict.fromkeys(LEARNER_PHASES, 0.0)  # seconds by phase since the last round
 
     # ---- data in -------------------------------------------------------------------------------
-    def ingest(self, segment: Segment) -> str | None:
-        """Copy a segment into the ring buffer; returns why it was rejected, else None."""
+    def ingest(self, segment: Segment, staged: dict[str, torch.Tensor] | None = None) -> str | None:
+        """Copy a segment (its fields staged already, when given) into the ring buffer; returns why
+        it was rejected, else None."""
+        t0 = time.perf_counter()
         try:
-            self.buffer.add(segment)
+            self.buffer.add(staged if staged is not None else segment)
         except SegmentRejected as err:
             return str(err)
-        moments = segment.obs_moments
-        if moments.get("count", 0) > 0:
-            self._pending.append(Moments.from_numpy(moments))
+        finally:
+            self.phases["ingest_s"] += time.perf_counter() - t0
+        for pending, moments in (
+            (self._pending, segment.obs_moments),
+            (self._pending_returns, segment.return_moments),
+        ):
+            if moments.get("count", 0) > 0:
+                pending.append(Moments.from_numpy(moments))
         self._fresh_segments += 1
         self._fresh_steps += int(segment.env_steps)
         self._behaviour_versions.append(int(segment.weights_version))
@@ -95,19 +109,25 @@ class Learner:
 
     def _discard_fresh(self) -> None:
         self._pending.clear()
+        self._pending_returns.clear()
         self._fresh_segments = self._fresh_steps = 0
         self._behaviour_versions.clear()
 
     def train_round(
-        self, segments: Sequence[Segment], progress: float = 0.0, lockstep: bool = False
+        self,
+        segments: Sequence[Segment],
+        progress: float = 0.0,
+        lockstep: bool = False,
+        staged: Sequence[dict[str, torch.Tensor] | None] | None = None,
     ) -> RoundResult:
-        """Ingest segments and, once a full round is in, update."""
+        """Ingest segments (with their fields staged ahead, when the caller did) and, once a full
+        round is in, update. The round's seconds by phase ride along in `phases`."""
         out = RoundResult()
-        for seg in segments:
+        for i, seg in enumerate(segments):
             out.worker_restarts += self._note_incarnation(seg)
             # Faults happened whether or not the segment is usable: count them first.
             out.env_faults = add_faults(out.env_faults, seg.env_faults)
-            reason = self.ingest(seg)
+            reason = self.ingest(seg, staged[i] if staged else None)
             if reason is not None:
                 out.rejected_segments += 1
                 out.reject_reason = reason
@@ -120,12 +140,12 @@ class Learner:
             # weights (Adam's momentum), so the round is dropped.
             self._discard_fresh()
             out.reject_reason = "every step of the round was lost to env faults"
-            return out
         # Data-parallel replicas must all take part in every update (their gradients are averaged):
         # in lockstep a replica that lost a segment trains on its newest ones again.
-        if self.ready or (lockstep and self.buffer.size >= self.segments_per_update):
+        elif self.ready or (lockstep and self.buffer.size >= self.segments_per_update):
             update = self.update(progress)
             out.metrics, out.amp_skipped_steps = update.metrics, update.skipped_steps
+        out.phases, self.phases = self.phases, dict.fromkeys(LEARNER_PHASES, 0.0)
         return out
 
     def _note_incarnation(self, segment: Segment) -> bool:
@@ -173,10 +193,14 @@ class Learner:
                 self.scaler,
                 self.generator,
             )
+        self.phases["update_s"] += timings["update_s"]
         # Normalizer statistics change only between updates, so the stats that ship with version v
         # are exactly the ones the learner trains version v's data with.
         for moments in gather_moments(self._pending):
             self.model.normalizer.update(moments)
+        if self.model.return_stats is not None:
+            for moments in gather_moments(self._pending_returns):
+                self.model.return_stats.update(moments)
         lag = [self.version - v for v in self._behaviour_versions]
         self._discard_fresh()
         self.updates += 1
@@ -189,11 +213,12 @@ class Learner:
             **algo_stats,
             "lr": lr,
             "learner_samples_per_s": result.samples / max(timings["update_s"], 1e-9),
-            "update_s": timings["update_s"],
             "epochs_run": result.epochs_run,
             "weights_version": self.version,
             "policy_lag_mean": float(np.mean(lag)) if lag else 0.0,
             "buffer_fill": self.buffer.fill,
+            "buffer_bytes": self.buffer.nbytes(),
+            "segment_bytes": self.buffer.layout.nbytes(),
             "device": str(self.dev),
             "device_memory_bytes": mem["allocated"],
             "device_memory_peak_bytes": mem["peak"],

@@ -82,6 +82,10 @@ class ObsNormalizer(nn.Module):
     def moments(self) -> Moments:
         return Moments(float(self.steps.item()), self.mean, self.var_sum)
 
+    def std(self) -> Tensor:
+        """sqrt(var_sum / steps), float32 (no epsilon: the statistics start from variance 1)."""
+        return torch.sqrt(self.var_sum / self.steps)
+
     @torch.no_grad()
     def update(self, moments: Moments) -> None:
         """Fold a batch's (or a worker's) moments into the running statistics."""

@@ -17,6 +17,16 @@ from contracts.segment import Segment
 from rollout_workers.sampler_core import SamplerCore
 
 
+def reported_episodes(info: dict[str, Any]) -> dict[int, tuple[float, int]]:
+    """{env: (return, length)} of the true episodes that ended in this step, from the final infos
+    of a SAME_STEP vector env (gymnasium's RecordEpisodeStatistics convention)."""
+    final = info.get("final_info") or {}
+    stats, ended = final.get("episode"), final.get("_episode")
+    if stats is None or ended is None:
+        return {}
+    return {int(i): (float(stats["r"][i]), int(stats["l"][i])) for i in np.flatnonzero(ended)}
+
+
 class ContinuingSampler(SamplerCore):
     autoreset = True
 
@@ -41,7 +51,8 @@ class ContinuingSampler(SamplerCore):
             seg["mask"][t] = 1.0 if step.ok is None else step.ok
             if cut.any():
                 seg["bootstrap_value"][t] = self._bootstrap(cut, step.info)
-            self._track_episodes(step.reward, terminated | truncated, episodes)
+            self._note_returns(t, step.reward, terminated | truncated)
+            self._track_episodes(step.reward, terminated | truncated, step.info, episodes)
             next_obs = step.obs
             if step.ok is not None:  # rare: some envs returned NaN/inf; their step is dropped
                 next_obs = self._reset_bad_envs(seg, t, ~step.ok, next_obs)
@@ -58,15 +69,22 @@ class ContinuingSampler(SamplerCore):
         return out
 
     def _track_episodes(
-        self, reward: np.ndarray, done: np.ndarray, out: tuple[list[float], list[int]]
+        self, reward: np.ndarray, done: np.ndarray, info: dict[str, Any], out: tuple[list[float], list[int]]
     ) -> None:
+        """Finished episodes' return and length: the sampler's own accounting, or where the env
+        reports the true episodes itself (`reports_episodes`), those."""
         self._ep_return += reward
         self._ep_len += 1
         if not done.any():
             return
-        for i in np.flatnonzero(done):
-            out[0].append(float(self._ep_return[i]))
-            out[1].append(int(self._ep_len[i]))
+        reported = reported_episodes(info) if self.reports_episodes else None
+        for i in map(int, np.flatnonzero(done)):
+            if reported is None:
+                out[0].append(float(self._ep_return[i]))
+                out[1].append(int(self._ep_len[i]))
+            elif i in reported:
+                out[0].append(reported[i][0])
+                out[1].append(reported[i][1])
         self._ep_return[done] = 0.0
         self._ep_len[done] = 0
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from contracts.config import EnvConfig
 from contracts.spaces import ActionSpec, EnvSpec
+from rollout_workers.preprocess import preprocessor
 
 
 class EnvSpecError(ValueError):
@@ -47,12 +48,40 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     )
 
 
+EXTRA_FOR = {"mujoco": "mujoco", "ale": "atari", "opencv": "atari", "cv2": "atari", "envpool": "envpool"}
+
+
+def extra_hint(what: str, err: BaseException | str) -> str:
+    """'{what} needs the mujoco extra: pip install "relay-rl[mujoco]"' where the error names a
+    library an extra provides, else the error in one line."""
+    text = str(err).lower()
+    extra = next((extra for lib, extra in EXTRA_FOR.items() if lib in text), None)
+    if extra is None:
+        return f"{what} cannot be built ({_one_line(err) if isinstance(err, BaseException) else err})"
+    return f'{what} needs the {extra} extra: pip install "relay-rl[{extra}]"'
+
+
+def register_ale() -> None:
+    """Make gymnasium's registry know the `ALE/...` ids (ale-py registers them on import)."""
+    try:
+        import ale_py
+    except ImportError:
+        raise EnvSpecError(extra_hint("the ALE/... env ids", "ale_py is not installed")) from None
+    gym.register_envs(ale_py)
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no version banner per env
+
+
 def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
     env_id, max_episode_steps, kwargs = ec.id, ec.max_episode_steps, dict(ec.kwargs)
+    prep = preprocessor(ec.preprocess)
 
     def thunk() -> gym.Env:
+        if env_id.startswith("ALE/"):
+            register_ale()
         factory = _resolve_factory(env_id) if ":" in env_id else None
+        if factory is None and prep.make is not None:
+            return prep.make(env_id, max_episode_steps, kwargs)
         if factory is None:
             return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
         env = factory(**kwargs)
@@ -65,7 +94,10 @@ def check_env_id(env_id: str) -> None:
     """Fail early with one line if the id is neither registered nor an importable factory."""
     if ":" in env_id:
         _resolve_factory(env_id)
-    elif env_id not in gym.registry:
+        return
+    if env_id.startswith("ALE/"):
+        register_ale()
+    if env_id not in gym.registry:
         raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
 
 
@@ -82,7 +114,7 @@ def env_spec(obs: gym.Space, act: gym.Space) -> EnvSpec:
     if isinstance(obs, gym.spaces.Box):
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
     elif isinstance(obs, gym.spaces.Discrete):
-        low, high = float(obs.start), float(obs.start + obs.n - 1)
+        low, high = float(obs.start), float(int(obs.start) + int(obs.n) - 1)
     else:
         raise EnvSpecError(f"unsupported observation space {obs}: relay handles Box and Discrete")
     return EnvSpec(tuple(int(d) for d in obs.shape or ()), action_spec(act), str(obs.dtype), low, high)
@@ -95,6 +127,8 @@ def probe_env_spec(ec: EnvConfig) -> EnvSpec:
         env = make_env_fn(ec)()
     except EnvSpecError:
         raise
+    except gym.error.DependencyNotInstalled as err:
+        raise EnvSpecError(extra_hint(f"env.id={ec.id}", err)) from None
     except Exception as err:  # a factory that raises, bad env.kwargs, a broken env
         raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
     try:

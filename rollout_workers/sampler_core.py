@@ -18,6 +18,7 @@ from learner.normalizer import Moments
 from rollout_workers.cpu_policy import cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_seeds, env_spec
+from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
 
 Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [N, *act], logp [N], value [N]
@@ -41,6 +42,11 @@ class SamplerCore:
         space = self.envs.single_action_space
         self._low = getattr(space, "low", None)
         self._high = getattr(space, "high", None)
+        self.reports_episodes = preprocessor(cfg.env.preprocess).reports_episodes
+        # [T, N] discounted returns of the segment's steps, for reward scaling's statistics.
+        self._returns = (
+            np.zeros((cfg.rollout.rollout_len, cfg.env.num_envs)) if cfg.env.normalize_reward else None
+        )
         torch.manual_seed(cfg.env.seed)
         critic = algorithm_class(cfg.learner.algo).critic
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
@@ -63,6 +69,7 @@ class SamplerCore:
         self._obs = self.envs.reset(seed=self._seeds(0, n))
         self._ep_return = np.zeros(n, dtype=np.float64)
         self._ep_len = np.zeros(n, dtype=np.int64)
+        self._discounted = np.zeros(n, dtype=np.float64)  # env.normalize_reward's return process
 
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Load a published policy version (normalizer statistics ride along); tensors or arrays."""
@@ -102,9 +109,21 @@ class SamplerCore:
         seg.env_steps = int(seg["mask"].sum())
         seg.env_faults = self.envs.take_faults()
         valid = seg["mask"].reshape(-1) > 0
-        flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
-        seg.obs_moments = Moments.of(flat).to_numpy() if flat.shape[0] else {"count": 0}
+        if self.cfg.model.normalize_obs and valid.any():
+            flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
+            seg.obs_moments = Moments.of(flat).to_numpy()
+        if self._returns is not None and valid.any():
+            seg.return_moments = Moments.of(torch.from_numpy(self._returns.reshape(-1, 1)[valid])).to_numpy()
         return seg
+
+    def _note_returns(self, t: int, reward: np.ndarray, done: np.ndarray) -> None:
+        """Step t of the discounted-return process G = gamma * G + r, restarted at episode ends
+        (env.normalize_reward's statistics: the scale of the returns the critic learns)."""
+        if self._returns is None:
+            return
+        self._discounted = self._discounted * self.cfg.learner.gamma + reward
+        self._returns[t] = self._discounted
+        self._discounted[done] = 0.0
 
     def sample(self) -> Segment:
         """One Segment of exactly [T, N] (contracts/segment.py), plus finished-episode statistics."""

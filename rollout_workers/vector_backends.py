@@ -2,7 +2,7 @@
 
 A backend turns the env config into a gymnasium VectorEnv of N envs in SAME_STEP autoreset mode
 (or none, for grouped sampling's own resets). A new backend is one module with a `make` function
-plus one line in VECTOR_BACKENDS.
+(and the config rules it needs) plus one line in VECTOR_BACKENDS.
 
 SAME_STEP resets a finished sub-env inside the step that ended it and hands the final observation
 back in info["final_obs"]; so no transition crosses an episode boundary and no step is wasted on the
@@ -13,13 +13,25 @@ next step (copy=False): the sampler copies them into the segment before stepping
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import gymnasium as gym
 
-from contracts.config import EnvConfig
+from contracts.config import EnvConfig, RelayConfig
+from rollout_workers import envpool_backend
 from rollout_workers.envs import make_env_fn
 
-VectorBackend = Callable[[EnvConfig, int, bool], gym.vector.VectorEnv]
+
+def _no_problems(cfg: RelayConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class VectorBackend:
+    """make(env config, N, autoreset) -> a VectorEnv; config_problems: what it cannot run."""
+
+    make: Callable[[EnvConfig, int, bool], gym.vector.VectorEnv]
+    config_problems: Callable[[RelayConfig], list[str]] = _no_problems
 
 
 def _mode(autoreset: bool) -> gym.vector.AutoresetMode:
@@ -39,8 +51,9 @@ def make_async(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.Vect
 
 
 VECTOR_BACKENDS: dict[str, VectorBackend] = {
-    "sync": make_sync,
-    "async": make_async,
+    "sync": VectorBackend(make_sync),
+    "async": VectorBackend(make_async),
+    "envpool": VectorBackend(envpool_backend.make_envpool, envpool_backend.config_problems),
 }
 
 
@@ -55,4 +68,4 @@ def make_vector_env(
     ec: EnvConfig, num_envs: int | None = None, autoreset: bool = True
 ) -> gym.vector.VectorEnv:
     """The configured backend's vector env of `num_envs` (default env.num_envs) envs."""
-    return vector_backend(ec.vectorization)(ec, num_envs or ec.num_envs, autoreset)
+    return vector_backend(ec.vectorization).make(ec, num_envs or ec.num_envs, autoreset)

@@ -8,8 +8,18 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "learner", "rollout_workers", "services")
 # Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
-# work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled).
-LAZY_OK = ("ray", "onnx", "onnxruntime", "tensorboard", "torch.utils.tensorboard", "torch_npu")
+# work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
+# ale_py and envpool are optional extras).
+LAZY_OK = (
+    "ray",
+    "onnx",
+    "onnxruntime",
+    "tensorboard",
+    "torch.utils.tensorboard",
+    "torch_npu",
+    "ale_py",
+    "envpool",
+)
 
 
 def _modules() -> dict[str, Path]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from contracts.config import LearnerConfig, RelayConfig
@@ -14,6 +15,22 @@ from learner.device import DeviceContext
 from learner.models.policy import ActorCritic
 
 Batch = dict[str, Tensor]
+
+
+@torch.no_grad()
+def evaluate_in_chunks(
+    model: ActorCritic, obs: Tensor, actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
+) -> tuple[Tensor, Tensor | None]:
+    """(log-probs [B], values [B] or None) of `model` over a whole batch, in minibatch-sized chunks
+    (memory stays that of a minibatch), under the same autocast as the update's forward passes."""
+    logps, values = [], []
+    with dev.autocast(cfg.use_amp, cfg.amp_dtype):
+        for start in range(0, obs.shape[0], cfg.batch_size):
+            out = model.evaluate(obs[start : start + cfg.batch_size], actions[start : start + cfg.batch_size])
+            logps.append(out.logp)
+            if out.value is not None:
+                values.append(out.value.float())
+    return torch.cat(logps), (torch.cat(values) if values else None)
 
 
 class Algorithm:
@@ -34,6 +51,7 @@ class Algorithm:
 
     def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
         self.cfg = cfg
+        self.model = model
         self.dev = dev
 
     def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from contracts.config import LearnerConfig, RelayConfig
 from learner import losses
-from learner.algorithms.base import Algorithm, Batch
+from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks
 from learner.device import DeviceContext
 from learner.models.policy import ActorCritic
 
@@ -22,9 +21,18 @@ class GRPO(Algorithm):
 
     @staticmethod
     def config_problems(cfg: RelayConfig) -> list[str]:
+        problems = []
         if cfg.learner.group_size < 2:
-            return [f"learner.algo=grpo needs learner.group_size >= 2 (got {cfg.learner.group_size})"]
-        return []
+            problems.append(f"learner.algo=grpo needs learner.group_size >= 2 (got {cfg.learner.group_size})")
+        if cfg.learner.off_policy_correction != "none":
+            problems.append(
+                "learner.algo=grpo has no critic for V-trace: set learner.off_policy_correction=none"
+            )
+        if cfg.env.normalize_reward:
+            problems.append(
+                "learner.algo=grpo compares whole episodes' returns: set env.normalize_reward=false"
+            )
+        return problems
 
     def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
         super().__init__(cfg, model, dev)
@@ -43,28 +51,16 @@ class GRPO(Algorithm):
             "advantages": (adv.reshape(1, -1) * mask).flatten(),
             "mask": mask.flatten(),
         }
-        batch["ref_logp"] = self._reference_logp(batch["obs"], batch["actions"])
+        # The frozen reference's log-probs, once per update rather than once per epoch.
+        batch["ref_logp"] = evaluate_in_chunks(self.reference, batch["obs"], batch["actions"], lc, self.dev)[
+            0
+        ]
         stats = {
             "group_reward_std": float(std.mean()),
             "zero_std_group_fraction": float((std == 0).float().mean()),
             "group_reward_mean": float(outcome.mean()),
         }
         return batch, stats
-
-    @torch.no_grad()
-    def _reference_logp(self, obs: Tensor, actions: Tensor) -> Tensor:
-        """The frozen reference's log-probs [B], once per update rather than once per epoch.
-
-        Computed in minibatch-sized chunks (memory stays that of a minibatch), under the same
-        autocast as the update's forward passes.
-        """
-        lc = self.cfg
-        chunks = []
-        with self.dev.autocast(lc.use_amp, lc.amp_dtype):
-            for start in range(0, obs.shape[0], lc.batch_size):
-                end = start + lc.batch_size
-                chunks.append(self.reference.evaluate(obs[start:end], actions[start:end]).logp)
-        return torch.cat(chunks)
 
     def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy."""

@@ -1,13 +1,19 @@
-"""`learner.algo: ppo`: actor-critic PPO on GAE advantages (Schulman et al. 2017)."""
+"""`learner.algo: ppo`: actor-critic PPO (Schulman et al. 2017) on GAE advantages, or with
+`learner.off_policy_correction: vtrace` on V-trace targets and advantages computed from the
+current policy and critic (IMPALA's correction under PPO's clipped surrogate, as APPO), for
+segments acted by weights a few versions old."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
 from learner import losses
-from learner.algorithms.base import Algorithm, Batch
+from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks
 from learner.gae import compute_gae
 from learner.models.policy import ActorCritic
+from learner.vtrace import compute_vtrace
+
+REWARD_CLIP = 10.0
 
 
 class PPO(Algorithm):
@@ -15,32 +21,50 @@ class PPO(Algorithm):
     grouped = False
 
     def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:
-        """GAE over the round's [T, K*N] steps, flattened: obs, actions, logp, values, advantages,
-        returns, mask, each [B = T*K*N, ...]."""
+        """Advantages and returns over the round's [T, K*N] steps, flattened: obs, actions, logp,
+        values, advantages, returns, mask, each [B = T*K*N, ...]."""
         lc = self.cfg
-        adv, ret = compute_gae(
-            data["rewards"],
-            data["values"],
+        rewards = self._learning_rewards(data["rewards"])
+        ends = (
             data["terminated"],
             data["truncated"],
             data["bootstrap_value"],
             data["last_value"],
             data["mask"],
-            lc.gamma,
-            lc.gae_lambda,
         )
-        batch = {
-            "obs": data["obs"].flatten(0, 1),
-            "actions": data["actions"].flatten(0, 1),
-            "logp": data["logp"].flatten(),
-            "values": data["values"].flatten(),
-            "advantages": adv.flatten(),
-            "returns": ret.flatten(),
-            "mask": data["mask"].flatten(),
-        }
-        # Of the behaviour values against the returns, before the update changes the critic.
+        batch = {"obs": data["obs"].flatten(0, 1), "actions": data["actions"].flatten(0, 1)}
+        values = data["values"]
+        if lc.off_policy_correction == "vtrace":
+            target_logp, target_values = evaluate_in_chunks(
+                self.model, batch["obs"], batch["actions"], lc, self.dev
+            )
+            assert target_values is not None
+            shape = data["values"].shape
+            values = target_values.view(shape)  # the current critic: V-trace's V
+            ret, adv = compute_vtrace(
+                target_logp.view(shape), data["logp"], rewards, values, *ends, lc.gamma, lc.gae_lambda,
+                lc.vtrace_rho_bar, lc.vtrace_c_bar,
+            )  # fmt: skip
+        else:
+            adv, ret = compute_gae(rewards, values, *ends, lc.gamma, lc.gae_lambda)
+        batch.update(
+            logp=data["logp"].flatten(),
+            values=values.flatten(),
+            advantages=adv.flatten(),
+            returns=ret.flatten(),
+            mask=data["mask"].flatten(),
+        )
+        # Of the values against the returns, before the update changes the critic.
         ev = losses.explained_variance(batch["values"], batch["returns"], batch["mask"])
         return batch, {"explained_variance": float(ev)}
+
+    def _learning_rewards(self, rewards: Tensor) -> Tensor:
+        """Rewards scaled by the running std of the discounted return (env.normalize_reward),
+        clipped to [-10, 10] as CleanRL's continuous PPO does; as they are otherwise."""
+        stats = self.model.return_stats
+        if stats is None:
+            return rewards
+        return (rewards / stats.std()).clamp(-REWARD_CLIP, REWARD_CLIP)
 
     def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate + value_coef * value loss - entropy_coef * entropy."""

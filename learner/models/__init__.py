@@ -11,6 +11,7 @@ import torch
 
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
+from learner.models.cnn import CnnKind
 from learner.models.kind import ModelKind
 from learner.models.mlp import MlpKind
 from learner.models.policy import ActorCritic
@@ -19,6 +20,7 @@ from learner.models.transformer import TransformerKind
 MODEL_KINDS: dict[str, ModelKind] = {
     "mlp": MlpKind(),
     "transformer": TransformerKind(),
+    "cnn": CnnKind(),
 }
 
 
@@ -39,6 +41,7 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
         critic=critic,
         init_log_std=cfg.model.init_log_std,
         normalize_obs=cfg.model.normalize_obs,
+        normalize_reward=cfg.env.normalize_reward,
     )
 
 

@@ -65,10 +65,14 @@ class ActorCritic(nn.Module):
         critic: bool = True,
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
+        normalize_reward: bool = False,
     ) -> None:
         super().__init__()
         self.action = action
         self.normalizer = ObsNormalizer((obs_dim,), enabled=normalize_obs)
+        # Running statistics of the discounted return (reward scaling), shipped with the weights;
+        # only present when used, so other policies' state dicts stay as they were.
+        self.return_stats: ObsNormalizer | None = ObsNormalizer((1,)) if normalize_reward else None
         self.pi_trunk = make_trunk()
         self.v_trunk: TrunkModule | None = None
         if critic and not shared_trunk:

@@ -5,6 +5,7 @@ Both expose `step(progress) -> RoundResult`, so the driver loop does not know wh
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -31,10 +32,18 @@ class LocalBackend:
     def describe(self) -> dict[str, Any]:
         return {"mode": "local", "device": str(self.learner.dev), "workers": 0}
 
+    @property
+    def num_workers(self) -> int:
+        return 0
+
     def step(self, progress: float) -> RoundResult:
         if self.sampler.version != self.learner.version:
             self.sampler.set_weights(self.learner.version, self.learner.weights())
-        return self.learner.train_round([self.sampler.sample()], progress)
+        t0 = time.perf_counter()
+        segment = self.sampler.sample()  # the learner waits for it: one process does both
+        out = self.learner.train_round([segment], progress)
+        out.phases["wait_s"] = time.perf_counter() - t0 - sum(out.phases.values())
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return self.learner.state_dict()
@@ -90,6 +99,10 @@ class RayBackend:
         n = len(self.learners)
         ray.get([lrn.join_group.remote(rank, n, address, port) for rank, lrn in enumerate(self.learners)])
 
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
+
     def describe(self) -> dict[str, Any]:
         info = ray.get(self.learner.describe.remote())
         return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
@@ -99,13 +112,18 @@ class RayBackend:
         return [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
 
     def step(self, progress: float) -> RoundResult:
+        upcoming: list[Any] = []
         if self.cfg.rollout.mode == "sync":
             refs, self._next_round = self._next_round or self._sample_round(), None
         else:
             refs = self._next_async_round()
+            # Finished segments of the next rounds: the learner fetches them while it updates.
+            upcoming = [ref for _, ref in self._ready]
         n = len(self.learners)
+        if n > 1:
+            upcoming = []  # each replica takes its own share; no prefetch across shares
         parts = _from_learner(
-            [lrn.train_round.remote(refs[r::n], progress) for r, lrn in enumerate(self.learners)]
+            [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
         )
         out = RoundResult.merge(parts)
         if out.published is not None:

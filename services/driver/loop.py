@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
 from contracts.config import RelayConfig
+from contracts.metrics import PHASES
 from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
@@ -42,6 +43,8 @@ class Backend(Protocol):
 
     env_spec: EnvSpec
 
+    @property
+    def num_workers(self) -> int: ...
     def describe(self) -> dict[str, Any]: ...
     def step(self, progress: float) -> RoundResult: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -66,6 +69,8 @@ class TrainingLoop:
         self.stopped_by: str | None = None
         self._idle_rounds = 0
         self._last_ckpt = 0
+        self._phases: dict[str, float] = {}  # seconds by phase since the previous metrics line
+        self._last_line_t = time.perf_counter()
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
@@ -148,6 +153,16 @@ class TrainingLoop:
         where = found[0].name if found else "initial weights (no checkpoint yet)"
         print(f"relay: learner lost ({err}); restarted from {where}", file=sys.stderr, flush=True)
 
+    def _take_phases(self) -> dict[str, float | int]:
+        """Seconds by phase since the previous line, the learner's busy fraction of that time, and
+        the live rollout workers."""
+        now = time.perf_counter()
+        span, self._last_line_t = max(now - self._last_line_t, 1e-9), now
+        phases = {key: self._phases.get(key, 0.0) for key in PHASES}
+        self._phases = {}
+        busy = (phases["ingest_s"] + phases["update_s"] + phases["publish_s"]) / span
+        return {**phases, "learner_busy": min(busy, 1.0), "num_workers": self.backend.num_workers}
+
     def _count_idle_round(self, out: RoundResult) -> None:
         self._idle_rounds += 1
         if out.reject_reason:
@@ -165,6 +180,7 @@ class TrainingLoop:
         )
         progress = Progress(self.cfg)
         clock = (self.c.wall_s, time.perf_counter())  # wall_s so far, and when this session started
+        self._last_line_t = clock[1]
         self._last_ckpt = self.c.iteration
         try:
             while (reason := self._stop_reason()) is None:
@@ -191,12 +207,16 @@ class TrainingLoop:
         out = self.backend.step(self._progress_fraction())
         self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
         self.c.absorb(out)
+        for key, seconds in out.phases.items():
+            self._phases[key] = self._phases.get(key, 0.0) + seconds
         if out.metrics is None:
             self._count_idle_round(out)
             return
         self._idle_rounds = 0
         self.c.iteration += 1
-        rec = self._record(out.metrics, startup_s if self.c.iteration == 1 else None)
+        rec = self._record(
+            {**out.metrics, **self._take_phases()}, startup_s if self.c.iteration == 1 else None
+        )
         writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
         progress.update(rec)
         if self.c.iteration % self.cfg.checkpoint.interval == 0:

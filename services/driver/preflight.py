@@ -20,6 +20,7 @@ from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import check_device, parse_device_spec
 from learner.models import MODEL_KINDS, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
+from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
 
 # Registry-backed leaves and their names, for `relay validate --help-config`.
@@ -27,6 +28,7 @@ CHOICES = {
     "learner.algo": list(ALGORITHMS),
     "model.kind": list(MODEL_KINDS),
     "env.vectorization": list(VECTOR_BACKENDS),
+    "env.preprocess": list(PREPROCESSORS),
 }
 GB = 1 << 30
 
@@ -42,6 +44,7 @@ def check_config(cfg: RelayConfig) -> None:
         (algorithm_class, cfg.learner.algo),
         (model_kind, cfg.model.kind),
         (vector_backend, cfg.env.vectorization),
+        (preprocessor, cfg.env.preprocess),
     ):
         try:
             lookup(name)
@@ -50,6 +53,7 @@ def check_config(cfg: RelayConfig) -> None:
     if not problems:
         problems += algorithm_class(cfg.learner.algo).config_problems(cfg)
         problems += model_kind(cfg.model.kind).config_problems(cfg)
+        problems += vector_backend(cfg.env.vectorization).config_problems(cfg)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 

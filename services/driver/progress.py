@@ -9,6 +9,7 @@ from typing import Any
 from tqdm import tqdm
 
 from contracts.config import RelayConfig
+from contracts.metrics import bottleneck
 
 LINE_INTERVAL_S = 2.0
 
@@ -38,14 +39,17 @@ class Progress:
                 it=rec["iteration"],
                 ret=_fmt_return(rec["episode_return_mean"]),
                 sps=f"{rec['env_steps_per_s']:.0f}",
+                busy=f"{rec.get('learner_busy', 0.0):.0%}",
                 refresh=False,
             )
         elif self.mode == "lines" and time.monotonic() - self._last_line >= LINE_INTERVAL_S:
             self._last_line = time.monotonic()
+            busy = rec.get("learner_busy", 0.0)
             print(
                 f"iter {rec['iteration']:5d}  steps {rec['env_steps']:9d}  "
                 f"return {_fmt_return(rec['episode_return_mean']):>7}  "
-                f"steps/s {rec['env_steps_per_s']:8.0f}  wall {rec['wall_s']:7.1f}s",
+                f"steps/s {rec['env_steps_per_s']:8.0f}  wall {rec['wall_s']:7.1f}s  "
+                f"learner busy {busy:4.0%} ({bottleneck(busy)})",
                 file=self.stream,
                 flush=True,
             )

@@ -1,6 +1,7 @@
 """`relay export CKPT --format onnx`: the deterministic policy with the normalizer folded in.
 
-Graph (opset 17, dynamic batch axis): input `obs` [batch, obs_dim] float32; outputs `action`
+Graph (opset 17, dynamic batch axis): input `obs` [batch, *obs_shape] float32 (uint8 for image
+policies); outputs `action`
 plus `mean` and `std` (continuous) or `logits` (discrete). The normalizer's statistics stay
 float32 tensors in the graph. The export is checked against onnxruntime on CPU (2,000 random
 observations, or 1,000 random and 1,000 recorded in the env the user names with `--env`; max abs
@@ -51,7 +52,7 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
             module,
-            (torch.zeros(1, handle.obs_dim),),
+            (torch.from_numpy(handle.as_input(np.zeros((1, *handle.obs_shape)))),),
             buf,  # type: ignore[arg-type]  # a file-like object is documented and works
             input_names=["obs"],
             output_names=names,
@@ -80,9 +81,10 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> 
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    got = session.run(None, {"obs": obs.astype(np.float32)})
+    x = handle.as_input(obs)
+    got = session.run(None, {"obs": x})
     with torch.no_grad():
-        want = DeterministicPolicy(handle)(torch.from_numpy(obs.astype(np.float32)))
+        want = DeterministicPolicy(handle)(torch.from_numpy(x))
     return max(
         float(np.abs(g.astype(np.float64) - w.numpy().astype(np.float64)).max())
         for g, w in zip(got, want, strict=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -40,14 +41,25 @@ class PolicyHandle:
 
     @property
     def obs_dim(self) -> int:
-        return int(self.model.normalizer.mean.numel())
+        return self.env.obs_dim
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return self.env.obs_shape
+
+    def as_input(self, obs: np.ndarray) -> np.ndarray:
+        """Observations [B, *obs_shape] in the dtype the policy reads (uint8 frames, else float32)."""
+        return np.asarray(obs).astype(self.env.storage_dtype, copy=False)
 
     def synthetic_obs(self, batch: int, generator: torch.Generator) -> Tensor:
-        """[batch, obs_dim] inputs the policy accepts: standard normals, or for a token policy
-        random contexts (ids in its vocabulary, a random number of slots filled, -1 after)."""
+        """[batch, *obs_shape] inputs the policy accepts: standard normals; uint8 noise frames for
+        an image policy; for a token policy random contexts (ids in its vocabulary, a random
+        number of slots filled, -1 after)."""
         trunk = self.model.pi_trunk
+        if self.env.storage_dtype == np.uint8:
+            return torch.randint(0, 256, (batch, *self.obs_shape), generator=generator, dtype=torch.uint8)
         if not isinstance(trunk, TokenTransformer):
-            return torch.randn(batch, self.obs_dim, generator=generator)
+            return torch.randn(batch, *self.obs_shape, generator=generator)
         ids = torch.randint(0, trunk.vocab_size, (batch, self.obs_dim), generator=generator)
         filled = torch.randint(1, self.obs_dim + 1, (batch, 1), generator=generator)
         return torch.where(torch.arange(self.obs_dim) < filled, ids, -1).float()
@@ -58,7 +70,8 @@ class PolicyHandle:
 
 
 class DeterministicPolicy(nn.Module):
-    """The exported graph: obs [B, obs_dim] float32 -> (action, ...) with the normalizer folded in.
+    """The exported graph: obs [B, *obs_shape] (float32, or uint8 frames) -> (action, ...), with the
+    normalizer (or the CNN's /255) folded in.
 
     Continuous actions: outputs `action` (the mean after the source's action transform), `mean`
     and `std` [B, A]. Discrete: `action` (argmax, int64 [B]) and `logits` [B, n].

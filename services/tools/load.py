@@ -83,8 +83,8 @@ def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, 
     obs, _ = env.reset(seed=seed)
     out: list[np.ndarray] = []
     while sum(o.shape[0] for o in out) < count:
-        out.append(obs.astype(np.float32))
-        x = torch.from_numpy(obs.astype(np.float32))
+        out.append(handle.as_input(obs))
+        x = torch.from_numpy(out[-1])
         actions, _, _ = handle.model.act(x, draw_noise(handle.model.action, len(obs), gen))
         a = actions.numpy()
         space = env.single_action_space

@@ -28,11 +28,11 @@ def _graph_env(proto: Any, meta: dict[str, str], weights: dict[str, torch.Tensor
     head = weights.get("pi_head.weight")
     if head is None:
         raise PolicyLoadError(f"{source}: no model.pi_head.weight in the graph")
-    obs_dim = proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    obs_shape = tuple(int(d.dim_value) for d in proto.graph.input[0].type.tensor_type.shape.dim[1:])
     size = int(head.shape[0])
     discrete = "logits" in [o.name for o in proto.graph.output]
     action = ActionSpec("discrete", size) if discrete else ActionSpec("continuous", size)
-    return EnvSpec((int(obs_dim),), action)
+    return EnvSpec(obs_shape, action)
 
 
 def import_onnx_policy(path: Path) -> PolicyHandle:

@@ -31,7 +31,10 @@ def relay_policy(
         model = build_policy(cfg, env, critic=critic)
     except (ValueError, RuntimeError) as err:
         raise PolicyLoadError(f"{source}: its config and env spec do not make a policy ({err})") from None
-    optional = ("normalizer.",) if acting_only and not cfg.model.normalize_obs else ()
+    # An exported graph holds what acting reads: no reward statistics, no unused normalizer.
+    optional = (
+        ("return_stats.",) + (("normalizer.",) if not cfg.model.normalize_obs else ()) if acting_only else ()
+    )
     problem = weights_mismatch(model.state_dict(), weights, optional, allow_extra=acting_only)
     if problem:
         raise PolicyLoadError(f"{source}: its weights do not fit its config ({problem})")

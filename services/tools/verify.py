@@ -67,12 +67,14 @@ def precision_table(
     min_cosine: float = 0.999,
     max_abs: float = 0.01,
 ) -> list[PrecisionRow]:
-    x = torch.from_numpy(obs.astype(np.float32))
+    x = torch.from_numpy(handle.as_input(obs))
     reference = policy_outputs(handle, handle.model.float().cpu(), x).double()
     rows = []
     for name in dtypes:
         dtype = DTYPES[name]
-        got = policy_outputs(handle, _on(handle, dev, dtype), x.to(dev.device, dtype)).cpu().double()
+        # Frames stay uint8 (the model scales them); float inputs take the dtype under test.
+        inputs = x.to(dev.device, dtype) if x.is_floating_point() else x.to(dev.device)
+        got = policy_outputs(handle, _on(handle, dev, dtype), inputs).cpu().double()
         cos = float(torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0))
         err = float((got - reference).abs().max())
         rows.append(PrecisionRow(name, cos, err, cos >= min_cosine and err <= max_abs))
@@ -139,7 +141,7 @@ def ort_latency(model_bytes: bytes, obs: np.ndarray, runs: int = 200) -> Latency
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    x = {"obs": obs.astype(np.float32)}
+    x = {"obs": obs}
     batch = len(obs)
 
     def call() -> float:

@@ -79,3 +79,24 @@ def test_state_round_trips_into_a_fresh_learner():
     seg = sampler.sample()
     a, b = learner.train_round([seg, seg]).metrics, fresh.train_round([seg, seg]).metrics
     assert a["policy_loss"] == b["policy_loss"]  # the same generator state, the same permutation
+
+
+def test_vtrace_on_fresh_segments_gives_gae_returns_and_corrects_stale_ones():
+    """On-policy (the segment acted by the learner's own weights) V-trace's targets are GAE's
+    lambda-returns; on a segment acted by older weights they differ (the correction at work)."""
+    cfg, sampler, plain = _setup()
+    vcfg = cfg.model_copy(
+        update={"learner": cfg.learner.model_copy(update={"off_policy_correction": "vtrace"})}
+    )
+    vtrace = Learner(vcfg, sampler.spec)
+    vtrace.load_state_dict(plain.state_dict())
+    sampler.set_weights(0, plain.weights())
+    seg = sampler.sample()
+    data = time_major({k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in seg.arrays.items()})
+    gae_batch, _ = plain.algo.batch(data)
+    v_batch, _ = vtrace.algo.batch(data)
+    torch.testing.assert_close(v_batch["returns"], gae_batch["returns"], atol=2e-4, rtol=1e-4)
+    for _ in range(3):  # the learner moves on; the segment is now three versions old
+        vtrace.train_round([sampler.sample(), sampler.sample()])
+    stale, _ = vtrace.algo.batch(data)
+    assert (stale["returns"] - gae_batch["returns"]).abs().max() > 1e-3

@@ -115,6 +115,10 @@ TIMING_KEYS = {
     "env_steps_per_s",
     "learner_samples_per_s",
     "update_s",
+    "wait_s",
+    "ingest_s",
+    "publish_s",
+    "learner_busy",
     "startup_s",
     "host_memory_peak_bytes",
 }

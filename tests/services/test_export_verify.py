@@ -23,6 +23,14 @@ SHORT_RUNS = {
     "cartpole_ppo": ["learner.buffer_size=1024", "stop.env_steps=3000"],
     "pendulum_ppo": ["learner.buffer_size=1024", "stop.env_steps=3000"],
     "reverse_digits_grpo": ["learner.buffer_size=320", "stop.env_steps=1600"],
+    # The Nature CNN over uint8 frames: exported with a uint8 input, scaled inside the graph.
+    "breakout_ppo": [
+        "env.num_envs=2",
+        "rollout.rollout_len=16",
+        "learner.buffer_size=32",
+        "learner.batch_size=32",
+        "stop.env_steps=64",
+    ],
 }
 
 
@@ -66,20 +74,21 @@ def test_export_fails_loudly_and_writes_nothing(checkpoint, tmp_path, monkeypatc
 
 def test_verify_table_fingerprint_and_latency(checkpoint, tmp_path, capsys):
     assert main(["verify", str(checkpoint), "--dtypes", "float32,float16", "--batch", "32"]) in (0, 1)
+    # (verify's latency table runs 220 forward passes per runtime and batch: small batches here)
     first = capsys.readouterr().out
     assert "float32 |   1.000000 |   0.00e+00 | pass" in first
     assert "torch cpu |    32" in first and "onnxruntime cpu |     1" in first
     fp = next(line for line in first.splitlines() if line.startswith("fingerprint"))
-    main(["verify", str(checkpoint), "--dtypes", "float32"])
+    main(["verify", str(checkpoint), "--dtypes", "float32", "--batch", "8"])
     assert fp in capsys.readouterr().out  # identical across runs
     out = tmp_path / "p.onnx"
     main(["export", str(checkpoint), "--out", str(out)])
-    main(["verify", str(out), "--dtypes", "float32"])
+    main(["verify", str(out), "--dtypes", "float32", "--batch", "8"])
     assert fp.split(": ")[1] in capsys.readouterr().out  # and for the exported graph
 
 
 def test_verify_exits_1_when_a_dtype_fails(checkpoint, capsys):
-    assert main(["verify", str(checkpoint), "--dtypes", "float16", "--max-abs", "0"]) == 1
+    assert main(["verify", str(checkpoint), "--dtypes", "float16", "--max-abs", "0", "--batch", "8"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 

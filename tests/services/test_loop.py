@@ -3,6 +3,7 @@ owned by the driver, checkpoints on the interval and at the end, a lost learner 
 the same path as a resume, Ctrl-C and SIGTERM, and giving up when no round updates."""
 
 import json
+import time
 from collections.abc import Callable
 
 import pytest
@@ -21,6 +22,7 @@ class FakeBackend:
     """Rounds from a script: `rounds(i)` gives round i's result, or raises."""
 
     env_spec = EnvSpec((4,), ActionSpec("discrete", 2))
+    num_workers = 3
 
     def __init__(self, rounds: Callable[[int], RoundResult]) -> None:
         self.rounds = rounds
@@ -36,6 +38,7 @@ class FakeBackend:
     def step(self, progress: float) -> RoundResult:
         self.calls += 1
         out = self.rounds(self.calls)
+        out.phases = {"wait_s": 0.0, "ingest_s": 0.0, "update_s": 0.0, "publish_s": 0.0}
         if out.metrics is not None:
             self.version += 1
         return out
@@ -167,3 +170,31 @@ def test_restore_with_counters_continues_the_run(tmp_path):
     again.restore(load_newest_valid(loop.run.checkpoints)[1], counters=True)
     assert again.c.iteration == 5 and again.c.env_steps == 500 and again.backend.reseeded == [5]
     assert [x["iteration"] for x in _lines(loop)] == [1, 2, 3, 4, 5]
+
+
+def test_each_line_says_where_the_time_went(tmp_path):
+    """Seconds by phase, summed over the rounds behind a line, and the learner's busy fraction."""
+
+    def rounds(i):
+        out = updated() if i % 2 == 0 else RoundResult(env_steps=50)
+        return out
+
+    class Timed(FakeBackend):
+        def step(self, progress):
+            out = super().step(progress)
+            time.sleep(0.02)
+            out.phases = {"wait_s": 0.01, "ingest_s": 0.001, "update_s": 0.004, "publish_s": 0.0}
+            return out
+
+    cfg = build_config({}, ["metrics.progress=none", "metrics.tensorboard=false", "rollout.num_workers=0"])
+    loop = TrainingLoop(
+        cfg.model_copy(update={"stop": cfg.stop.model_copy(update={"env_steps": 600})}),
+        RunDir.claim(tmp_path / "run", cfg),
+        Timed(rounds),
+    )
+    loop.run_until_stop()
+    lines = _lines(loop)
+    assert all(x["num_workers"] == 3 for x in lines)
+    # Two rounds per line (one without an update): their phases add up.
+    assert all(abs(x["wait_s"] - 0.02) < 1e-9 and abs(x["update_s"] - 0.008) < 1e-9 for x in lines[1:])
+    assert all(0.1 < x["learner_busy"] < 0.5 for x in lines[1:])  # 10 ms of ~40 ms
