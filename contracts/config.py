@@ -99,6 +99,15 @@ class RolloutConfig(_Section):
     max_restarts: int = Field(
         3, ge=0, le=1_000_000, description="How often Ray restarts a rollout worker that died."
     )
+    autoscale: bool = Field(
+        False,
+        description="Elastic fleet (async mode): add rollout workers while the learner starves (busy "
+        "under half the time, nothing queued), retire them while it is saturated and segments queue; "
+        "asks Ray's autoscaler for the CPUs, so nodes come and go with demand. rollout.num_workers is "
+        "the size it starts at.",
+    )
+    min_workers: int = Field(1, ge=1, le=4096, description="Elastic fleet: the fewest rollout workers.")
+    max_workers: int = Field(16, ge=1, le=4096, description="Elastic fleet: the most rollout workers.")
     placement_timeout_s: float | None = Field(
         300.0,
         gt=0,
@@ -342,6 +351,21 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
+    return problems + _fleet_problems(cfg)
+
+
+def _fleet_problems(cfg: RelayConfig) -> list[str]:
+    problems: list[str] = []
+    ro = cfg.rollout
+    if ro.autoscale and ro.mode != "async":
+        problems.append(
+            "rollout.autoscale=true needs rollout.mode=async (a sync round is one segment per worker)"
+        )
+    if ro.autoscale and not ro.min_workers <= ro.num_workers <= ro.max_workers:
+        problems.append(
+            f"rollout.num_workers={ro.num_workers} must lie in [rollout.min_workers={ro.min_workers}, "
+            f"rollout.max_workers={ro.max_workers}]"
+        )
     return problems
 
 

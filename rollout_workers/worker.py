@@ -56,12 +56,13 @@ def worker_resources(cfg: RelayConfig) -> dict[str, float]:
     return {"CPU": cfg.rollout.num_cpus_per_worker}
 
 
-def create_rollout_workers(cfg: RelayConfig) -> list[Any]:
-    """One actor per worker, CPU only; Ray restarts a dead one (the driver counts restarts)."""
+def create_rollout_workers(cfg: RelayConfig, indices: range | None = None) -> list[Any]:
+    """One actor per worker index (default: 0 .. num_workers - 1), CPU only; Ray restarts a dead
+    one (the driver counts restarts). The index names the worker's seeds."""
     cls = ray.remote(RolloutWorker).options(
         num_cpus=worker_resources(cfg)["CPU"],
         max_restarts=cfg.rollout.max_restarts,
         max_task_retries=0,
     )
     data = cfg.model_dump(mode="json")
-    return [cls.remote(data, i) for i in range(cfg.rollout.num_workers)]
+    return [cls.remote(data, i) for i in (indices or range(cfg.rollout.num_workers))]

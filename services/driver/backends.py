@@ -6,17 +6,19 @@ Both expose `step(progress) -> RoundResult`, so the driver loop does not know wh
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import ray
+from ray.autoscaler.sdk import request_resources
 
 from contracts.config import RelayConfig
 from contracts.rounds import RoundResult
 from contracts.spaces import EnvSpec
-from learner.actor import create_learner_actor
+from learner.actor import create_learner_actor, learner_resources
 from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
-from rollout_workers.worker import create_rollout_workers
+from rollout_workers.worker import create_rollout_workers, worker_resources
 from services.driver.cluster import wait_until_placed
 from services.driver.loop import Backend, LearnerLost
 
@@ -35,6 +37,11 @@ class LocalBackend:
     @property
     def num_workers(self) -> int:
         return 0
+
+    backlog = 0
+
+    def resize(self, target: int) -> None:
+        raise RuntimeError("local mode has no rollout workers to add or retire")
 
     def step(self, progress: float) -> RoundResult:
         if self.sampler.version != self.learner.version:
@@ -89,10 +96,12 @@ class RayBackend:
         if len(self.learners) > 1:
             self._join_group()
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())
-        self._in_flight: dict[Any, tuple[int, int]] = {}  # ref -> (worker, submission number)
+        self._in_flight: dict[Any, tuple[Any, int]] = {}  # ref -> (worker, submission number)
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
         self._submitted = 0
         self._next_round: list[Any] | None = None  # sync: the round already sampling
+        self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
+        self._next_index = len(self.workers)  # worker indices name seeds: never reused
 
     def _join_group(self) -> None:
         address, port = ray.get(self.learner.rendezvous.remote())
@@ -135,18 +144,46 @@ class RayBackend:
         return out
 
     def _top_up(self) -> None:
-        """Keep each worker busy, within the in-flight bound (outstanding + waiting segments)."""
-        limit = self.cfg.rollout.max_segments_in_flight
+        """Keep each worker busy, within the in-flight bound (outstanding + waiting segments).
+
+        A fleet smaller than a round (an elastic fleet that shrank) gets as many samples in
+        flight per worker as it takes to fill one, or no round would ever complete.
+        """
+        need = self.cfg.segments_per_update
+        limit = max(self.cfg.rollout.max_segments_in_flight, -(-need // len(self.workers)))
         budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready)
-        outstanding = [0] * len(self.workers)
-        for w, _ in self._in_flight.values():
-            outstanding[w] += 1
-        for w, worker in enumerate(self.workers):
-            while outstanding[w] < limit and budget > 0:
-                self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = (w, self._submitted)
+        outstanding = Counter(worker for worker, _ in self._in_flight.values())
+        for worker in self.workers:
+            while outstanding[worker] < limit and budget > 0:
+                self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = (
+                    worker,
+                    self._submitted,
+                )
                 self._submitted += 1
-                outstanding[w] += 1
+                outstanding[worker] += 1
                 budget -= 1
+        for worker in [w for w in self._retiring if outstanding[w] == 0]:
+            ray.kill(worker)  # drained: its last segments are in the ready list
+            self._retiring.remove(worker)
+
+    @property
+    def backlog(self) -> int:
+        """Finished segments waiting for the learner."""
+        return len(self._ready)
+
+    def resize(self, target: int) -> None:
+        """Grow or shrink the fleet to `target` workers (async mode). New workers take fresh
+        indices (fresh seeds); a retired one takes no new samples and is killed once its
+        outstanding ones are done, so none is lost. Ray's autoscaler is asked for the CPUs."""
+        while len(self.workers) < target:
+            self.workers += create_rollout_workers(self.cfg, range(self._next_index, self._next_index + 1))
+            self._next_index += 1
+        while len(self.workers) > target:
+            self._retiring.append(self.workers.pop())
+        demand = [worker_resources(self.cfg)] * len(self.workers) + [learner_resources(self.cfg)] * len(
+            self.learners
+        )
+        request_resources(bundles=demand)
 
     def _collect_finished(self) -> None:
         """Move every finished sample to the ready list (blocking until at least one is)."""
@@ -194,8 +231,10 @@ class RayBackend:
         self._next_round = None
 
     def close(self) -> None:
-        for actor in [*self.workers, *self.learners]:
+        for actor in [*self.workers, *getattr(self, "_retiring", []), *self.learners]:
             ray.kill(actor)
+        if self.cfg.rollout.autoscale:
+            request_resources(bundles=[])  # the fleet's demand goes with it: idle nodes may leave
 
 
 def _from_learner(refs: Any) -> Any:

@@ -20,6 +20,7 @@ from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
 from services.driver.checkpoints import load_newest_valid, save_checkpoint
+from services.driver.fleet import FleetScaler
 from services.driver.progress import Progress
 from services.driver.run_dir import RunDir
 from services.driver.signals import Terminated
@@ -45,6 +46,9 @@ class Backend(Protocol):
 
     @property
     def num_workers(self) -> int: ...
+    @property
+    def backlog(self) -> int: ...
+    def resize(self, target: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
     def step(self, progress: float) -> RoundResult: ...
     def state_dict(self) -> dict[str, Any]: ...
@@ -70,6 +74,8 @@ class TrainingLoop:
         self._idle_rounds = 0
         self._last_ckpt = 0
         self._phases: dict[str, float] = {}  # seconds by phase since the previous metrics line
+        ro = cfg.rollout
+        self.fleet = FleetScaler(ro.min_workers, ro.max_workers) if ro.autoscale else None
         self._last_line_t = time.perf_counter()
 
     def _progress_fraction(self) -> float:
@@ -219,6 +225,10 @@ class TrainingLoop:
         )
         writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
         progress.update(rec)
+        if self.fleet is not None:
+            target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)
+            if target != self.backend.num_workers:
+                self.backend.resize(target)
         if self.c.iteration % self.cfg.checkpoint.interval == 0:
             self.checkpoint()
             self._last_ckpt = self.c.iteration

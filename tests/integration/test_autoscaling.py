@@ -6,6 +6,7 @@ The NPU here is Ray's custom resource on a fake node (no Ascend device exists on
 the learner asks for it through `learner.ray_resources` and computes on the CPU.
 """
 
+import json
 import os
 import sys
 import time
@@ -136,3 +137,66 @@ def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_c
     finally:
         backend.close()
     _wait_for(lambda: len(_alive_nodes()) == 1, 120, "idle nodes to be removed")
+
+
+def test_the_elastic_fleet_grows_onto_new_nodes_and_they_leave_after(fake_cluster, tmp_path):
+    """rollout.autoscale on Ray's autoscaler: a starving learner (a slow env) grows the fleet from
+    1 to 4 one-CPU workers, relay asks the autoscaler for their CPUs, and a second 2-CPU rollout
+    node comes up; when the run ends its demand goes, and the idle nodes are removed."""
+    cfg = load_config(
+        "configs/cartpole_ppo.yaml",
+        [
+            "env.id=tests.rollout_workers.slow_envs:make",
+            "env.kwargs={delay: 0.004}",
+            "env.num_envs=4",
+            "rollout.rollout_len=16",
+            "rollout.mode=async",
+            "rollout.autoscale=true",
+            "rollout.num_workers=1",
+            "rollout.max_workers=4",
+            "learner.buffer_size=256",
+            "learner.batch_size=64",
+            "learner.epochs=1",
+            "learner.device=cpu",
+            "learner.ray_resources={NPU: 1}",
+            "stop.env_steps=100000000",
+            "stop.wall_s=120",
+            "stop.episode_return_mean=null",
+            "metrics.progress=none",
+            "metrics.tensorboard=false",
+        ],
+    )
+    backend = RayBackend(cfg, check_env(cfg))
+    try:
+        assert len([n for n in _alive_nodes() if n["Resources"].get("CPU") == 2]) == 1
+        loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
+        watcher = _NodeWatcher()
+        loop.run_until_stop()
+        watcher.stop()
+        workers = [json.loads(x)["num_workers"] for x in loop.run.metrics_path.read_text().splitlines()]
+        assert workers[0] == 1 and max(workers) == 4
+        assert watcher.most_rollout_nodes == 2  # four one-CPU workers need two 2-CPU nodes
+    finally:
+        backend.close()
+    _wait_for(lambda: len(_alive_nodes()) == 1, 180, "idle nodes to be removed")
+
+
+class _NodeWatcher:
+    """Counts the rollout nodes alive, every second, on a thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.most_rollout_nodes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            count = len([n for n in _alive_nodes() if n["Resources"].get("CPU") == 2])
+            self.most_rollout_nodes = max(self.most_rollout_nodes, count)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
