@@ -39,6 +39,10 @@ class RolloutWorker:
     def seed_stream(self) -> int:
         return self.sampler.seed_stream
 
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (where its segments are stored)."""
+        return ray.get_runtime_context().get_node_id()
+
     def env_spec(self) -> EnvSpec:
         return self.sampler.spec
 

@@ -42,9 +42,16 @@ class PPO(Algorithm):
             shape = data["values"].shape
             values = target_values.view(shape)  # the current critic: V-trace's V
             ret, adv = compute_vtrace(
-                target_logp.view(shape), data["logp"], rewards, values, *ends, lc.gamma, lc.gae_lambda,
-                lc.vtrace_rho_bar, lc.vtrace_c_bar,
-            )  # fmt: skip
+                target_logp.view(shape),
+                data["logp"],
+                rewards,
+                values,
+                *ends,
+                lc.gamma,
+                lc.gae_lambda,
+                lc.vtrace_rho_bar,
+                lc.vtrace_c_bar,
+            )
         else:
             adv, ret = compute_gae(rewards, values, *ends, lc.gamma, lc.gae_lambda)
         batch.update(

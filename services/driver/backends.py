@@ -216,12 +216,18 @@ class RayBackend:
         self._next_round = None  # sampled with weights that are no longer current
 
     def restart_learner(self) -> None:
-        """A fresh learner actor (its state comes from the newest checkpoint, loaded by the caller)."""
+        """Fresh learner actors, the whole data-parallel group when there is one (a survivor's
+        process group died with its peer); their state comes from the newest checkpoint, loaded
+        by the caller."""
+        for learner in self.learners:
+            ray.kill(learner)
+        self.learners = [
+            create_learner_actor(self.cfg, self.env_spec) for _ in range(self.cfg.learner.num_learners)
+        ]
+        wait_until_placed(self.cfg, {"learner": self.learners})
+        self.learner = self.learners[0]
         if len(self.learners) > 1:
-            raise RuntimeError("a data-parallel learner group cannot be restarted yet; use relay resume")
-        ray.kill(self.learner)
-        self.learner = create_learner_actor(self.cfg, self.env_spec)
-        self.learners = [self.learner]
+            self._join_group()
         self.version, self.weights_ref = ray.get(self.learner.publish.remote())
         self._next_round = None
 
@@ -238,9 +244,19 @@ class RayBackend:
 
 
 def _from_learner(refs: Any) -> Any:
-    """ray.get of learner calls; a dead learner actor becomes LearnerLost (the driver restarts it)."""
+    """ray.get of learner calls; a dead learner actor becomes LearnerLost (the driver restarts it).
+
+    For a data-parallel group the calls are taken as they finish: a survivor of a dead peer
+    blocks in its collective, so waiting for the calls in order could wait forever.
+    """
     try:
-        return ray.get(refs)
+        if not isinstance(refs, list):
+            return ray.get(refs)
+        pending, results = list(refs), {}
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            results[done[0]] = ray.get(done[0])
+        return [results[ref] for ref in refs]
     except ray.exceptions.RayActorError as err:
         raise LearnerLost(str(err).splitlines()[0]) from None
 

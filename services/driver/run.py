@@ -23,7 +23,7 @@ from contracts.spaces import EnvSpec
 from services.dashboard.server import Dashboard
 from services.driver.backends import make_backend
 from services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
-from services.driver.cluster import init_ray
+from services.driver.cluster import check_cluster_device, init_ray
 from services.driver.loop import TrainingLoop
 from services.driver.preflight import preflight
 from services.driver.run_dir import RunDir
@@ -110,6 +110,8 @@ def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
     """Ray for the run (none in local mode); a Ray this command started is shut down after it."""
     started = cfg.rollout.num_workers > 0 and init_ray(cfg, address)
     try:
+        if cfg.rollout.num_workers > 0 and not started and ray.is_initialized():
+            check_cluster_device(cfg)
         yield
     finally:
         if started:

@@ -200,3 +200,25 @@ class _NodeWatcher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def test_device_auto_on_an_autoscaling_cluster_without_accelerators_is_refused(
+    fake_cluster, tmp_path, capsys
+):
+    """The learner node type is not up yet: auto would pick the CPU; one line says what to set."""
+    from services.cli import main
+
+    code = main(
+        [
+            "train",
+            "configs/cartpole_ppo.yaml",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--set",
+            "learner.device=auto",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "autoscaling cluster has no GPU or NPU now" in err[0] and "learner.device=npu" in err[0]
+    assert not (tmp_path / "run").exists()

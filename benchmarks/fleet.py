@@ -1,0 +1,396 @@
+"""The rollout fleet, measured: V-trace under policy lag, pipeline efficiency, a wide fleet on one
+object store, several object stores, and Sample Factory side by side.
+
+    pip install -e ".[cpu,bench]"
+    python benchmarks/fleet.py lag [--seeds 0,1,2] [--lags 1,2,4,8]
+    python benchmarks/fleet.py pipeline [--seconds 20]
+    python benchmarks/fleet.py wide [--workers 1,2,4,8,16,32,64] [--seconds 20]
+    python benchmarks/fleet.py nodes [--seconds 20]
+    python benchmarks/fleet.py sample-factory [--seconds 60]   # builds its own venv (gymnasium<1, numpy<2)
+
+Every number is measured on this machine in one run of the section; ratios are taken between
+numbers of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, table, train_relay
+
+ROOT = Path(__file__).parents[1]
+CARTPOLE = "configs/cartpole_ppo.yaml"
+
+
+# ---- 1. V-trace under lag ------------------------------------------------------------------------
+def lag(seeds: list[int], lags: list[int], budget: int) -> None:
+    rows = []
+    for n in lags:
+        for correction in ("none", "vtrace"):
+            steps = []
+            for seed in seeds:
+                lines = train_relay(
+                    CARTPOLE,
+                    [
+                        "rollout.mode=async",
+                        f"rollout.max_segments_in_flight={n}",
+                        f"learner.off_policy_correction={correction}",
+                        f"env.seed={seed}",
+                        f"stop.env_steps={budget}",
+                    ],
+                )
+                hit = next((x for x in lines if (x["episode_return_mean"] or 0) >= 475), None)
+                steps.append(hit["env_steps"] if hit else None)
+                print(f"... lag {n} {correction} seed {seed}: {steps[-1]}", file=sys.stderr, flush=True)
+            mean_lag = np.mean([x["policy_lag_mean"] for x in lines])
+            solved = [s for s in steps if s is not None]
+            rows.append(
+                [n, correction, f"{mean_lag:.2f}", *[s or "NO" for s in steps], f"{len(solved)}/{len(steps)}"]
+            )
+    print(
+        machine_header(
+            f"CartPole async: env steps to 475 (budget {budget:,}), by samples in flight per worker"
+        )
+    )
+    headers = ["in flight", "correction", "mean lag", *[f"seed {s}" for s in seeds], "solved"]
+    print(table(headers, rows))
+
+
+# ---- shared: a relay run measured in-process -------------------------------------------------------
+def _ray_processes_rss() -> int:
+    total = 0
+    for p in psutil.process_iter(["name", "cmdline", "memory_info"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd or p.pid == os.getpid():
+            total += p.info["memory_info"].rss if p.info["memory_info"] else 0
+    return total
+
+
+def _run_inprocess(sets: list[str], seconds: float) -> dict[str, Any]:
+    """A training run in this process on the Ray already started: env steps/s, the driver's CPU
+    seconds per round, the learner's phases per segment, memory of Ray's processes."""
+    from contracts.config import load_config
+    from tests.helpers import ray_loop
+
+    cfg = load_config(
+        CARTPOLE,
+        [
+            "metrics.progress=none",
+            "metrics.tensorboard=false",
+            "stop.episode_return_mean=null",
+            "stop.env_steps=1000000000",
+            f"stop.wall_s={seconds}",
+            *sets,
+        ],
+    )
+    loop, backend = ray_loop(cfg, Path(tempfile.mkdtemp()) / "run")
+    try:
+        cpu0 = time.process_time()
+        loop.run_until_stop()
+        driver_cpu = time.process_time() - cpu0
+        rss = _ray_processes_rss()
+    finally:
+        backend.close()
+    lines = [json.loads(x) for x in loop.run.metrics_path.read_text().splitlines()]
+    segments = cfg.segments_per_update * len(lines)
+    tail = lines[len(lines) // 2 :]
+    return {
+        "steps_per_s": lines[-1]["env_steps_per_s"],
+        "driver_ms_per_round": driver_cpu / len(lines) * 1e3,
+        "ingest_ms_per_segment": sum(x["ingest_s"] for x in lines) / segments * 1e3,
+        "wait_ms_per_round": np.mean([x["wait_s"] for x in tail]) * 1e3,
+        "publish_ms": np.mean([x["publish_s"] for x in tail]) * 1e3,
+        "learner_busy": float(np.mean([x["learner_busy"] for x in tail])),
+        "rss_gb": rss / 2**30,
+        "lines": lines,
+    }
+
+
+# ---- 2. pipeline efficiency ----------------------------------------------------------------------
+def _learner_alone(seconds: float, sets: list[str]) -> float:
+    """Env steps/s the learner trains on when segments are always ready (sampled once, reused)."""
+    from contracts.config import load_config
+    from learner.learner import Learner
+    from rollout_workers.sampler import make_sampler
+
+    cfg = load_config(CARTPOLE, sets)
+    sampler = make_sampler(cfg)
+    learner = Learner(cfg, sampler.spec)
+    segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
+    learner.train_round(segments)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        learner.train_round(segments)
+        steps += cfg.update_steps
+    return steps / (time.perf_counter() - t0)
+
+
+def _sampling_alone(workers: int, seconds: float, sets: list[str]) -> float:
+    """Env steps/s of the rollout workers alone (two samples in flight each, nobody learning)."""
+    import ray
+
+    from contracts.config import load_config
+    from rollout_workers.worker import RolloutWorker
+
+    cfg = load_config(CARTPOLE, [f"rollout.num_workers={workers}", *sets])
+    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.rollout.num_cpus_per_worker)
+    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
+    ray.get([a.sample.remote(-1, []) for a in actors])
+    in_flight = {a.sample.remote(-1, []): a for a in actors for _ in range(2)}
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done, _ = ray.wait(list(in_flight), num_returns=1, fetch_local=False)
+        actor = in_flight.pop(done[0])
+        calls += 1
+        in_flight[actor.sample.remote(-1, [])] = actor
+    rate = calls * cfg.segment_steps / (time.perf_counter() - t0)
+    for a in actors:
+        ray.kill(a)
+    return rate
+
+
+PIPELINE = [
+    "rollout.num_workers=1",
+    "rollout.rollout_len=128",
+    "learner.buffer_size=2048",
+    "learner.batch_size=256",
+]
+
+
+def pipeline(seconds: float) -> None:
+    import ray
+
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        learner_alone = _learner_alone(seconds, PIPELINE)
+        sampling_alone = _sampling_alone(1, seconds, PIPELINE)
+        rows = []
+        for mode in ("sync", "async"):
+            run = _run_inprocess([*PIPELINE, f"rollout.mode={mode}"], seconds)
+            bound = min(learner_alone, sampling_alone)
+            rows.append(
+                [
+                    mode,
+                    learner_alone,
+                    sampling_alone,
+                    run["steps_per_s"],
+                    f"{run['steps_per_s'] / bound:.2f}",
+                    f"{run['learner_busy']:.2f}",
+                ]
+            )
+    finally:
+        ray.shutdown()
+    print(
+        machine_header(
+            "pipeline efficiency: CartPole, 1 worker x 8 envs x 128 steps, 5 epochs of 256 per update"
+        )
+    )
+    headers = ["mode", "learner alone", "sampling alone", "end to end", "efficiency", "learner_busy"]
+    print(table(headers, rows))
+
+
+# ---- 3. a wide fleet on one object store ------------------------------------------------------------
+def _broadcast_ms(workers: int) -> tuple[float, float]:
+    """(one ray.put of CartPole's weights, ms; the slowest of `workers` actors fetching it, ms)."""
+    import ray
+
+    from contracts.config import load_config
+    from learner.learner import Learner
+    from rollout_workers.envs import probe_env_spec
+
+    cfg = load_config(CARTPOLE)
+    weights = {k: v.numpy() for k, v in Learner(cfg, probe_env_spec(cfg.env)).weights().items()}
+
+    @ray.remote(num_cpus=0.01)
+    class Fetcher:
+        def fetch(self, refs: list) -> float:
+            t0 = time.perf_counter()
+            ray.get(refs[0])
+            return time.perf_counter() - t0
+
+    fetchers = [Fetcher.remote() for _ in range(workers)]
+    ray.get([f.fetch.remote([ray.put(0)]) for f in fetchers])
+    t0 = time.perf_counter()
+    ref = ray.put(weights)
+    put = time.perf_counter() - t0
+    slowest = max(ray.get([f.fetch.remote([ref]) for f in fetchers]))
+    for f in fetchers:
+        ray.kill(f)
+    return put * 1e3, slowest * 1e3
+
+
+def wide(workers: list[int], seconds: float) -> None:
+    import ray
+
+    rows = []
+    for w in workers:
+        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        try:
+            sets = [
+                f"rollout.num_workers={w}",
+                "rollout.num_cpus_per_worker=0.05",
+                f"learner.buffer_size={w * 256}",
+            ]
+            run = _run_inprocess(sets, seconds)
+            put_ms, fetch_ms = _broadcast_ms(w)
+        finally:
+            ray.shutdown()
+        rows.append(
+            [
+                w,
+                run["steps_per_s"],
+                f"{run['learner_busy']:.2f}",
+                f"{run['driver_ms_per_round'] / w:.2f}",
+                f"{run['ingest_ms_per_segment']:.2f}",
+                f"{put_ms:.2f}",
+                f"{fetch_ms:.1f}",
+                f"{run['rss_gb']:.1f}",
+            ]
+        )
+        print(f"... W = {w}: {run['steps_per_s']:.0f} steps/s", file=sys.stderr, flush=True)
+    print(
+        machine_header("a wide fleet on one machine: sync CartPole, 8 envs per worker, 0.05 CPU per worker")
+    )
+    headers = [
+        "W",
+        "steps/s",
+        "learner_busy",
+        "driver ms/segment",
+        "ingest ms/segment",
+        "put ms",
+        "slowest fetch ms",
+        "Ray RSS GB",
+    ]
+    print(table(headers, rows))
+    base = next(r for r in rows if r[0] == 2) if any(r[0] == 2 for r in rows) else rows[0]
+    for r in rows:
+        print(f"W = {r[0]}: {r[1] / base[1]:.2f}x of W = {base[0]}")
+
+
+# ---- 4. several object stores ----------------------------------------------------------------------
+def nodes(seconds: float) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    sets = ["rollout.num_workers=4", "learner.buffer_size=1024", "learner.device=cpu"]
+    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    try:
+        one = _run_inprocess(sets, seconds)
+    finally:
+        ray.shutdown()
+    store = 300 * 1024 * 1024
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store})
+    cluster.add_node(num_cpus=1, resources={"learner": 1}, object_store_memory=store)
+    for _ in range(2):
+        cluster.add_node(num_cpus=2, object_store_memory=store)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        many = _run_inprocess([*sets, "learner.ray_resources={learner: 1}"], seconds)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    print(
+        machine_header(
+            "one object store vs four raylets (learner alone on one, workers on two): sync CartPole, W = 4"
+        )
+    )
+    rows = [
+        [
+            name,
+            r["steps_per_s"],
+            f"{r['learner_busy']:.2f}",
+            f"{r['wait_ms_per_round']:.1f}",
+            f"{r['ingest_ms_per_segment']:.2f}",
+            f"{r['publish_ms']:.2f}",
+        ]
+        for name, r in (("one node", one), ("4 raylets", many))
+    ]
+    print(
+        table(
+            [
+                "cluster",
+                "steps/s",
+                "learner_busy",
+                "learner wait ms/round",
+                "ingest ms/segment",
+                "publish ms",
+            ],
+            rows,
+        )
+    )
+
+
+# ---- 5. Sample Factory side by side --------------------------------------------------------------------
+SF_VENV = ROOT / ".venv-sample-factory"
+
+
+def _sample_factory(seconds: float) -> dict[str, float]:
+    """Sample Factory 2.1.1 APPO on CartPole in its own venv (it pins gymnasium < 1 and numpy < 2)."""
+    python = SF_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(SF_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "sample-factory==2.1.1"], check=True
+        )
+    script = Path(__file__).with_name("sf_cartpole.py")
+    out = subprocess.run([str(python), str(script), str(seconds)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def sample_factory(seconds: float) -> None:
+    rows = []
+    sets = [
+        "rollout.num_workers=2",
+        "rollout.mode=async",
+        "learner.off_policy_correction=vtrace",
+        "stop.env_steps=100000000",
+        f"stop.wall_s={seconds}",
+        "stop.episode_return_mean=null",
+    ]
+    lines = train_relay(CARTPOLE, sets)
+    hit = next((x for x in lines if (x["episode_return_mean"] or 0) >= 475), None)
+    rows.append(["relay async + V-trace", lines[-1]["env_steps_per_s"], hit["wall_s"] if hit else None])
+    sf = _sample_factory(seconds)
+    rows.append(["Sample Factory APPO", sf["steps_per_s"], sf.get("seconds_to_475")])
+    print(
+        machine_header(f"CartPole, 2 workers x 8 envs, {seconds:.0f} s each: env steps/s and seconds to 475")
+    )
+    print(table(["system", "env steps/s", "s to 475"], rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("section", choices=["lag", "pipeline", "wide", "nodes", "sample-factory"])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--lags", default="1,2,4,8")
+    parser.add_argument("--budget", type=int, default=300_000)
+    parser.add_argument("--workers", default="1,2,4,8,16,32,64")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    if args.section == "lag":
+        lag([int(s) for s in args.seeds.split(",")], [int(n) for n in args.lags.split(",")], args.budget)
+    elif args.section == "pipeline":
+        pipeline(args.seconds)
+    elif args.section == "wide":
+        wide([int(w) for w in args.workers.split(",")], args.seconds)
+    elif args.section == "nodes":
+        nodes(args.seconds)
+    else:
+        sample_factory(args.seconds)
+
+
+if __name__ == "__main__":
+    main()
