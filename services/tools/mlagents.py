@@ -1,27 +1,45 @@
-"""Unity ML-Agents PPO policies (`.pt` with a `Policy` state dict, or the initializers of an ONNX
-export) as relay ActorCritics, so they can be verified, exported and served on any device.
+"""Unity ML-Agents PPO policies (a `.pt` with a `Policy` state dict, or an ONNX export) as relay
+ActorCritics, so they can be verified, exported and served on any device.
 
-ML-Agents conventions (PPO, continuous actions, e.g. the Huggy dog: 59 obs -> 21 actions, three
-SiLU layers of 512): normalizer `clamp((obs - running_mean) / sqrt(running_variance /
-normalization_steps), -5, 5)` with no epsilon, body `network_body._body_endoder.seq_layers.{0,2,4}`,
-head `action_model._continuous_distribution.mu`, `log_sigma`, and actions `clamp(a, -3, 3) / 3`.
+ML-Agents conventions (e.g. the Huggy dog: 59 obs -> 21 actions, three Swish layers of 512):
+optional normalizer `clamp((obs - running_mean) / sqrt(running_variance / normalization_steps),
+-5, 5)` with no epsilon, a body of Linear + activation layers, then a Gaussian head (`mu`, a
+state-independent `log_sigma`, actions `clamp(a, -3, 3) / 3`) or categorical branches (masked
+logits, argmax for the deterministic action).
+
+ONNX exports are read from the graph's structure, never from initializer names: ML-Agents'
+exporter constant-folds `sqrt(running_variance / normalization_steps)` into one unnamed tensor,
+policies trained without normalization have no normalizer, and discrete policies route masks
+through the logits. The graph is recognised by its interface (`obs_0`, `version_number`,
+`memory_size`, `deterministic_*_actions`); the path from `obs_0` to the action head is walked
+node by node, and anything not a normalizer, a linear layer or a supported activation is refused
+in one line. `onnx_import` then cross-checks the result against onnxruntime on the original file.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from contracts.spaces import ActionSpec, EnvSpec
-from learner.models import ActorCritic
 from learner.models.mlp import mlp_policy
-from services.tools.handle import PolicyHandle, PolicyLoadError
+from services.tools.handle import PolicyHandle, PolicyLoadError, identity
+from services.tools.onnx_graph import GraphError, Node, OnnxGraph
 
 MLAGENTS_BODY = re.compile(r"_body_endoder\.seq_layers\.(\d+)\.weight$")
+MLAGENTS_BRANCH = re.compile(r"_discrete_distribution\.branches\.(\d+)\.weight$")
+INTERFACE = ("version_number", "memory_size")
+DETERMINISTIC = {
+    "continuous": "deterministic_continuous_actions",
+    "discrete": "deterministic_discrete_actions",
+}
+MASKS_INPUT = "action_masks"
+PASS_THROUGH = ("Identity", "Cast", "Concat", "Flatten", "Reshape")  # single-input, value-preserving
 
 
 def mlagents_clip(actions: Tensor) -> Tensor:
@@ -29,42 +47,317 @@ def mlagents_clip(actions: Tensor) -> Tensor:
     return torch.clamp(actions, -3.0, 3.0) / 3.0
 
 
-def _find(sd: dict[str, Any], suffix: str) -> Tensor:
+@dataclass
+class ImportedMlp:
+    """What an ML-Agents policy is, read from a state dict or a graph: enough to build it in relay."""
+
+    obs_dim: int
+    action: ActionSpec
+    layers: list[tuple[np.ndarray, np.ndarray]]  # body (W [out, in], b [out]), input first
+    activation: str
+    head: tuple[np.ndarray, np.ndarray]
+    log_sigma: np.ndarray | None = None  # [A], continuous only
+    normalizer: tuple[np.ndarray, np.ndarray] | None = None  # (mean [obs], std [obs])
+    clipped: bool = True  # continuous actions go through clamp(a, -3, 3) / 3
+    notes: list[str] = field(default_factory=list)
+
+    def build(self, source: str) -> PolicyHandle:
+        model = mlp_policy(
+            self.obs_dim,
+            self.action,
+            [w.shape[0] for w, _ in self.layers],
+            self.activation,
+            critic=False,
+            normalize_obs=self.normalizer is not None,
+        )
+        linears = [m for m in model.pi_trunk.modules() if isinstance(m, torch.nn.Linear)]
+        with torch.no_grad():
+            for linear, (w, b) in zip(linears, self.layers, strict=True):
+                linear.weight.copy_(_tensor(w))
+                linear.bias.copy_(_tensor(b))
+            model.pi_head.weight.copy_(_tensor(self.head[0]))
+            model.pi_head.bias.copy_(_tensor(self.head[1]))
+            if self.log_sigma is not None:
+                model.log_std.copy_(_tensor(self.log_sigma).reshape(-1))
+            if self.normalizer is not None:
+                mean, std = (np.broadcast_to(a, (self.obs_dim,)) for a in self.normalizer)
+                model.normalizer.mean.copy_(_tensor(mean))
+                # relay keeps (var_sum, steps); the folded graph only has their ratio's root.
+                model.normalizer.var_sum.copy_(_tensor(std).double().square().float())
+                model.normalizer.steps.fill_(1.0)
+        env = EnvSpec((self.obs_dim,), self.action)
+        transform = mlagents_clip if self.action.kind == "continuous" and self.clipped else identity
+        return PolicyHandle(model.eval(), source, env, None, transform)
+
+
+def _tensor(value: Any) -> Tensor:
+    if torch.is_tensor(value):
+        return value.detach().float()
+    return torch.from_numpy(np.array(value, dtype=np.float32))
+
+
+# ---- .pt: a Policy state dict (module names are the format there) ---------------------------------
+def _find(sd: dict[str, Any], suffix: str, required: bool = True) -> Any:
     hits = [k for k in sd if k.endswith(suffix)]
-    if len(hits) != 1:
-        raise PolicyLoadError(f"expected one tensor named *{suffix}, found {len(hits)}")
-    value = sd[hits[0]]
-    return (value if torch.is_tensor(value) else torch.from_numpy(np.array(value))).detach().float()
+    if len(hits) == 1:
+        return sd[hits[0]]
+    if not hits and not required:
+        return None
+    raise PolicyLoadError(f"expected one tensor named *{suffix}, found {len(hits)}")
 
 
-def _layers(sd: dict[str, Any], pattern: re.Pattern[str]) -> list[tuple[Tensor, Tensor]]:
+def _numbered(sd: dict[str, Any], pattern: re.Pattern[str]) -> list[tuple[np.ndarray, np.ndarray]]:
     found = sorted((int(m.group(1)), k) for k in sd if (m := pattern.search(k)))
-    return [(_find(sd, k), _find(sd, k[: -len("weight")] + "bias")) for _, k in found]
-
-
-def _load_trunk(model: ActorCritic, layers: list[tuple[Tensor, Tensor]]) -> None:
-    linears = [m for m in model.pi_trunk.modules() if isinstance(m, torch.nn.Linear)]
-    for linear, (w, b) in zip(linears, layers, strict=True):
-        linear.weight.data.copy_(w)
-        linear.bias.data.copy_(b)
+    return [
+        (_tensor(sd[k]).numpy(), _tensor(_find(sd, k[: -len("weight")] + "bias")).numpy()) for _, k in found
+    ]
 
 
 def mlagents_policy_from_state_dict(sd: dict[str, Any], source: str) -> PolicyHandle:
-    """An ML-Agents PPO policy (continuous actions) as a relay ActorCritic plus ML-Agents' clip."""
-    layers = _layers(sd, MLAGENTS_BODY)
+    """An ML-Agents PPO policy state dict: Swish body, a Gaussian head or one discrete branch,
+    with or without a normalizer."""
+    layers = _numbered(sd, MLAGENTS_BODY)
     if not layers:
         raise PolicyLoadError(f"{source}: no ML-Agents body layers (*_body_endoder.seq_layers.N.weight)")
-    mu_w, mu_b = (
-        _find(sd, "_continuous_distribution.mu.weight"),
-        _find(sd, "_continuous_distribution.mu.bias"),
+    branches = _numbered(sd, MLAGENTS_BRANCH)
+    mu_w = _find(sd, "_continuous_distribution.mu.weight", required=not branches)
+    if branches and mu_w is not None:
+        raise PolicyLoadError(f"{source}: hybrid (continuous + discrete) actions are not supported")
+    if len(branches) > 1:
+        raise PolicyLoadError(f"{source}: {len(branches)} discrete branches; relay policies have one")
+    mean = _find(sd, "normalizer.running_mean", required=False)
+    normalizer = None
+    if mean is not None:
+        var = _tensor(_find(sd, "normalizer.running_variance")).double()
+        steps = _tensor(_find(sd, "normalizer.normalization_steps")).double()
+        normalizer = (_tensor(mean).numpy(), torch.sqrt(var / steps).float().numpy())
+    if branches:
+        head, action, log_sigma = branches[0], ActionSpec("discrete", branches[0][0].shape[0]), None
+    else:
+        head = (_tensor(mu_w).numpy(), _tensor(_find(sd, "_continuous_distribution.mu.bias")).numpy())
+        action = ActionSpec("continuous", head[0].shape[0])
+        log_sigma = _tensor(_find(sd, "_continuous_distribution.log_sigma")).numpy().reshape(-1)
+    imported = ImportedMlp(layers[0][0].shape[1], action, layers, "silu", head, log_sigma, normalizer)
+    return imported.build(source)
+
+
+# ---- ONNX: the graph's structure ------------------------------------------------------------------
+def is_mlagents_graph(graph: OnnxGraph) -> bool:
+    """ML-Agents' exporter interface: obs_N inputs, version/memory constants, deterministic actions."""
+    outputs = set(graph.outputs)
+    return (
+        set(INTERFACE) <= outputs
+        and any(name in outputs for name in DETERMINISTIC.values())
+        and any(name.startswith("obs_") for name in graph.inputs)
     )
-    env = EnvSpec((layers[0][0].shape[1],), ActionSpec("continuous", mu_w.shape[0]))
-    model = mlp_policy(env.obs_dim, env.action, [w.shape[0] for w, _ in layers], "silu", critic=False)
-    _load_trunk(model, layers)
-    model.pi_head.weight.data.copy_(mu_w)
-    model.pi_head.bias.data.copy_(mu_b)
-    model.log_std.data.copy_(_find(sd, "_continuous_distribution.log_sigma").reshape(-1))
-    model.normalizer.mean.copy_(_find(sd, "normalizer.running_mean"))
-    model.normalizer.var_sum.copy_(_find(sd, "normalizer.running_variance"))
-    model.normalizer.steps.copy_(_find(sd, "normalizer.normalization_steps").reshape(()))
-    return PolicyHandle(model.eval(), source, env, None, mlagents_clip)
+
+
+def _clip_bounds(graph: OnnxGraph, node: Node) -> tuple[float, float] | None:
+    """A Clip's (min, max): attributes up to opset 10, inputs from 11."""
+    if "min" in node.attrs or "max" in node.attrs:
+        return float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))
+    bounds = [graph.const(i) for i in node.inputs[1:3]]
+    if len(bounds) == 2 and all(b is not None and b.size == 1 for b in bounds):
+        return float(bounds[0]), float(bounds[1])  # type: ignore[arg-type]
+    return None
+
+
+def _linear(graph: OnnxGraph, name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """(input, W [out, in], b [out]) when `name` is a linear layer: Gemm, or MatMul (+ Add)."""
+    node = graph.producer.get(name)
+    if node is None:
+        return None
+    if node.op == "Gemm" and not node.attrs.get("transA", 0):
+        w, b = graph.const(node.inputs[1]), graph.const(node.inputs[2]) if len(node.inputs) > 2 else None
+        if w is None:
+            return None
+        w = (w if node.attrs.get("transB", 0) else w.T) * node.attrs.get("alpha", 1.0)
+        bias = (
+            np.zeros(w.shape[0])
+            if b is None
+            else np.broadcast_to(b * node.attrs.get("beta", 1.0), w.shape[:1])
+        )
+        return node.inputs[0], w, bias
+    bias = np.zeros(0)
+    if node.op == "Add" and (split := graph.split(node)) is not None:
+        name, bias = split
+        node = graph.producer.get(name)
+    if node is not None and node.op == "MatMul" and (split := graph.split(node)) is not None:
+        x, w = split
+        if node.inputs[1] != x and w.ndim == 2:
+            return x, w.T, (np.broadcast_to(bias, w.shape[1:]) if bias.size else np.zeros(w.shape[1]))
+    return None
+
+
+def _activation(graph: OnnxGraph, name: str) -> tuple[str, str] | None:
+    """(input, relay activation name) when `name` is a supported activation's output."""
+    node = graph.producer.get(name)
+    if node is None:
+        return None
+    if node.op in ("Relu", "Tanh"):
+        return node.inputs[0], node.op.lower()
+    if node.op == "Mul" and len(node.inputs) == 2:  # Swish: x * sigmoid(x)
+        for a, b in (node.inputs, node.inputs[::-1]):
+            gate = graph.producer.get(b)
+            if gate is not None and gate.op == "Sigmoid" and gate.inputs[0] == a:
+                return a, "silu"
+    return None
+
+
+def _normalizer(graph: OnnxGraph, name: str, obs: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, std) when `name` is clamp((obs - mean) / std, -5, 5) with constant mean and std."""
+    clip = graph.producer.get(name)
+    if clip is None or clip.op != "Clip" or _clip_bounds(graph, clip) != (-5.0, 5.0):
+        return None
+    div = graph.producer.get(clip.inputs[0])
+    if div is None or div.op != "Div" or (std := graph.const(div.inputs[1])) is None:
+        return None
+    sub = graph.producer.get(div.inputs[0])
+    if sub is None or sub.op != "Sub" or sub.inputs[0] != obs or (mean := graph.const(sub.inputs[1])) is None:
+        return None
+    return mean.reshape(-1), std.reshape(-1)
+
+
+def _skip_pass_through(graph: OnnxGraph, name: str) -> str:
+    while (node := graph.producer.get(name)) is not None and node.op in PASS_THROUGH:
+        live = [i for i in node.inputs if i and graph.const(i) is None]
+        if len(live) != 1:
+            break
+        name = live[0]
+    return name
+
+
+def _body(graph: OnnxGraph, head_input: str, obs: str, into: ImportedMlp) -> None:
+    """Walk from the head's input back to `obs`: activation, linear, ..., [normalizer]."""
+    t, layers, kinds = head_input, [], []
+    while True:
+        t = _skip_pass_through(graph, t)
+        if t == obs:
+            break
+        if (norm := _normalizer(graph, t, obs)) is not None:
+            into.normalizer = norm
+            break
+        act = _activation(graph, t)
+        lin = _linear(graph, act[0]) if act is not None else None
+        if act is None or lin is None:
+            op = graph.producer[t].op if t in graph.producer else "an input"
+            raise GraphError(f"{op} on the path from {obs} to the action head (expected Linear + activation)")
+        kinds.append(act[1])
+        layers.append(lin[1:])
+        t = lin[0]
+    if len(set(kinds)) > 1:
+        raise GraphError(f"mixed activations {sorted(set(kinds))} in the body")
+    into.layers = layers[::-1]
+    into.activation = kinds[0] if kinds else "silu"
+    if into.layers and into.layers[0][0].shape[1] != into.obs_dim:
+        raise GraphError(
+            f"the first layer reads {into.layers[0][0].shape[1]} values, {obs} has {into.obs_dim}"
+        )
+
+
+def _head(graph: OnnxGraph, name: str, obs: str, masks: str | None) -> tuple[str, np.ndarray, np.ndarray]:
+    """The action head's linear layer under `name`, past masking and softmax (which keep argmax)."""
+    t = _skip_pass_through(graph, name)
+    while (lin := _linear(graph, t)) is None or not graph.depends_on(lin[0], obs):
+        node = graph.producer.get(t)
+        live = [i for i in (node.inputs if node else ()) if i and graph.depends_on(i, obs)]
+        if (
+            node is None
+            or node.op not in ("Softmax", "Log", "Mul", "Sub", "Add", "Div", *PASS_THROUGH)
+            or len(live) != 1
+        ):
+            raise GraphError(f"{node.op if node else t} between the action head and the actions")
+        rest = [i for i in node.inputs if i and i != live[0]]
+        if any(graph.const(i) is None and not (masks and graph.depends_on(i, masks)) for i in rest):
+            raise GraphError(f"{node.op} mixes the logits with something other than the action masks")
+        t = live[0]
+    return lin
+
+
+def _continuous(graph: OnnxGraph, obs: str, into: ImportedMlp) -> str:
+    """Fill the Gaussian head; return the head's input tensor."""
+    t = _skip_pass_through(graph, DETERMINISTIC["continuous"])
+    node = graph.producer.get(t)
+    if node is not None and node.op == "Div" and (split := graph.split(node)) and np.all(split[1] == 3):
+        clip = graph.producer.get(split[0])
+        if clip is None or clip.op != "Clip" or _clip_bounds(graph, clip) != (-3.0, 3.0):
+            raise GraphError("deterministic_continuous_actions is x / 3 without clamp(x, -3, 3)")
+        t, into.clipped = clip.inputs[0], True
+    else:
+        into.clipped = False
+    lin = _linear(graph, _skip_pass_through(graph, t))
+    if lin is None:
+        op = graph.producer[t].op if t in graph.producer else t
+        raise GraphError(f"{op} before deterministic_continuous_actions (expected the mu layer)")
+    into.head = (lin[1], lin[2])
+    into.action = ActionSpec("continuous", lin[1].shape[0])
+    into.log_sigma = _log_sigma(graph, lin[1].shape[0])
+    return lin[0]
+
+
+def _log_sigma(graph: OnnxGraph, size: int) -> np.ndarray:
+    """The Gaussian's log std from the sampled path: exp(mu * 0 + log_sigma) (or exp(log_sigma))."""
+    if "continuous_actions" not in graph.outputs:
+        raise GraphError("no continuous_actions output to read the policy's sigma from")
+    found = []
+    for node in graph.upstream_ops("continuous_actions"):
+        if node.op != "Exp":
+            continue
+        arg = graph.const(node.inputs[0])
+        add = graph.producer.get(node.inputs[0])
+        if arg is None and add is not None and add.op == "Add" and (split := graph.split(add)):
+            zero = graph.producer.get(split[0])
+            if zero is not None and zero.op == "Mul" and (z := graph.split(zero)) and not np.any(z[1]):
+                arg = split[1]
+        if arg is None:
+            raise GraphError("a state-dependent sigma (conditional_sigma) is not supported")
+        found.append(np.broadcast_to(arg, (1, size)).reshape(-1))
+    if len(found) != 1:
+        raise GraphError(f"expected one exp(log_sigma) on the sampled path, found {len(found)}")
+    return found[0]
+
+
+def _discrete(graph: OnnxGraph, obs: str, masks: str | None, into: ImportedMlp) -> str:
+    """Fill the categorical head (one branch); return the head's input tensor."""
+    t = _skip_pass_through(graph, DETERMINISTIC["discrete"])
+    node = graph.producer.get(t)
+    argmaxes = [n for n in graph.upstream_ops(t) if n.op == "ArgMax"]
+    if node is None or not argmaxes:
+        raise GraphError("deterministic_discrete_actions is not an argmax over logits")
+    if len(argmaxes) > 1:
+        raise GraphError(f"{len(argmaxes)} discrete action branches; relay's discrete policies have one")
+    x, w, b = _head(graph, argmaxes[0].inputs[0], obs, masks)
+    into.head, into.action = (w, b), ActionSpec("discrete", w.shape[0])
+    return x
+
+
+def mlagents_policy_from_graph(graph: OnnxGraph, source: str) -> PolicyHandle:
+    """An ML-Agents ONNX export (one vector observation, no memory) as a relay policy."""
+    obs_inputs = sorted(i for i in graph.inputs if i.startswith("obs_"))
+    extra = [i for i in graph.inputs if i not in (*obs_inputs, MASKS_INPUT)]
+    try:
+        if len(obs_inputs) != 1:
+            raise GraphError(f"{len(obs_inputs)} observation inputs; relay imports one vector observation")
+        if extra:
+            raise GraphError(f"inputs {extra} (recurrent memory?) are not supported")
+        obs = obs_inputs[0]
+        shape = graph.input_shapes.get(obs, ())
+        if len(shape) != 2 or shape[1] is None:
+            raise GraphError(f"{obs} has shape {list(shape)}; relay imports vector observations [batch, n]")
+        memory = graph.const("memory_size")
+        if memory is not None and np.any(memory):
+            raise GraphError("a recurrent policy (memory_size > 0) is not supported")
+        kinds = [k for k, name in DETERMINISTIC.items() if name in graph.outputs]
+        if len(kinds) != 1:
+            raise GraphError("hybrid (continuous + discrete) actions are not supported")
+        into = ImportedMlp(
+            int(shape[1]), ActionSpec(cast(Any, kinds[0]), 1), [], "silu", (np.zeros(0), np.zeros(0))
+        )
+        masks = MASKS_INPUT if MASKS_INPUT in graph.inputs else None
+        head_input = (
+            _continuous(graph, obs, into) if kinds[0] == "continuous" else _discrete(graph, obs, masks, into)
+        )
+        _body(graph, head_input, obs, into)
+        return into.build(source)
+    except GraphError as err:
+        raise PolicyLoadError(f"{source}: {err}") from None

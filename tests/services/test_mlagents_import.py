@@ -1,45 +1,136 @@
-"""Importing an ML-Agents-shaped PPO policy (ONNX at opset 9, and a `.pt` with a Policy state dict).
+"""Importing ML-Agents PPO policies: ONNX exports read from the graph's structure (folded
+normalizer, no normalizer, a discrete branch with action masks), cross-checked against
+onnxruntime on the original file, and `.pt` checkpoints with a Policy state dict.
 
-The `mlagents` package does not install on this Python, so tests/services/mlagents_like.py builds a
-graph with exactly ML-Agents' structure and names (Huggy: 59 obs, 21 actions, 3 SiLU layers of 512).
+The `mlagents` package does not install on this Python, so tests/services/mlagents_like.py builds
+graphs with ML-Agents' structure and exporter settings (opset 9, constant folding on).
 """
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 
 from services.cli import main
-from services.tools.handle import DeterministicPolicy
+from services.tools.handle import DeterministicPolicy, PolicyLoadError
 from services.tools.load import load_policy
 from tests.services.mlagents_like import export_opset9, randomized
 
+SMALL = dict(obs=8, hidden=64, layers=2)
 
-def test_onnx_import_reproduces_onnxruntimes_deterministic_actions(tmp_path):
+
+def _onnx_actions(path, obs, masks=None):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {"obs_0": obs}
+    if masks is not None:
+        feeds["action_masks"] = masks
+    name = next(o.name for o in session.get_outputs() if o.name.startswith("deterministic_"))
+    return session.run([name], feeds)[0]
+
+
+def _relay_actions(handle, obs):
+    with torch.no_grad():
+        return DeterministicPolicy(handle)(torch.from_numpy(obs))[0].numpy()
+
+
+def _scramble_names(data: bytes) -> bytes:
+    """Rename every initializer as some exporters do (onnx::Gemm_17 ...): names carry no meaning."""
+    proto = onnx.load_from_string(data)
+    renames = {init.name: f"onnx::T_{i}" for i, init in enumerate(proto.graph.initializer)}
+    for init in proto.graph.initializer:
+        init.name = renames[init.name]
+    for node in proto.graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+    return proto.SerializeToString()
+
+
+@pytest.mark.parametrize("scrambled", [False, True])
+def test_huggy_with_a_folded_normalizer(tmp_path, scrambled):
+    data = export_opset9(randomized())
+    names = [i.name for i in onnx.load_from_string(data).graph.initializer]
+    assert not any("running_variance" in n for n in names)  # the exporter folded var / steps
     path = tmp_path / "Huggy.onnx"
-    path.write_bytes(export_opset9(randomized()))
-    assert onnx.load(str(path)).opset_import[0].version == 9
+    path.write_bytes(_scramble_names(data) if scrambled else data)
     handle = load_policy(path)
     assert handle.obs_dim == 59 and handle.model.action.size == 21  # read from the graph
+    assert handle.model.normalizer.enabled
     assert handle.model.pi_trunk.net[1].__class__ is torch.nn.SiLU and len(handle.model.pi_trunk.net) == 6
+    torch.testing.assert_close(handle.model.log_std.detach(), torch.full((21,), -0.5))
     obs = np.random.default_rng(0).standard_normal((1000, 59)).astype(np.float32) * 100
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    want = session.run(["deterministic_continuous_actions"], {"obs_0": obs})[0]
-    with torch.no_grad():
-        got = DeterministicPolicy(handle)(torch.from_numpy(obs))[0].numpy()
-    assert np.abs(got - want).max() <= 1e-5
+    want = _onnx_actions(path, obs)
+    assert np.abs(_relay_actions(handle, obs) - want).max() <= 1e-5
     assert np.abs(want).max() <= 1.0  # clamp(a, -3, 3) / 3
 
 
-def test_pt_checkpoint_with_policy_state_dict(tmp_path):
-    model = randomized(seed=1)
+def test_policy_trained_without_normalization(tmp_path):
+    path = tmp_path / "plain.onnx"
+    path.write_bytes(export_opset9(randomized(normalize=False, **SMALL)))
+    handle = load_policy(path)
+    assert not handle.model.normalizer.enabled
+    obs = np.random.default_rng(1).standard_normal((500, 8)).astype(np.float32) * 3
+    assert np.abs(_relay_actions(handle, obs) - _onnx_actions(path, obs)).max() <= 1e-5
+
+
+def test_discrete_branch_with_action_masks(tmp_path):
+    path = tmp_path / "discrete.onnx"
+    path.write_bytes(export_opset9(randomized(branches=(5,), **SMALL)))
+    handle = load_policy(path)
+    assert handle.model.action.kind == "discrete" and handle.model.action.size == 5
+    obs = np.random.default_rng(2).standard_normal((500, 8)).astype(np.float32) * 10
+    want = _onnx_actions(path, obs, np.ones((500, 5), np.float32))
+    assert want.shape == (500, 1)
+    np.testing.assert_array_equal(_relay_actions(handle, obs), want[:, 0])
+    assert len(np.unique(want)) > 1  # the check would be empty on a constant policy
+
+
+def _one_line_refusal(path, capsys) -> str:
+    assert main(["verify", str(path), "--dtypes", "float32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    return err
+
+
+def test_several_discrete_branches_are_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "two.onnx"
+    path.write_bytes(export_opset9(randomized(branches=(3, 2), **SMALL)))
+    assert "2 discrete action branches" in _one_line_refusal(path, capsys)
+
+
+def test_unknown_structure_is_refused_in_one_line(tmp_path, capsys):
+    proto = onnx.load_from_string(export_opset9(randomized(**SMALL)))
+    next(n for n in proto.graph.node if n.op_type == "Sigmoid").op_type = "Softsign"
+    path = tmp_path / "odd.onnx"
+    path.write_bytes(proto.SerializeToString())
+    assert "on the path from obs_0 to the action head" in _one_line_refusal(path, capsys)
+
+
+def test_a_graph_that_does_not_match_onnxruntime_is_refused(tmp_path, capsys):
+    """The structure reads as an argmax branch, but the argmax runs over the batch axis: the
+    cross-check against onnxruntime catches what the structural reader cannot."""
+    proto = onnx.load_from_string(export_opset9(randomized(branches=(5,), **SMALL)))
+    argmax = next(n for n in proto.graph.node if n.op_type == "ArgMax")
+    next(a for a in argmax.attribute if a.name == "axis").i = 0
+    path = tmp_path / "tampered.onnx"
+    path.write_bytes(proto.SerializeToString())
+    with pytest.raises(PolicyLoadError, match="differs from onnxruntime"):
+        load_policy(path)
+    assert "differs from onnxruntime" in _one_line_refusal(path, capsys)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(normalize=False, **SMALL), dict(branches=(4,), **SMALL)])
+def test_pt_checkpoint_with_policy_state_dict(tmp_path, kw):
+    model = randomized(seed=1, **kw)
     torch.save({"Policy": model.state_dict()}, tmp_path / "checkpoint.pt")
     handle = load_policy(tmp_path / "checkpoint.pt")
-    obs = torch.randn(64, 59) * 10
+    obs = torch.randn(64, model.obs_size) * 10
     with torch.no_grad():
-        want = model(obs)[4]
+        want = model.deterministic(obs)
         got = DeterministicPolicy(handle)(obs)[0]
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    if model.branches:
+        torch.testing.assert_close(got, want[:, 0])
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
 def test_relay_verify_runs_on_the_mlagents_graph(tmp_path, capsys):
