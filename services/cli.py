@@ -1,4 +1,4 @@
-"""The `relay` command line: train, resume, validate, dashboard, export, verify.
+"""The `relay` command line: train, resume, validate, dashboard, export, verify, serve.
 
 Bad input gets one line on stderr and exit 2, with nothing created; a failure gets one line and
 exit 1 (the traceback goes to the run directory's error.log, not the terminal); Ctrl-C exits 130
@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pydantic import ValidationError
+
 from contracts.checkpoint import CheckpointError
 from contracts.config import ConfigError, config_help, dump_config, load_config
 from learner.device import DeviceError, check_device
@@ -24,7 +26,7 @@ from services.driver.checkpoints import ResumeError
 from services.driver.cluster import ClusterError
 from services.driver.preflight import CHOICES, PreflightError, preflight
 from services.driver.run_dir import RunDirError
-from services.driver.signals import exit_code
+from services.driver.signals import exit_code, sigterm_raises
 from services.tools.export import export_onnx
 from services.tools.handle import PolicyLoadError
 from services.tools.load import load_policy
@@ -135,7 +137,27 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--max-abs", type=float, default=0.01)
     verify.add_argument("--seed", type=int, default=0)
     _add_env_arg(verify, "judge precision on")
+    _add_serve_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve a policy over HTTP with Ray Serve (POST /act)")
+    serve.add_argument(
+        "model", help="a relay checkpoint or ONNX export, an ML-Agents .onnx/.pt, or a run dir"
+    )
+    serve.add_argument(
+        "--follow", action="store_true", help="serve a run's newest checkpoint, swapping newer in"
+    )
+    serve.add_argument("--runtime", default="torch", help="torch or onnxruntime")
+    serve.add_argument("--device", default="auto", help="auto, cpu, cuda[:i] or npu[:i]")
+    serve.add_argument("--replicas", type=int, default=1)
+    serve.add_argument("--max-batch-size", type=int, default=32, help="requests @serve.batch joins")
+    serve.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (another one must be asked for)")
+    serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (0: any free)")
+    _add_address_arg(serve)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -203,6 +225,40 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAILURE
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from services.serving.app import ServeArgs
+        from services.serving.runner import ServeError, serve_policy
+    except ImportError as err:
+        raise InputError(
+            f"needs the serve extra ({err.name} is missing): pip install 'relay-rl[serve]'"
+        ) from None
+
+    fields = (
+        "model",
+        "follow",
+        "runtime",
+        "device",
+        "replicas",
+        "max_batch_size",
+        "batch_wait_ms",
+        "max_body_bytes",
+    )
+    try:
+        options = ServeArgs.model_validate({k: getattr(args, k) for k in fields})
+    except ValidationError as err:
+        first = err.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
+        raise InputError(f"{flag} {getattr(args, str(first['loc'][0]))!r}: {first['msg']}") from None
+    if options.runtime == "torch" and not args.address:
+        check_device(options.device)  # a cluster's replicas may have devices this host lacks
+    try:
+        with sigterm_raises():
+            return serve_policy(options, args.host, args.port, args.address)
+    except ServeError as err:
+        raise InputError(str(err)) from None
+
+
 @contextlib.contextmanager
 def _cwd_importable() -> Iterator[None]:
     """As `python -m services.cli` does: a `module:factory` env id in the config may name a module
@@ -228,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "export": lambda: _cmd_export(args),
         "dashboard": lambda: _cmd_dashboard(args),
         "verify": lambda: _cmd_verify(args),
+        "serve": lambda: _cmd_serve(args),
     }
     try:
         with _cwd_importable():
@@ -237,8 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:
         code = exit_code(err)
-        if args.command != "dashboard":
+        if args.command not in ("dashboard", "serve"):
             print(f"relay {args.command}: {'terminated' if code == 143 else 'interrupted'}", file=sys.stderr)
+        if args.command == "serve":
+            print(f"relay serve: stopped ({'terminated' if code == 143 else 'interrupted'})", file=sys.stderr)
         return EXIT_OK if args.command == "dashboard" else code
     except Exception as err:
         text = " ".join(str(err).split())[:300]

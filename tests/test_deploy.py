@@ -92,3 +92,20 @@ def test_kuberay_pods_run_with_token_authentication(name):
                 "name": "relay-ray-token",
                 "key": "auth_token",
             }
+
+
+def test_serve_config_passes_serves_schema_and_relays_options():
+    """deploy/serve.yaml: what `serve run` / `serve deploy` validate, with args `relay serve` accepts."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from services.serving.app import ServeArgs
+
+    config = yaml.safe_load((DEPLOY / "serve.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    app = schema.applications[0]
+    assert app.import_path == "services.serving.app:build"
+    ServeArgs.model_validate(app.args)
+    assert config["http_options"]["host"] == "127.0.0.1"
+    config["applications"][0]["args"]["replicas"] = 0
+    with pytest.raises(ValueError):
+        ServeArgs.model_validate(config["applications"][0]["args"])

@@ -77,6 +77,15 @@ def _end_children() -> None:
 
 def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
+    # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
+    # processes do).
+    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
+    return join_or_start_ray(address, needed)
+
+
+def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
+    """Connect to a cluster (`address`, else RAY_ADDRESS) or start a local Ray with at least
+    `cpus_needed` logical CPUs. True if this process started it (and must shut it down)."""
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -87,15 +96,12 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
             check_reachable(address)
             ray.init(address=address, logging_level=logging.WARNING)
             return False
-        # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
-        # processes do).
-        needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
         # Ray >= 2.59 starts local clusters with token authentication on (unless RAY_AUTH_MODE says
         # otherwise) and warns that it did; relay documents it instead.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(
             address="local",  # a new local instance, never one a `ray start` left running
-            num_cpus=max(os.cpu_count() or 1, int(needed + 0.999)),
+            num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)),
             include_dashboard=False,
             logging_level=logging.WARNING,
         )
@@ -114,6 +120,30 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     finally:
         if threading.current_thread() is threading.main_thread() and relay_sigterm is not None:
             signal.signal(signal.SIGTERM, relay_sigterm)
+
+
+def autoscaling() -> bool:
+    """True when an autoscaler watches this cluster (it publishes its status in Ray's key-value
+    store; Ray has no public query for it)."""
+    try:
+        from ray.experimental import internal_kv
+
+        return internal_kv._internal_kv_get(b"__autoscaling_status") is not None
+    except Exception:
+        return False
+
+
+def check_cluster_device(cfg: RelayConfig) -> None:
+    """learner.device=auto resolves from what the cluster has *now*; on an autoscaling cluster
+    whose accelerator nodes are not up yet that would be the CPU: refuse rather than guess."""
+    have = ray.cluster_resources()
+    has_accelerator = have.get("GPU", 0) >= 1 or have.get("NPU", 0) >= 1
+    if cfg.learner.device == "auto" and not has_accelerator and autoscaling():
+        raise ClusterError(
+            "learner.device=auto: this autoscaling cluster has no GPU or NPU now, and nodes it has not "
+            "started yet cannot be seen; set learner.device=npu or learner.device=cuda (the autoscaler "
+            "then starts one), or learner.device=cpu to learn on a CPU"
+        )
 
 
 def _fmt(resources: dict[str, float]) -> str:

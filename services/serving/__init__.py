@@ -1,0 +1,1 @@
+"""`relay serve`: trained policies behind Ray Serve (service.py holds the Ray-free logic)."""

@@ -1,0 +1,209 @@
+"""The policy service behind `relay serve`, without Ray: load a policy file as data, check requests,
+answer batches, follow a run's newest checkpoint. `services/serving/app.py` puts it behind Ray
+Serve's HTTP proxy and `@serve.batch`.
+
+A request is `{"obs": [[...], ...], "deterministic": true, "seed": 7}`: one observation or a
+batch of them; `deterministic` (default true) gives greedy actions, false samples with noise drawn
+on the CPU from `seed` (a random one when absent). A sampled request with a seed is answered by a
+forward pass of its own, so its bits do not depend on what else shared the batch (matrix kernels
+round differently at different batch sizes): the same request, the same bits, under any load.
+Whatever a client
+sends, the answer is JSON: 400 for a body that is not JSON, has no `obs`, the wrong shape, or NaN
+or inf anywhere; 413 past the size limit.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from learner.device import resolve_device
+from learner.models.policy import draw_noise
+from services.driver.checkpoints import list_checkpoints, load_checkpoint
+from services.serving.runtimes import RUNTIMES
+from services.tools.handle import PolicyHandle
+from services.tools.load import load_policy
+from services.tools.verify import fingerprint
+
+MAX_ROWS = 4096  # observations in one request
+
+
+class BadRequest(ValueError):
+    """A request the service refuses: an HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ActRequest:
+    """One client's observations [k, *obs_shape], greedy or sampled, and its seed."""
+
+    obs: np.ndarray
+    deterministic: bool = True
+    seed: int = field(default_factory=lambda: secrets.randbelow(2**63))
+    seeded: bool = False  # the client chose the seed: it wants these exact bits again
+
+    @property
+    def alone(self) -> bool:
+        """Answered by its own forward pass (reproducible bits), not in the shared batch."""
+        return self.seeded and not self.deterministic
+
+
+def _no_constants(token: str) -> Any:
+    raise BadRequest(400, f"{token} is not a number JSON allows")
+
+
+def _read_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
+    except BadRequest:
+        raise
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest(400, "the body is not JSON") from None
+    if not isinstance(data, dict) or "obs" not in data:
+        raise BadRequest(400, 'expected a JSON object with "obs"')
+    return data
+
+
+def _observations(raw: Any, handle: PolicyHandle) -> np.ndarray:
+    """[k, *obs_shape] float64, finite, in range for an image policy."""
+    try:
+        obs = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise BadRequest(400, '"obs" is not an array of numbers (ragged rows?)') from None
+    shape = handle.obs_shape
+    if obs.shape == shape:
+        obs = obs[None]
+    if obs.shape[1:] != shape or not 1 <= obs.shape[0] <= MAX_ROWS:
+        expected = f"{list(shape)} or [k, {', '.join(map(str, shape))}], k <= {MAX_ROWS}"
+        raise BadRequest(400, f'"obs" has shape {list(obs.shape)}; expected {expected}')
+    if not np.isfinite(obs).all():
+        raise BadRequest(400, '"obs" holds NaN or inf')
+    if handle.env.storage_dtype == np.uint8 and (obs.min() < 0 or obs.max() > 255 or (obs % 1).any()):
+        raise BadRequest(400, '"obs" of an image policy are whole numbers in [0, 255]')
+    return obs
+
+
+def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
+    """The request in `body`, checked against the policy's observation shape and dtype."""
+    data = _read_json(body)
+    deterministic = data.get("deterministic", True)
+    if not isinstance(deterministic, bool):
+        raise BadRequest(400, '"deterministic" is true or false')
+    request = ActRequest(_observations(data["obs"], handle), deterministic)
+    if "seed" in data:
+        seed = data["seed"]
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise BadRequest(400, '"seed" is a whole number in [0, 2^63)')
+        request.seed, request.seeded = seed, True
+    return request
+
+
+@dataclass(frozen=True)
+class Served:
+    """What answers now: a runtime and the weights version it holds (swapped as one)."""
+
+    version: int
+    runtime: Any
+    source: str
+
+
+class PolicyService:
+    """Loads MODEL (or RUN_DIR's newest checkpoint with `follow`) and answers batches."""
+
+    def __init__(
+        self, model: str, runtime: str = "torch", device: str = "auto", follow: bool = False
+    ) -> None:
+        self.path = Path(model)
+        self.runtime_name, self.device, self.follow = runtime, device, follow
+        self._lock = threading.Lock()
+        self.handle: PolicyHandle
+        self.served = self._load(self._newest() if follow else self.path)
+        self.fingerprint = fingerprint(self.handle, resolve_device("cpu"))
+
+    def _newest(self) -> Path:
+        found = list_checkpoints(self.path / "checkpoints")
+        if not found:
+            raise FileNotFoundError(f"{self.path}/checkpoints holds no checkpoint yet")
+        return found[-1]
+
+    def _load(self, path: Path) -> Served:
+        handle = load_policy(path)
+        version = 0
+        if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
+            version = int(load_checkpoint(path).learner.get("version", 0))
+        runtime = RUNTIMES[self.runtime_name](handle, self.device)
+        self.handle = handle
+        return Served(version, runtime, path.name)
+
+    def refresh(self) -> bool:
+        """Follow mode: load a newer checkpoint if there is one and swap it in (requests in flight
+        finish on the weights they started with). True when it swapped."""
+        if not self.follow:
+            return False
+        newest = self._newest()
+        if newest.name == self.served.source:
+            return False
+        served = self._load(newest)
+        with self._lock:
+            self.served = served
+        return True
+
+    def metadata(self) -> dict[str, Any]:
+        served, env = self.served, self.handle.env
+        return {
+            "source": served.source,
+            "weights_version": served.version,
+            "obs_shape": list(env.obs_shape),
+            "obs_dtype": str(env.storage_dtype),
+            "action": env.action.to_dict(),
+            "fingerprint": self.fingerprint,
+            "runtime": served.runtime.name,
+            "device": served.runtime.device,
+            "follow": self.follow,
+        }
+
+    def act(self, requests: list[ActRequest]) -> list[dict[str, Any]]:
+        """One batch of requests: one forward pass for all of them but the seeded sampled ones,
+        which get one each. An answer per request, in order."""
+        served = self.served  # one version answers the whole batch
+        shared = [r for r in requests if not r.alone]
+        groups = [[r] for r in requests if r.alone] + ([shared] if shared else [])
+        answers: dict[int, dict[str, Any]] = {}
+        for group in groups:
+            for r, actions in zip(group, self._forward(served, group), strict=True):
+                answers[id(r)] = {
+                    "actions": actions.tolist(),
+                    "weights_version": served.version,
+                    "batch_rows": sum(len(g.obs) for g in group),
+                    "batch_requests": len(group),
+                }
+        return [answers[id(r)] for r in requests]
+
+    def _forward(self, served: Served, requests: list[ActRequest]) -> list[np.ndarray]:
+        obs = np.concatenate([r.obs for r in requests])
+        deterministic = np.concatenate([np.full(len(r.obs), r.deterministic) for r in requests])
+        noise = np.concatenate(
+            [
+                draw_noise(
+                    self.handle.model.action, len(r.obs), torch.Generator().manual_seed(r.seed)
+                ).numpy()
+                for r in requests
+            ]
+        )
+        actions = served.runtime.act(obs, deterministic, noise)
+        return np.split(actions, np.cumsum([len(r.obs) for r in requests])[:-1])
+
+
+def finite_json(payload: Any) -> bytes:
+    """Strict JSON (a non-finite number would be a bug: refuse to send it)."""
+    return json.dumps(payload, allow_nan=False).encode()
