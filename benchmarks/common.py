@@ -66,3 +66,29 @@ def train_relay(config: str, sets: list[str]) -> list[dict[str, Any]]:
             cmd += ["--set", kv]
         subprocess.run(cmd, cwd=root, check=True)
         return read_metrics(run)
+
+
+def sampling_rate(
+    cfg: Any, workers: int, seconds: float, in_flight: int = 1, num_cpus: float | None = None
+) -> float:
+    """Env steps/s of `workers` RolloutWorker actors alone (Ray running; nobody learning): each
+    keeps `in_flight` samples outstanding, segments stay in the object store."""
+    import ray
+
+    from rollout_workers.worker import RolloutWorker
+
+    cpus = cfg.rollout.num_cpus_per_worker if num_cpus is None else num_cpus
+    cls = ray.remote(RolloutWorker).options(num_cpus=cpus)
+    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
+    ray.get([a.sample.remote(-1, []) for a in actors])  # warm: envs built, first weights
+    pending = {a.sample.remote(-1, []): a for a in actors for _ in range(in_flight)}
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done, _ = ray.wait(list(pending), num_returns=1, fetch_local=False)
+        actor = pending.pop(done[0])
+        calls += 1
+        pending[actor.sample.remote(-1, [])] = actor
+    rate = calls * cfg.segment_steps / (time.perf_counter() - t0)
+    for a in actors:
+        ray.kill(a)
+    return rate

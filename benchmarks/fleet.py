@@ -6,6 +6,7 @@ object store, several object stores, and Sample Factory side by side.
     python benchmarks/fleet.py pipeline [--seconds 20]
     python benchmarks/fleet.py wide [--workers 1,2,4,8,16,32,64] [--seconds 20]
     python benchmarks/fleet.py nodes [--seconds 20]
+    python benchmarks/fleet.py elastic
     python benchmarks/fleet.py sample-factory [--seconds 60]   # builds its own venv (gymnasium<1, numpy<2)
 
 Every number is measured on this machine in one run of the section; ratios are taken between
@@ -15,6 +16,7 @@ numbers of the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -29,7 +31,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table, train_relay
+from common import machine_header, sampling_rate, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 CARTPOLE = "configs/cartpole_ppo.yaml"
@@ -140,26 +142,10 @@ def _learner_alone(seconds: float, sets: list[str]) -> float:
 
 def _sampling_alone(workers: int, seconds: float, sets: list[str]) -> float:
     """Env steps/s of the rollout workers alone (two samples in flight each, nobody learning)."""
-    import ray
-
     from contracts.config import load_config
-    from rollout_workers.worker import RolloutWorker
 
     cfg = load_config(CARTPOLE, [f"rollout.num_workers={workers}", *sets])
-    cls = ray.remote(RolloutWorker).options(num_cpus=cfg.rollout.num_cpus_per_worker)
-    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
-    ray.get([a.sample.remote(-1, []) for a in actors])
-    in_flight = {a.sample.remote(-1, []): a for a in actors for _ in range(2)}
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        done, _ = ray.wait(list(in_flight), num_returns=1, fetch_local=False)
-        actor = in_flight.pop(done[0])
-        calls += 1
-        in_flight[actor.sample.remote(-1, [])] = actor
-    rate = calls * cfg.segment_steps / (time.perf_counter() - t0)
-    for a in actors:
-        ray.kill(a)
-    return rate
+    return sampling_rate(cfg, workers, seconds, in_flight=2)
 
 
 PIPELINE = [
@@ -333,11 +319,59 @@ def nodes(seconds: float) -> None:
     )
 
 
+# ---- 4. The elastic fleet over time -------------------------------------------------------------
+ELASTIC = [
+    "rollout.mode=async",
+    "rollout.autoscale=true",
+    "rollout.num_cpus_per_worker=0.25",
+    "env.num_envs=4",
+    "rollout.rollout_len=16",
+    "learner.buffer_size=256",
+    "learner.batch_size=64",
+    "stop.episode_return_mean=null",
+]
+ELASTIC_CASES = {
+    # An env whose step sleeps 4 ms (no CPU): the learner starves, the fleet grows.
+    "slow env, 1 -> 4 workers": [
+        "env.id=tests.rollout_workers.slow_envs:make",
+        "env.kwargs={delay: 0.004}",
+        "rollout.num_workers=1",
+        "rollout.min_workers=1",
+        "rollout.max_workers=4",
+        "learner.epochs=1",
+        "stop.env_steps=12000",
+    ],
+    # A heavy update (60 epochs) with segments queueing: the learner is saturated, the fleet shrinks.
+    "heavy learner, 3 -> 1 workers": [
+        "rollout.num_workers=3",
+        "rollout.min_workers=1",
+        "rollout.max_workers=3",
+        "rollout.max_segments_in_flight=2",
+        "learner.buffer_size=192",
+        "learner.epochs=60",
+        "stop.env_steps=5000",
+    ],
+}
+
+
+def elastic() -> None:
+    for name, sets in ELASTIC_CASES.items():
+        lines = train_relay(CARTPOLE, [*ELASTIC, *sets])
+        rows = []
+        for prev, line in itertools.pairwise(lines):
+            rate = (line["env_steps"] - prev["env_steps"]) / max(line["wall_s"] - prev["wall_s"], 1e-9)
+            rows.append([round(line["wall_s"], 1), line["num_workers"], rate, line["learner_busy"]])
+        step = max(1, len(rows) // 16)  # about 16 rows per table
+        print(machine_header(f"elastic fleet, CartPole async, {name}: one row every {step} metrics lines"))
+        print(table(["wall s", "workers", "env steps/s", "learner_busy"], rows[::step]))
+        print()
+
+
 # ---- 5. Sample Factory side by side --------------------------------------------------------------------
 SF_VENV = ROOT / ".venv-sample-factory"
 
 
-def _sample_factory(seconds: float) -> dict[str, float]:
+def _sample_factory(steps: int) -> dict[str, float]:
     """Sample Factory 2.1.1 APPO on CartPole in its own venv (it pins gymnasium < 1 and numpy < 2)."""
     python = SF_VENV / "bin" / "python"
     if not python.exists():
@@ -346,7 +380,7 @@ def _sample_factory(seconds: float) -> dict[str, float]:
             [str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "sample-factory==2.1.1"], check=True
         )
     script = Path(__file__).with_name("sf_cartpole.py")
-    out = subprocess.run([str(python), str(script), str(seconds)], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(python), str(script), str(steps)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -362,18 +396,29 @@ def sample_factory(seconds: float) -> None:
     ]
     lines = train_relay(CARTPOLE, sets)
     hit = next((x for x in lines if (x["episode_return_mean"] or 0) >= 475), None)
-    rows.append(["relay async + V-trace", lines[-1]["env_steps_per_s"], hit["wall_s"] if hit else None])
-    sf = _sample_factory(seconds)
+    startup = lines[0].get("startup_s") or 0.0
+    rows.append(
+        ["relay async + V-trace", lines[-1]["env_steps_per_s"], hit["wall_s"] + startup if hit else None]
+    )
+    sf = _sample_factory(int(lines[-1]["env_steps"]))  # the same number of env steps
     rows.append(["Sample Factory APPO", sf["steps_per_s"], sf.get("seconds_to_475")])
     print(
-        machine_header(f"CartPole, 2 workers x 8 envs, {seconds:.0f} s each: env steps/s and seconds to 475")
+        machine_header(
+            f"CartPole, 2 workers x 8 envs, 64x64 tanh MLP: relay for {seconds:.0f} s, Sample Factory for "
+            f"the same {lines[-1]['env_steps']:,} env steps; env steps/s (after startup) and seconds from "
+            "launch to a mean return of 475"
+        )
     )
     print(table(["system", "env steps/s", "s to 475"], rows))
+    ratio = rows[0][1] / rows[1][1]
+    print(
+        f"relay / Sample Factory throughput: {ratio:.2f}x (target >= 1: {'met' if ratio >= 1 else 'missed'})"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["lag", "pipeline", "wide", "nodes", "sample-factory"])
+    parser.add_argument("section", choices=["lag", "pipeline", "wide", "nodes", "elastic", "sample-factory"])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--lags", default="1,2,4,8")
     parser.add_argument("--budget", type=int, default=300_000)
@@ -388,6 +433,8 @@ def main() -> None:
         wide([int(w) for w in args.workers.split(",")], args.seconds)
     elif args.section == "nodes":
         nodes(args.seconds)
+    elif args.section == "elastic":
+        elastic()
     else:
         sample_factory(args.seconds)
 

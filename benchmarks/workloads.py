@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table, train_relay
+from common import machine_header, sampling_rate, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 WINDOW = 20
@@ -200,22 +200,11 @@ def _relay_sampling(seconds: float) -> float:
     import ray
 
     from contracts.config import load_config
-    from rollout_workers.worker import RolloutWorker
 
     cfg = load_config(ROOT / "configs/breakout_ppo.yaml", ATARI_SETS)
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
-        cls = ray.remote(RolloutWorker).options(num_cpus=1)
-        actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(2)]
-        ray.get([a.sample.remote(-1, []) for a in actors])
-        in_flight = {a.sample.remote(-1, []): a for a in actors}
-        calls, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            done, _ = ray.wait(list(in_flight), num_returns=1, fetch_local=False)
-            actor = in_flight.pop(done[0])
-            calls += 1
-            in_flight[actor.sample.remote(-1, [])] = actor
-        return calls * cfg.segment_steps / (time.perf_counter() - t0)
+        return sampling_rate(cfg, 2, seconds, in_flight=1, num_cpus=1)
     finally:
         ray.shutdown()
 

@@ -158,11 +158,13 @@ class LearnerConfig(_Section):
         None, gt=0, description="Stop the update's epochs early once approx_kl exceeds 1.5x this."
     )
     normalize_advantages: bool = Field(True, description="Normalize advantages per minibatch (PPO).")
-    off_policy_correction: Literal["none", "vtrace"] = Field(
+    off_policy_correction: Literal["none", "vtrace", "decoupled"] = Field(
         "none",
         description="PPO's targets for segments acted by older weights (async lag): none (GAE on the "
-        "behaviour critic's values) or vtrace (IMPALA's V-trace targets from the current policy and "
-        "critic, with PPO's clipped surrogate on V-trace advantages, as APPO).",
+        "behaviour critic's values), vtrace (IMPALA's V-trace targets from the current policy and "
+        "critic, with PPO's clipped surrogate on V-trace advantages, as APPO) or decoupled (GAE, "
+        "with the clip centred on the weights the update starts from and the samples weighted by "
+        "their probability under those over the behaviour's: Hilton et al. 2022's decoupled PPO).",
     )
     vtrace_rho_bar: float = Field(
         1.0, gt=0, le=1e6, description="V-trace: truncation of the TD importance weights."

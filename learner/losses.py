@@ -28,12 +28,18 @@ def policy_ratio_terms(logp: Tensor, old_logp: Tensor) -> tuple[Tensor, Tensor]:
     return log_ratio.exp(), log_ratio
 
 
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, clip: float, mask: Tensor) -> Tensor:
-    """PPO's clipped surrogate objective, negated into a loss (Schulman et al. 2017, eq. 7)."""
+def clipped_surrogate(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, clip: float, mask: Tensor, weights: Tensor | None = None
+) -> Tensor:
+    """PPO's clipped surrogate objective, negated into a loss (Schulman et al. 2017, eq. 7); with
+    `weights` [B], each sample's term is scaled by its (detached) importance weight."""
     ratio, _ = policy_ratio_terms(logp, old_logp)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
-    return -masked_mean(torch.minimum(unclipped, clipped), mask)
+    surrogate = torch.minimum(unclipped, clipped)
+    if weights is not None:
+        surrogate = surrogate * weights
+    return -masked_mean(surrogate, mask)
 
 
 def approx_kl(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

@@ -1,7 +1,14 @@
-"""`learner.algo: ppo`: actor-critic PPO (Schulman et al. 2017) on GAE advantages, or with
-`learner.off_policy_correction: vtrace` on V-trace targets and advantages computed from the
-current policy and critic (IMPALA's correction under PPO's clipped surrogate, as APPO), for
-segments acted by weights a few versions old."""
+"""`learner.algo: ppo`: actor-critic PPO (Schulman et al. 2017) on GAE advantages. For segments
+acted by weights a few versions old (async), `learner.off_policy_correction`:
+
+- `vtrace`: V-trace targets and advantages computed from the current policy and critic (IMPALA's
+  correction under PPO's clipped surrogate, as APPO);
+- `decoupled`: decoupled PPO (Hilton et al. 2022): the clip is centred on the proximal policy (the
+  weights this update starts from) instead of the behaviour policy, and each sample's term is
+  weighted by pi_prox / pi_behaviour. Plain PPO on stale segments clips around a policy the
+  learner has already left, so fewer samples teach it anything (Hopper at lag 1: clip fraction
+  0.2 against 0.1 in sync).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from learner.models.policy import ActorCritic
 from learner.vtrace import compute_vtrace
 
 REWARD_CLIP = 10.0
+MAX_IS_WEIGHT = 2.0  # decoupled PPO: pi_prox / pi_behaviour, capped (lag-1 weights sit near 1)
 
 
 class PPO(Algorithm):
@@ -54,8 +62,13 @@ class PPO(Algorithm):
             )
         else:
             adv, ret = compute_gae(rewards, values, *ends, lc.gamma, lc.gae_lambda)
+        logp = data["logp"].flatten()
+        if lc.off_policy_correction == "decoupled":
+            prox_logp, _ = evaluate_in_chunks(self.model, batch["obs"], batch["actions"], lc, self.dev)
+            batch["is_weight"] = (prox_logp - logp).exp().clamp(max=MAX_IS_WEIGHT)
+            logp = prox_logp  # the clip's centre
         batch.update(
-            logp=data["logp"].flatten(),
+            logp=logp,
             values=values.flatten(),
             advantages=adv.flatten(),
             returns=ret.flatten(),
@@ -83,7 +96,7 @@ class PPO(Algorithm):
             if cfg.normalize_advantages
             else b["advantages"]
         )
-        pg = losses.clipped_surrogate(out.logp, b["logp"], adv, cfg.clip_ratio, mask)
+        pg = losses.clipped_surrogate(out.logp, b["logp"], adv, cfg.clip_ratio, mask, b.get("is_weight"))
         assert out.value is not None, "PPO needs a critic"
         vf = losses.value_loss(out.value, b["values"], b["returns"], mask, cfg.value_clip)
         ent = losses.masked_mean(out.entropy, mask)

@@ -91,13 +91,17 @@ class PolicyDeployment:
 
     def _follow(self) -> None:
         """Swap in each newer checkpoint as it lands (the swap is one reference assignment)."""
+        last_error = ""
         while True:
             time.sleep(FOLLOW_POLL_S)
             try:
                 if self.service.refresh():
                     log.info("now serving %s", self.service.served.source)
-            except Exception as err:  # a checkpoint being written, a torn file: the next poll retries
-                log.warning("could not load the newest checkpoint: %s", err)
+                last_error = ""
+            except Exception as err:  # pruned while read, a torn copy: the next poll retries
+                if str(err) != last_error:  # once per distinct failure, not every poll
+                    log.warning("could not load the newest checkpoint: %s", err)
+                last_error = str(err)
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
     async def act_batch(self, requests: list[ActRequest]) -> list[dict[str, Any]]:

@@ -78,6 +78,8 @@ def serve_policy(args: ServeArgs, host: str, port: int, address: str | None) -> 
 
     port = free_port(host, port)
     local = not (address or _ray_address_env())
+    if local:  # replicas may start in another working directory
+        args = args.model_copy(update={"model": str(Path(args.model).resolve())})
     meta = check_model(args, local)
     started = join_or_start_ray(address, cpus_needed=args.replicas + 1)
     try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from learner.device import resolve_device
 from learner.models.policy import draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
-from services.tools.handle import PolicyHandle
+from services.tools.handle import PolicyHandle, PolicyLoadError
 from services.tools.load import load_policy
 from services.tools.verify import fingerprint
 
@@ -110,11 +109,14 @@ def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
 
 @dataclass(frozen=True)
 class Served:
-    """What answers now: a runtime and the weights version it holds (swapped as one)."""
+    """What answers now: the policy, its runtime, the weights version, the file it came from and
+    its fingerprint, swapped as one reference."""
 
     version: int
     runtime: Any
     source: str
+    handle: PolicyHandle
+    fingerprint: str
 
 
 class PolicyService:
@@ -125,16 +127,27 @@ class PolicyService:
     ) -> None:
         self.path = Path(model)
         self.runtime_name, self.device, self.follow = runtime, device, follow
-        self._lock = threading.Lock()
-        self.handle: PolicyHandle
-        self.served = self._load(self._newest() if follow else self.path)
-        self.fingerprint = fingerprint(self.handle, resolve_device("cpu"))
+        self.served = self._load_newest() if follow else self._load(self.path)
 
-    def _newest(self) -> Path:
+    @property
+    def handle(self) -> PolicyHandle:
+        return self.served.handle
+
+    def _checkpoints(self) -> list[Path]:
         found = list_checkpoints(self.path / "checkpoints")
         if not found:
             raise FileNotFoundError(f"{self.path}/checkpoints holds no checkpoint yet")
-        return found[-1]
+        return found
+
+    def _load_newest(self) -> Served:
+        """The newest checkpoint that loads (a torn or pruned one is passed over, as resume does)."""
+        errors = []
+        for path in reversed(self._checkpoints()):
+            try:
+                return self._load(path)
+            except (PolicyLoadError, OSError) as err:
+                errors.append(f"{path.name}: {err}")
+        raise FileNotFoundError(f"{self.path}/checkpoints holds no loadable checkpoint ({errors[0]})")
 
     def _load(self, path: Path) -> Served:
         handle = load_policy(path)
@@ -142,31 +155,29 @@ class PolicyService:
         if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
             version = int(load_checkpoint(path).learner.get("version", 0))
         runtime = RUNTIMES[self.runtime_name](handle, self.device)
-        self.handle = handle
-        return Served(version, runtime, path.name)
+        return Served(version, runtime, path.name, handle, fingerprint(handle, resolve_device("cpu")))
 
     def refresh(self) -> bool:
         """Follow mode: load a newer checkpoint if there is one and swap it in (requests in flight
         finish on the weights they started with). True when it swapped."""
         if not self.follow:
             return False
-        newest = self._newest()
+        newest = self._checkpoints()[-1]
         if newest.name == self.served.source:
             return False
-        served = self._load(newest)
-        with self._lock:
-            self.served = served
+        self.served = self._load(newest)  # one reference: a batch runs on the one it read first
         return True
 
     def metadata(self) -> dict[str, Any]:
-        served, env = self.served, self.handle.env
+        served = self.served
+        env = served.handle.env
         return {
             "source": served.source,
             "weights_version": served.version,
             "obs_shape": list(env.obs_shape),
             "obs_dtype": str(env.storage_dtype),
             "action": env.action.to_dict(),
-            "fingerprint": self.fingerprint,
+            "fingerprint": served.fingerprint,
             "runtime": served.runtime.name,
             "device": served.runtime.device,
             "follow": self.follow,
@@ -195,7 +206,7 @@ class PolicyService:
         noise = np.concatenate(
             [
                 draw_noise(
-                    self.handle.model.action, len(r.obs), torch.Generator().manual_seed(r.seed)
+                    served.handle.model.action, len(r.obs), torch.Generator().manual_seed(r.seed)
                 ).numpy()
                 for r in requests
             ]

@@ -216,7 +216,9 @@ def test_serve_run_accepts_the_shipped_config(run_dir, tmp_path):
     config = yaml.safe_load((ROOT / "deploy" / "serve.yaml").read_text())
     port = _free_port()
     config["http_options"]["port"] = port
-    config["applications"][0]["args"]["model"] = str(list_checkpoints(run / "checkpoints")[0])
+    config["applications"][0]["args"].update(
+        model=str(list_checkpoints(run / "checkpoints")[0]), follow=False
+    )
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     serve_cli = Path(sys.executable).parent / "serve"

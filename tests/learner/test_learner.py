@@ -100,3 +100,28 @@ def test_vtrace_on_fresh_segments_gives_gae_returns_and_corrects_stale_ones():
         vtrace.train_round([sampler.sample(), sampler.sample()])
     stale, _ = vtrace.algo.batch(data)
     assert (stale["returns"] - gae_batch["returns"]).abs().max() > 1e-3
+
+
+def test_decoupled_ppo_clips_around_the_proximal_policy_and_weights_stale_samples():
+    """Decoupled PPO: the clip's centre is the policy the update starts from, and each sample is
+    weighted by pi_prox / pi_behaviour: 1 on fresh segments, spread out on stale ones."""
+    cfg, sampler, plain = _setup()
+    dcfg = cfg.model_copy(
+        update={"learner": cfg.learner.model_copy(update={"off_policy_correction": "decoupled"})}
+    )
+    decoupled = Learner(dcfg, sampler.spec)
+    decoupled.load_state_dict(plain.state_dict())
+    sampler.set_weights(0, plain.weights())
+    seg = sampler.sample()
+    data = time_major({k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in seg.arrays.items()})
+    fresh, _ = decoupled.algo.batch(data)
+    torch.testing.assert_close(fresh["is_weight"], torch.ones_like(fresh["is_weight"]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(fresh["logp"], data["logp"].flatten(), atol=1e-5, rtol=0)
+    for _ in range(3):
+        decoupled.train_round([sampler.sample(), sampler.sample()])
+    stale, _ = decoupled.algo.batch(data)
+    assert (stale["is_weight"] - 1).abs().max() > 1e-3 and stale["is_weight"].max() <= 2.0
+    # The clip's centre moved to the current policy: its log-probs, not the behaviour's.
+    assert (stale["logp"] - data["logp"].flatten()).abs().max() > 1e-3
+    torch.testing.assert_close(stale["advantages"], fresh["advantages"])  # GAE on the behaviour's values
+    decoupled.train_round([seg, seg])  # and it trains

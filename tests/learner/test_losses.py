@@ -18,6 +18,16 @@ def test_clipped_surrogate_by_hand():
     assert math.isclose(loss.item(), -(1.2 + 0.5 - 1.1 - 0.9) / 4, rel_tol=1e-6)
 
 
+def test_clipped_surrogate_with_importance_weights_by_hand():
+    old = torch.zeros(4)
+    logp = torch.log(torch.tensor([1.5, 0.5, 1.1, 0.9]))
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    weights = torch.tensor([0.5, 2.0, 1.0, 0.0])
+    # [1.2, 0.5, -1.1, -0.9] * [0.5, 2, 1, 0] = [0.6, 1.0, -1.1, 0]
+    loss = losses.clipped_surrogate(logp, old, adv, clip=0.2, mask=ONES, weights=weights)
+    assert math.isclose(loss.item(), -(0.6 + 1.0 - 1.1) / 4, rel_tol=1e-6)
+
+
 def test_mask_excludes_padding():
     old = torch.zeros(4)
     logp = torch.log(torch.tensor([1.5, 0.5, 1.1, 0.9]))

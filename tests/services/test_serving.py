@@ -177,12 +177,13 @@ def test_follow_swaps_in_a_newer_checkpoint(cartpole_run, tmp_path):
     for path in found[1:]:
         path.rename(held / path.name)  # the run "has not written them yet"
     service = PolicyService(str(run), follow=True)
-    first = service.served.version
+    first, first_print = service.served.version, service.metadata()["fingerprint"]
     assert service.refresh() is False
     newest = sorted(held.iterdir())[-1]
     newest.rename(run / "checkpoints" / newest.name)
     assert service.refresh() is True
     assert service.served.version > first and service.served.source == newest.name
+    assert service.metadata()["fingerprint"] != first_print  # the new weights' fingerprint
     answer = service.act([ActRequest(np.zeros((1, 4)))])[0]
     assert answer["weights_version"] == service.served.version
 
@@ -267,3 +268,13 @@ def test_relay_serve_bad_input(args, says, cartpole_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert says in err and err.count("\n") == 0, err
     assert not ray.is_initialized()  # nothing started
+
+
+def test_follow_passes_over_a_torn_newest_checkpoint(cartpole_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(cartpole_run, run)
+    good = list_checkpoints(run / "checkpoints")[-1]
+    (run / "checkpoints" / "ckpt-99999999.pt").write_bytes(b"torn" * 10)
+    service = PolicyService(str(run), follow=True)
+    assert service.served.source == good.name
+    assert service.metadata()["fingerprint"] == service.served.fingerprint
