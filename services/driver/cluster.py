@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -33,6 +34,7 @@ from services.driver.signals import Terminated
 
 REPORT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
+STATUS_WAIT_S = 12.0  # the monitor publishes its first status within one 5 s update
 
 
 class ClusterError(ValueError):
@@ -122,23 +124,49 @@ def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
             signal.signal(signal.SIGTERM, relay_sigterm)
 
 
-def autoscaling() -> bool:
-    """True when an autoscaler watches this cluster (it publishes its status in Ray's key-value
-    store; Ray has no public query for it)."""
-    try:
-        from ray.experimental import internal_kv
+def autoscaling(wait_s: float = STATUS_WAIT_S) -> bool:
+    """True when an autoscaler that can launch nodes watches this cluster.
 
-        return internal_kv._internal_kv_get(b"__autoscaling_status") is not None
-    except Exception:
+    Every Ray cluster runs a monitor that publishes its status in Ray's key-value store (Ray has
+    no public query for it); on a local or hand-made cluster that monitor is a read-only one
+    whose node types are the nodes themselves ("node_<id>"). Only a configured autoscaler names
+    node types of its own (e.g. "cpu_rollout", "npu_learner"). A cluster started seconds ago has
+    published nothing yet: its first status is awaited for up to `wait_s`.
+    """
+    from ray.experimental import internal_kv
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = internal_kv._internal_kv_get(b"__autoscaling_status")
+        except Exception:
+            return False
+        if raw is not None or time.monotonic() >= deadline:
+            return is_launching_autoscaler(raw)
+        time.sleep(0.5)
+
+
+def is_launching_autoscaler(raw: bytes | None) -> bool:
+    """Reads the monitor's status blob (JSON) without trusting its shape."""
+    if not raw:
         return False
+    try:
+        status = json.loads(raw)
+        mapping = status["autoscaler_report"]["node_type_mapping"] or {}
+    except (ValueError, TypeError, KeyError):
+        return False
+    if not isinstance(mapping, dict):
+        return False
+    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
 
 
 def check_cluster_device(cfg: RelayConfig) -> None:
     """learner.device=auto resolves from what the cluster has *now*; on an autoscaling cluster
     whose accelerator nodes are not up yet that would be the CPU: refuse rather than guess."""
+    if cfg.learner.device != "auto":
+        return
     have = ray.cluster_resources()
-    has_accelerator = have.get("GPU", 0) >= 1 or have.get("NPU", 0) >= 1
-    if cfg.learner.device == "auto" and not has_accelerator and autoscaling():
+    if have.get("GPU", 0) < 1 and have.get("NPU", 0) < 1 and autoscaling():
         raise ClusterError(
             "learner.device=auto: this autoscaling cluster has no GPU or NPU now, and nodes it has not "
             "started yet cannot be seen; set learner.device=npu or learner.device=cuda (the autoscaler "
