@@ -320,43 +320,15 @@ def nodes(seconds: float) -> None:
 
 
 # ---- 4. The elastic fleet over time -------------------------------------------------------------
-ELASTIC = [
-    "rollout.mode=async",
-    "rollout.autoscale=true",
-    "rollout.num_cpus_per_worker=0.25",
-    "env.num_envs=4",
-    "rollout.rollout_len=16",
-    "learner.buffer_size=256",
-    "learner.batch_size=64",
-    "stop.episode_return_mean=null",
-]
-ELASTIC_CASES = {
-    # An env whose step sleeps 4 ms (no CPU): the learner starves, the fleet grows.
-    "slow env, 1 -> 4 workers": [
-        "env.id=tests.rollout_workers.slow_envs:make",
-        "env.kwargs={delay: 0.004}",
-        "rollout.num_workers=1",
-        "rollout.min_workers=1",
-        "rollout.max_workers=4",
-        "learner.epochs=1",
-        "stop.env_steps=12000",
-    ],
-    # A heavy update (60 epochs) with segments queueing: the learner is saturated, the fleet shrinks.
-    "heavy learner, 3 -> 1 workers": [
-        "rollout.num_workers=3",
-        "rollout.min_workers=1",
-        "rollout.max_workers=3",
-        "rollout.max_segments_in_flight=2",
-        "learner.buffer_size=192",
-        "learner.epochs=60",
-        "stop.env_steps=5000",
-    ],
-}
-
-
 def elastic() -> None:
-    for name, sets in ELASTIC_CASES.items():
-        lines = train_relay(CARTPOLE, [*ELASTIC, *sets])
+    from tests.helpers import ELASTIC_CARTPOLE, ELASTIC_SATURATED, ELASTIC_STARVING
+
+    cases = {
+        "slow env, 1 -> 4 workers": [*ELASTIC_STARVING, "stop.env_steps=12000"],
+        "heavy learner, 3 -> 1 workers": [*ELASTIC_SATURATED, "stop.env_steps=5000"],
+    }
+    for name, sets in cases.items():
+        lines = train_relay(CARTPOLE, [*ELASTIC_CARTPOLE, *sets])
         rows = []
         for prev, line in itertools.pairwise(lines):
             rate = (line["env_steps"] - prev["env_steps"]) / max(line["wall_s"] - prev["wall_s"], 1e-9)
@@ -384,6 +356,55 @@ def _sample_factory(steps: int) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _rllib_cartpole(algo: str, seconds: float) -> tuple[float | None, float | None]:
+    """RLlib PPO or APPO on CartPole for `seconds`, 2 env runners x 8 envs, relay's 64x64 tanh MLP:
+    (env steps/s after the first iteration, seconds from launch to a mean return of 475)."""
+    import ray
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    from contracts.config import load_config
+
+    launch = time.perf_counter()
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        config = (
+            (APPOConfig if algo == "appo" else PPOConfig)()
+            .environment("CartPole-v1")
+            .env_runners(num_env_runners=2, num_envs_per_env_runner=8)
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64], fcnet_activation="tanh"))
+            .debugging(seed=0)
+        )
+        if algo == "ppo":  # relay's CartPole update: 512 steps a round, 5 epochs of 256
+            lc = load_config(ROOT / CARTPOLE).learner
+            config = config.training(
+                train_batch_size_per_learner=lc.buffer_size,
+                minibatch_size=lc.batch_size,
+                num_epochs=lc.epochs,
+                lr=lc.lr,
+                gamma=lc.gamma,
+                lambda_=lc.gae_lambda,
+            )
+        built = config.build_algo()
+        start, first, solved = time.perf_counter(), None, None
+        while time.perf_counter() - start < seconds:
+            runners = built.train().get("env_runners", {})
+            steps = int(runners.get("num_env_steps_sampled_lifetime", 0))
+            now = time.perf_counter()
+            first = first or (now, steps)
+            if solved is None and (runners.get("episode_return_mean") or 0) >= 475:
+                solved = now - launch
+        built.stop()
+    except Exception as err:  # an RLlib failure is a row that says so, not a lost table
+        print(f"... RLlib {algo} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return None, None
+    finally:
+        ray.shutdown()
+    rate = (steps - first[1]) / max(now - first[0], 1e-9) if now > first[0] else None
+    return rate, solved
+
+
 def sample_factory(seconds: float) -> None:
     rows = []
     sets = [
@@ -402,11 +423,13 @@ def sample_factory(seconds: float) -> None:
     )
     sf = _sample_factory(int(lines[-1]["env_steps"]))  # the same number of env steps
     rows.append(["Sample Factory APPO", sf["steps_per_s"], sf.get("seconds_to_475")])
+    for algo in ("appo", "ppo"):
+        rows.append([f"RLlib {algo.upper()}", *_rllib_cartpole(algo, seconds)])
     print(
         machine_header(
-            f"CartPole, 2 workers x 8 envs, 64x64 tanh MLP: relay for {seconds:.0f} s, Sample Factory for "
-            f"the same {lines[-1]['env_steps']:,} env steps; env steps/s (after startup) and seconds from "
-            "launch to a mean return of 475"
+            f"CartPole, 2 workers x 8 envs, 64x64 tanh MLP: relay and RLlib for {seconds:.0f} s, Sample "
+            f"Factory for the same {lines[-1]['env_steps']:,} env steps as relay; env steps/s (after "
+            "startup) and seconds from launch to a mean return of 475"
         )
     )
     print(table(["system", "env steps/s", "s to 475"], rows))

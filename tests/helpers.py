@@ -6,6 +6,37 @@ from services.cli import main
 
 ROOT = Path(__file__).parents[1]
 
+# An elastic CartPole fleet small enough to grow and shrink within seconds on 2 cores (the
+# elastic-fleet tests and `benchmarks/fleet.py elastic` share it).
+ELASTIC_CARTPOLE = [
+    "rollout.mode=async",
+    "rollout.autoscale=true",
+    "rollout.num_cpus_per_worker=0.25",
+    "env.num_envs=4",
+    "rollout.rollout_len=16",
+    "learner.buffer_size=256",
+    "learner.batch_size=64",
+    "stop.episode_return_mean=null",
+]
+# An env whose step sleeps 4 ms (no CPU): the learner starves, the fleet grows from 1 to 4.
+ELASTIC_STARVING = [
+    "env.id=tests.rollout_workers.slow_envs:make",
+    "env.kwargs={delay: 0.004}",
+    "rollout.num_workers=1",
+    "rollout.min_workers=1",
+    "rollout.max_workers=4",
+    "learner.epochs=1",
+]
+# A heavy update (60 epochs) with segments queueing: the learner is saturated, the fleet shrinks.
+ELASTIC_SATURATED = [
+    "rollout.num_workers=3",
+    "rollout.min_workers=1",
+    "rollout.max_workers=3",
+    "rollout.max_segments_in_flight=2",
+    "learner.buffer_size=192",
+    "learner.epochs=60",
+]
+
 
 def train_local(config: str, run: Path, *sets: str) -> int:
     """`relay train configs/<config>` in local mode (no Ray), quiet, with extra `--set`s."""

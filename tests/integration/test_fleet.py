@@ -7,10 +7,9 @@ import json
 import pytest
 
 from contracts.config import load_config
-from tests.helpers import ray_loop
+from tests.helpers import ELASTIC_CARTPOLE, ELASTIC_SATURATED, ELASTIC_STARVING, ray_loop
 
 pytestmark = pytest.mark.ray
-SLOW = "tests.rollout_workers.slow_envs:make"
 
 
 def _lines(loop) -> list[dict]:
@@ -23,31 +22,12 @@ def _rate(lines: list[dict]) -> float:
 
 
 def _cfg(*sets: str):
-    base = [
-        "metrics.progress=none",
-        "metrics.tensorboard=false",
-        "stop.episode_return_mean=null",
-        "rollout.mode=async",
-        "rollout.autoscale=true",
-        "rollout.num_cpus_per_worker=0.25",
-        "env.num_envs=4",
-        "rollout.rollout_len=16",
-        "learner.buffer_size=256",
-        "learner.batch_size=64",
-    ]
+    base = ["metrics.progress=none", "metrics.tensorboard=false", *ELASTIC_CARTPOLE]
     return load_config("configs/cartpole_ppo.yaml", [*base, *sets])
 
 
 def test_a_starving_learner_grows_the_fleet_and_throughput_rises(local_ray, tmp_path):
-    cfg = _cfg(
-        f"env.id={SLOW}",
-        "env.kwargs={delay: 0.004}",
-        "rollout.num_workers=1",
-        "rollout.min_workers=1",
-        "rollout.max_workers=4",
-        "learner.epochs=1",
-        "stop.env_steps=9000",
-    )
+    cfg = _cfg(*ELASTIC_STARVING, "stop.env_steps=9000")
     loop, backend = ray_loop(cfg, tmp_path / "grow")
     try:
         assert loop.run_until_stop() == "env_steps"
@@ -62,15 +42,7 @@ def test_a_starving_learner_grows_the_fleet_and_throughput_rises(local_ray, tmp_
 
 
 def test_a_saturated_learner_with_a_queue_retires_workers(local_ray, tmp_path):
-    cfg = _cfg(
-        "rollout.num_workers=3",
-        "rollout.min_workers=1",
-        "rollout.max_workers=3",
-        "rollout.max_segments_in_flight=2",
-        "learner.buffer_size=192",
-        "learner.epochs=60",
-        "stop.env_steps=4000",
-    )
+    cfg = _cfg(*ELASTIC_SATURATED, "stop.env_steps=4000")
     loop, backend = ray_loop(cfg, tmp_path / "shrink")
     try:
         loop.run_until_stop()

@@ -81,18 +81,25 @@ def test_state_round_trips_into_a_fresh_learner():
     assert a["policy_loss"] == b["policy_loss"]  # the same generator state, the same permutation
 
 
-def test_vtrace_on_fresh_segments_gives_gae_returns_and_corrects_stale_ones():
-    """On-policy (the segment acted by the learner's own weights) V-trace's targets are GAE's
-    lambda-returns; on a segment acted by older weights they differ (the correction at work)."""
+def _corrected(correction: str):
+    """(sampler, a plain learner, a learner with `correction` and the same weights, a segment both
+    acted, that segment time-major [T, 1, ...]): the segment is on-policy for both until one trains."""
     cfg, sampler, plain = _setup()
-    vcfg = cfg.model_copy(
-        update={"learner": cfg.learner.model_copy(update={"off_policy_correction": "vtrace"})}
+    ccfg = cfg.model_copy(
+        update={"learner": cfg.learner.model_copy(update={"off_policy_correction": correction})}
     )
-    vtrace = Learner(vcfg, sampler.spec)
-    vtrace.load_state_dict(plain.state_dict())
+    corrected = Learner(ccfg, sampler.spec)
+    corrected.load_state_dict(plain.state_dict())
     sampler.set_weights(0, plain.weights())
     seg = sampler.sample()
     data = time_major({k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in seg.arrays.items()})
+    return sampler, plain, corrected, seg, data
+
+
+def test_vtrace_on_fresh_segments_gives_gae_returns_and_corrects_stale_ones():
+    """On-policy (the segment acted by the learner's own weights) V-trace's targets are GAE's
+    lambda-returns; on a segment acted by older weights they differ (the correction at work)."""
+    sampler, plain, vtrace, _, data = _corrected("vtrace")
     gae_batch, _ = plain.algo.batch(data)
     v_batch, _ = vtrace.algo.batch(data)
     torch.testing.assert_close(v_batch["returns"], gae_batch["returns"], atol=2e-4, rtol=1e-4)
@@ -105,15 +112,7 @@ def test_vtrace_on_fresh_segments_gives_gae_returns_and_corrects_stale_ones():
 def test_decoupled_ppo_clips_around_the_proximal_policy_and_weights_stale_samples():
     """Decoupled PPO: the clip's centre is the policy the update starts from, and each sample is
     weighted by pi_prox / pi_behaviour: 1 on fresh segments, spread out on stale ones."""
-    cfg, sampler, plain = _setup()
-    dcfg = cfg.model_copy(
-        update={"learner": cfg.learner.model_copy(update={"off_policy_correction": "decoupled"})}
-    )
-    decoupled = Learner(dcfg, sampler.spec)
-    decoupled.load_state_dict(plain.state_dict())
-    sampler.set_weights(0, plain.weights())
-    seg = sampler.sample()
-    data = time_major({k: torch.from_numpy(np.ascontiguousarray(v))[None] for k, v in seg.arrays.items()})
+    sampler, _, decoupled, seg, data = _corrected("decoupled")
     fresh, _ = decoupled.algo.batch(data)
     torch.testing.assert_close(fresh["is_weight"], torch.ones_like(fresh["is_weight"]), atol=1e-5, rtol=0)
     torch.testing.assert_close(fresh["logp"], data["logp"].flatten(), atol=1e-5, rtol=0)
