@@ -23,7 +23,7 @@ import pytest
 from services.driver.checkpoints import list_checkpoints
 from tests.helpers import train_local
 from tests.helpers_proc import wait_for
-from tests.services.mlagents_like import export_opset9, randomized
+from tests.services.test_mlagents_import import MLAGENTS_EXPORTS
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).parents[2]
@@ -166,14 +166,15 @@ def _ready(base: str) -> bool:
 
 
 def test_serve_application_runs_an_mlagents_export_on_two_onnxruntime_replicas(tmp_path):
-    """The application `serve run deploy/serve.yaml` builds, started here with serve.run."""
+    """A real ML-Agents export on the application `serve run deploy/serve.yaml` builds, started
+    here with serve.run."""
     import ray
     from ray import serve
 
     from services.serving.app import build
 
-    path = tmp_path / "Huggy.onnx"
-    path.write_bytes(export_opset9(randomized()))
+    path = tmp_path / "Huggy.onnx"  # written by ML-Agents 1.1.0's own exporter (tests/services/data)
+    path.write_bytes((MLAGENTS_EXPORTS / "continuous_normalized.onnx").read_bytes())
     port = _free_port()
     ray.init(num_cpus=4, include_dashboard=False)
     try:

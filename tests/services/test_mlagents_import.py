@@ -2,9 +2,14 @@
 normalizer, no normalizer, a discrete branch with action masks), cross-checked against
 onnxruntime on the original file, and `.pt` checkpoints with a Policy state dict.
 
-The `mlagents` package does not install on this Python, so tests/services/mlagents_like.py builds
-graphs with ML-Agents' structure and exporter settings (opset 9, constant folding on).
+Real exports: tests/services/data/mlagents/*.onnx were written by ML-Agents 1.1.0's own
+SimpleActor and ModelSerializer (make_exports.py there says how; `mlagents` pins a Python and
+numpy relay does not run, so it is never imported at test time). tests/services/mlagents_like.py
+builds more graphs with ML-Agents' structure and exporter settings (opset 9, constant folding on)
+for the variations a real file cannot show: scrambled names, a .pt state dict, odd structures.
 """
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +23,8 @@ from services.tools.load import load_policy
 from tests.services.mlagents_like import export_opset9, randomized
 
 SMALL = dict(obs=8, hidden=64, layers=2)
+MLAGENTS_EXPORTS = Path(__file__).parent / "data" / "mlagents"
+REAL = ["continuous_normalized", "continuous_plain", "discrete_one_branch"]
 
 
 def _onnx_actions(path, obs, masks=None):
@@ -142,3 +149,28 @@ def test_relay_verify_runs_on_the_mlagents_graph(tmp_path, capsys):
     assert "float32 |   1.000000 |   0.00e+00 | pass" in out
     assert "onnxruntime cpu |    64" in out
     assert code in (0, 1) and ("FAIL" in out) == (code == 1)
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_real_mlagents_exports_load_and_act_as_onnxruntime_does(name):
+    """Normalized (its statistics in initializers the exporter wrote), plain, one discrete branch
+    (with its `action_masks` input: all actions allowed)."""
+    path = MLAGENTS_EXPORTS / f"{name}.onnx"
+    handle = load_policy(path)
+    inputs = {i.name: i.shape for i in ort.InferenceSession(str(path)).get_inputs()}
+    obs = (np.random.default_rng(1).standard_normal((512, inputs["obs_0"][1])) * 10).astype(np.float32)
+    masks = np.ones((512, inputs["action_masks"][1]), np.float32) if "action_masks" in inputs else None
+    want = _onnx_actions(path, obs, masks)
+    got = _relay_actions(handle, obs)
+    if name.startswith("discrete"):
+        assert np.array_equal(got.reshape(want.shape), want)
+    else:
+        assert np.abs(got - want).max() <= 1e-5
+
+
+def test_real_mlagents_exports_verify_and_two_branches_are_refused(capsys):
+    assert main(["verify", str(MLAGENTS_EXPORTS / "continuous_normalized.onnx")]) == 0
+    assert "fingerprint" in capsys.readouterr().out
+    assert main(["verify", str(MLAGENTS_EXPORTS / "discrete_two_branches.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 discrete action branches" in err[0]
