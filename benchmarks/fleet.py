@@ -16,7 +16,6 @@ numbers of the same run.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import subprocess
@@ -223,7 +222,8 @@ def wide(workers: list[int], seconds: float) -> None:
 
     rows = []
     for w in workers:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+        # 3 logical CPUs (as every section) or what W workers at 0.05 and the learner ask for.
+        ray.init(num_cpus=max(3, int(np.ceil(w * 0.05 + 1))), include_dashboard=False, log_to_driver=False)
         try:
             sets = [
                 f"rollout.num_workers={w}",
@@ -329,13 +329,20 @@ def elastic() -> None:
     }
     for name, sets in cases.items():
         lines = train_relay(CARTPOLE, [*ELASTIC_CARTPOLE, *sets])
+        step = max(1, len(lines) // 16)  # about 16 rows per table
         rows = []
-        for prev, line in itertools.pairwise(lines):
+        for i in range(step, len(lines), step):
+            window, prev, line = lines[i - step + 1 : i + 1], lines[i - step], lines[i]
             rate = (line["env_steps"] - prev["env_steps"]) / max(line["wall_s"] - prev["wall_s"], 1e-9)
-            rows.append([round(line["wall_s"], 1), line["num_workers"], rate, line["learner_busy"]])
-        step = max(1, len(rows) // 16)  # about 16 rows per table
-        print(machine_header(f"elastic fleet, CartPole async, {name}: one row every {step} metrics lines"))
-        print(table(["wall s", "workers", "env steps/s", "learner_busy"], rows[::step]))
+            busy = float(np.mean([x["learner_busy"] for x in window]))
+            rows.append([round(line["wall_s"], 1), line["num_workers"], rate, f"{busy:.2f}"])
+        print(
+            machine_header(
+                f"elastic fleet, CartPole async, {name}: env steps/s and learner_busy over each "
+                f"{step} metrics lines"
+            )
+        )
+        print(table(["wall s", "workers", "env steps/s", "learner_busy"], rows))
         print()
 
 
