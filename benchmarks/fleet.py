@@ -331,8 +331,9 @@ def elastic() -> None:
         lines = train_relay(CARTPOLE, [*ELASTIC_CARTPOLE, *sets])
         step = max(1, len(lines) // 16)  # about 16 rows per table
         rows = []
-        for i in range(step, len(lines), step):
-            window, prev, line = lines[i - step + 1 : i + 1], lines[i - step], lines[i]
+        for i in range(0, len(lines), step):  # the first line alone, then windows of `step` lines
+            window, line = lines[max(i - step + 1, 0) : i + 1], lines[i]
+            prev = lines[i - step] if i else {"env_steps": 0, "wall_s": 0.0}
             rate = (line["env_steps"] - prev["env_steps"]) / max(line["wall_s"] - prev["wall_s"], 1e-9)
             busy = float(np.mean([x["learner_busy"] for x in window]))
             rows.append([round(line["wall_s"], 1), line["num_workers"], rate, f"{busy:.2f}"])

@@ -131,33 +131,40 @@ def autoscaling(wait_s: float = STATUS_WAIT_S) -> bool:
     no public query for it); on a local or hand-made cluster that monitor is a read-only one
     whose node types are the nodes themselves ("node_<id>"). Only a configured autoscaler names
     node types of its own (e.g. "cpu_rollout", "npu_learner"). A cluster started seconds ago has
-    published nothing yet: its first status is awaited for up to `wait_s`.
+    published nothing yet, or no node: its first status naming a node is awaited up to `wait_s`.
     """
     from ray.experimental import internal_kv
 
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            raw = internal_kv._internal_kv_get(b"__autoscaling_status")
+            mapping = node_types(internal_kv._internal_kv_get(b"__autoscaling_status"))
         except Exception:
             return False
-        if raw is not None or time.monotonic() >= deadline:
-            return is_launching_autoscaler(raw)
+        if mapping or time.monotonic() >= deadline:
+            return _names_its_own(mapping)
         time.sleep(0.5)
 
 
-def is_launching_autoscaler(raw: bytes | None) -> bool:
-    """Reads the monitor's status blob (JSON) without trusting its shape."""
-    if not raw:
-        return False
+def node_types(raw: bytes | None) -> dict[str, str]:
+    """{node id: node type} from the monitor's status blob (JSON), read without trusting its
+    shape: {} when there is none or it is not what Ray writes."""
     try:
-        status = json.loads(raw)
-        mapping = status["autoscaler_report"]["node_type_mapping"] or {}
+        mapping = json.loads(raw or b"null")["autoscaler_report"]["node_type_mapping"]
     except (ValueError, TypeError, KeyError):
-        return False
+        return {}
     if not isinstance(mapping, dict):
-        return False
-    return any(node_type != f"node_{node_id}" for node_id, node_type in mapping.items())
+        return {}
+    return {str(k): str(v) for k, v in mapping.items()}
+
+
+def is_launching_autoscaler(raw: bytes | None) -> bool:
+    """Whether the monitor's status blob names node types of its own (see `autoscaling`)."""
+    return _names_its_own(node_types(raw))
+
+
+def _names_its_own(mapping: dict[str, str]) -> bool:
+    return any(kind != f"node_{node}" for node, kind in mapping.items())
 
 
 def check_cluster_device(cfg: RelayConfig) -> None:

@@ -109,6 +109,33 @@ def fake_cluster(monkeypatch):
     cluster.shutdown()
 
 
+def test_device_auto_on_an_autoscaling_cluster_without_accelerators_is_refused(
+    fake_cluster, tmp_path, capsys
+):
+    """The learner node type is not up yet: auto would pick the CPU; one line says what to set.
+    (First in the module: no earlier test has started a learner node on this machine.)"""
+    from services.cli import main
+    from services.driver.cluster import autoscaling
+
+    assert ray.cluster_resources().get("NPU", 0) == 0, ray.cluster_resources()
+    assert autoscaling(), "the fake cluster's autoscaler should be recognised"
+
+    code = main(
+        [
+            "train",
+            "configs/cartpole_ppo.yaml",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--set",
+            "learner.device=auto",
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "autoscaling cluster has no GPU or NPU now" in err[0] and "learner.device=npu" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
 def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_cluster, tmp_path):
     assert len(_alive_nodes()) == 1  # the head alone, with no CPU for workers
     cfg = load_config(
@@ -200,25 +227,3 @@ class _NodeWatcher:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def test_device_auto_on_an_autoscaling_cluster_without_accelerators_is_refused(
-    fake_cluster, tmp_path, capsys
-):
-    """The learner node type is not up yet: auto would pick the CPU; one line says what to set."""
-    from services.cli import main
-
-    code = main(
-        [
-            "train",
-            "configs/cartpole_ppo.yaml",
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--set",
-            "learner.device=auto",
-        ]
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert "autoscaling cluster has no GPU or NPU now" in err[0] and "learner.device=npu" in err[0]
-    assert not (tmp_path / "run").exists()
