@@ -335,8 +335,12 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
                     curve.append((self.num_timesteps, float(np.mean(self.recent))))
             return time.perf_counter() - self.t0 < seconds
 
+    # frameskip=1: ALE v5 skips 4 frames itself and SB3's AtariWrapper skips 4 more; relay's
+    # Atari stack (and the published baselines) skip 4 in all.
     env = VecFrameStack(
-        make_atari_env("ALE/Breakout-v5", n_envs=8, seed=0, env_kwargs={"repeat_action_probability": 0.0}),
+        make_atari_env(
+            "ALE/Breakout-v5", n_envs=8, seed=0, env_kwargs={"repeat_action_probability": 0.0, "frameskip": 1}
+        ),
         n_stack=4,
     )
     model = PPO(
