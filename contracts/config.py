@@ -131,6 +131,13 @@ class LearnerConfig(_Section):
         le=1024,
         description="Data-parallel learner actors, one accelerator each (HCCL on npu, NCCL on cuda).",
     )
+    num_cpus: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="CPUs Ray reserves for each learner actor, which are also its torch threads: "
+        "1 suits an accelerator learner or a small MLP; a CNN learned on the CPU wants the cores.",
+    )
     npu_ids: list[int] = Field(
         default_factory=list,
         max_length=1024,

@@ -26,9 +26,12 @@ Staged = tuple[Segment, dict[str, torch.Tensor] | None] | ray.exceptions.RayErro
 class LearnerActor:
     """Holds the Learner on its accelerator; segments arrive by object ref, weights leave by one ray.put."""
 
-    def __init__(self, cfg_data: dict[str, Any], env: EnvSpec, num_threads: int = 1) -> None:
-        torch.set_num_threads(num_threads)
-        self.learner = Learner(RelayConfig.model_validate(cfg_data), env)
+    def __init__(self, cfg_data: dict[str, Any], env: EnvSpec) -> None:
+        cfg = RelayConfig.model_validate(cfg_data)
+        # As many intra-op threads as the CPUs Ray reserved for us: more would fight the rollout
+        # workers for cores, fewer leaves a CPU learner's reserved cores idle.
+        torch.set_num_threads(cfg.learner.num_cpus)
+        self.learner = Learner(cfg, env)
         self._published: tuple[int, list[ray.ObjectRef]] | None = None
         # Segments of the next rounds, fetched and staged by a thread while the learner updates.
         self._prefetched: dict[ray.ObjectRef, Staged] = {}
@@ -40,6 +43,7 @@ class LearnerActor:
             "device": str(self.learner.dev),
             "ray_accelerator_ids": list(self.learner.dev.ray_ids),
             "parameters": self.learner.parameter_count,
+            "torch_threads": torch.get_num_threads(),
             "buffer_bytes": self.learner.buffer.nbytes(),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
@@ -133,9 +137,14 @@ class LearnerActor:
 
 
 def learner_resources(cfg: RelayConfig) -> dict[str, float]:
-    """What one learner actor asks Ray for: a CPU, its accelerator, and learner.ray_resources."""
+    """What one learner actor asks Ray for: learner.num_cpus CPUs, its accelerator, and
+    learner.ray_resources."""
     have = ray.cluster_resources() if ray.is_initialized() else {}
-    return {"CPU": 1.0, **accelerator_resources(cfg.learner.device, have), **cfg.learner.ray_resources}
+    return {
+        "CPU": float(cfg.learner.num_cpus),
+        **accelerator_resources(cfg.learner.device, have),
+        **cfg.learner.ray_resources,
+    }
 
 
 def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:

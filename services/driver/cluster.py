@@ -81,7 +81,8 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
     # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
     # processes do).
-    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + cfg.learner.num_learners
+    lrn = cfg.learner
+    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + lrn.num_learners * lrn.num_cpus
     return join_or_start_ray(address, needed)
 
 
@@ -231,8 +232,8 @@ def wait_until_placed(cfg: RelayConfig, groups: dict[str, list[Any]]) -> None:
             raise ClusterError(
                 f"{what} could not be placed within rollout.placement_timeout_s={timeout:g}: they need "
                 f"{_fmt(demand)} and the cluster has {_cluster_has()}; add nodes, ask for less "
-                "(rollout.num_workers, rollout.num_cpus_per_worker, learner.device), or set "
-                "rollout.placement_timeout_s=null on an autoscaling cluster"
+                "(rollout.num_workers, rollout.num_cpus_per_worker, learner.device, learner.num_cpus), "
+                "or set rollout.placement_timeout_s=null on an autoscaling cluster"
             )
         if now >= report_at:
             report_at = now + REPORT_S

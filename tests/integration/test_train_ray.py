@@ -1,6 +1,7 @@
 """End to end through real Ray actors on a local cluster (few, short, marked `ray`)."""
 
 import json
+import time
 
 import pytest
 
@@ -70,3 +71,25 @@ def test_grpo_token_task_through_ray_rises_above_random(local_ray, tmp_path):
     assert sum(late) / len(late) > 0.3, late
     assert lines[0]["kl_ref"] < 0.05  # starts at the reference (exactly 0 before the first step)
     assert "value_loss" not in lines[-1]
+
+
+def test_learner_actor_reserves_and_uses_its_cpus(local_ray):
+    """learner.num_cpus is both what Ray reserves for the learner actor and its torch threads
+    (a CPU learner left at one thread used half of a 2-core machine while its CPUs sat idle)."""
+    import ray
+
+    from contracts.config import load_config
+    from learner.actor import create_learner_actor
+    from rollout_workers.envs import probe_env_spec
+
+    cfg = load_config("configs/cartpole_ppo.yaml", ["learner.num_cpus=3", "learner.device=cpu"])
+    total = ray.cluster_resources()["CPU"]  # the earlier tests' actors are gone once this one is placed
+    actor = create_learner_actor(cfg, probe_env_spec(cfg.env))
+    try:
+        assert ray.get(actor.describe.remote())["torch_threads"] == 3
+        deadline = time.monotonic() + 10  # the resource view catches up with placement shortly
+        while ray.available_resources().get("CPU", 0.0) != total - 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ray.available_resources().get("CPU", 0.0) == total - 3
+    finally:
+        ray.kill(actor)
