@@ -68,6 +68,26 @@ def train_relay(config: str, sets: list[str]) -> list[dict[str, Any]]:
         return read_metrics(run)
 
 
+def rllib_ppo_update(config: str, train_batch: int | None = None) -> dict[str, Any]:
+    """relay's PPO update in the shipped `config` as keywords of RLlib's `PPOConfig.training(...)`,
+    so RLlib runs the same update: steps a round (`train_batch`, default relay's buffer),
+    minibatch, epochs, lr, gamma, lambda, clip and the loss weights."""
+    from contracts.config import load_config
+
+    lc = load_config(Path(__file__).parents[1] / config).learner
+    return dict(
+        train_batch_size_per_learner=train_batch or lc.buffer_size,
+        minibatch_size=lc.batch_size,
+        num_epochs=lc.epochs,
+        lr=lc.lr,
+        gamma=lc.gamma,
+        lambda_=lc.gae_lambda,
+        clip_param=lc.clip_ratio,
+        entropy_coeff=lc.entropy_coef,
+        vf_loss_coeff=lc.value_coef,
+    )
+
+
 def sampling_rate(
     cfg: Any, workers: int, seconds: float, in_flight: int = 1, num_cpus: float | None = None
 ) -> float:

@@ -30,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, sampling_rate, table, train_relay
+from common import machine_header, rllib_ppo_update, sampling_rate, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 CARTPOLE = "configs/cartpole_ppo.yaml"
@@ -372,8 +372,6 @@ def _rllib_cartpole(algo: str, seconds: float) -> tuple[float | None, float | No
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    from contracts.config import load_config
-
     launch = time.perf_counter()
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
@@ -384,16 +382,8 @@ def _rllib_cartpole(algo: str, seconds: float) -> tuple[float | None, float | No
             .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64], fcnet_activation="tanh"))
             .debugging(seed=0)
         )
-        if algo == "ppo":  # relay's CartPole update: 512 steps a round, 5 epochs of 256
-            lc = load_config(ROOT / CARTPOLE).learner
-            config = config.training(
-                train_batch_size_per_learner=lc.buffer_size,
-                minibatch_size=lc.batch_size,
-                num_epochs=lc.epochs,
-                lr=lc.lr,
-                gamma=lc.gamma,
-                lambda_=lc.gae_lambda,
-            )
+        if algo == "ppo":  # relay's CartPole update: 1,024 steps a round, 5 epochs of 256
+            config = config.training(**rllib_ppo_update(CARTPOLE))
         built = config.build_algo()
         start, first, solved = time.perf_counter(), None, None
         while time.perf_counter() - start < seconds:

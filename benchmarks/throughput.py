@@ -23,11 +23,11 @@ import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table, train_relay
+from common import machine_header, rllib_ppo_update, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
-from contracts.config import EnvConfig, build_config, load_config  # noqa: E402
+from contracts.config import EnvConfig, build_config  # noqa: E402
 from rollout_workers.vector_backends import make_vector_env  # noqa: E402
 from rollout_workers.worker import RolloutWorker  # noqa: E402
 
@@ -110,20 +110,12 @@ def training(workers: int, seconds: float, mode: str) -> float:
 def rllib(workers: int, seconds: float) -> float:
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    # The same update as relay's training run: its config's epochs and minibatch size.
-    lc = load_config(ROOT / "configs/cartpole_ppo.yaml").learner
+    # The same update as relay's training run (its config's), on a round the size of this fleet's.
     algo = (
         PPOConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=workers, num_envs_per_env_runner=NUM_ENVS)
-        .training(
-            train_batch_size_per_learner=workers * 1024,
-            minibatch_size=lc.batch_size,
-            num_epochs=lc.epochs,
-            lr=lc.lr,
-            gamma=lc.gamma,
-            lambda_=lc.gae_lambda,
-        )
+        .training(**rllib_ppo_update("configs/cartpole_ppo.yaml", train_batch=workers * 1024))
         .debugging(seed=0)
         .build_algo()
     )

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, sampling_rate, table, train_relay
+from common import machine_header, rllib_ppo_update, sampling_rate, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 WINDOW = 20
@@ -221,6 +221,7 @@ def _update_breakdown() -> tuple[float, dict[str, float]]:
         ROOT / "configs/breakout_ppo.yaml",
         ["env.vectorization=envpool", "rollout.num_workers=0", "learner.buffer_size=1024"],
     )
+    torch.set_num_threads(cfg.learner.num_cpus)  # the learner actor's threads (learner.num_cpus)
     sampler = make_sampler(cfg)
     learner = Learner(cfg, sampler.spec)
     seg = sampler.sample()
@@ -282,17 +283,7 @@ def _rllib_atari(seconds: float) -> float:
             PPOConfig()
             .environment("breakout")
             .env_runners(num_env_runners=2, num_envs_per_env_runner=8)
-            .training(
-                train_batch_size_per_learner=2048,
-                minibatch_size=512,
-                num_epochs=4,
-                lr=2.5e-4,
-                clip_param=0.1,
-                entropy_coeff=0.01,
-                vf_loss_coeff=0.5,
-                gamma=0.99,
-                lambda_=0.95,
-            )
+            .training(**rllib_ppo_update("configs/breakout_ppo.yaml"))
             .rl_module(
                 model_config={
                     "conv_filters": [[32, 8, 4], [64, 4, 2], [64, 3, 1]],
@@ -363,6 +354,8 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
 
 
 def atari_throughput(seconds: float) -> None:
+    import torch
+
     sampling = _relay_sampling(seconds)
     learner_sps, phases = _update_breakdown()
     training = _relay_training(seconds)
@@ -378,7 +371,8 @@ def atari_throughput(seconds: float) -> None:
     print(table(["system", "steps/s"], rows))
     print(f"relay end to end / RLlib = {training / rllib:.2f}x, / SB3 = {training / sb3:.2f}x")
     print(
-        f"relay learner alone: {learner_sps:,.0f} samples/s (4 epochs of 512-sample minibatches); "
+        f"relay learner alone ({torch.get_num_threads()} torch threads, learner.num_cpus): "
+        f"{learner_sps:,.0f} samples/s (4 epochs of 512-sample minibatches); "
         "ms per 512-sample minibatch: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
     )
 
