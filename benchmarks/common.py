@@ -76,7 +76,7 @@ def rllib_ppo_update(config: str, train_batch: int | None = None) -> dict[str, A
 
     lc = load_config(Path(__file__).parents[1] / config).learner
     return dict(
-        train_batch_size_per_learner=train_batch or lc.buffer_size,
+        train_batch_size_per_learner=lc.buffer_size if train_batch is None else train_batch,
         minibatch_size=lc.batch_size,
         num_epochs=lc.epochs,
         lr=lc.lr,

@@ -209,8 +209,9 @@ def _relay_sampling(seconds: float) -> float:
         ray.shutdown()
 
 
-def _update_breakdown() -> tuple[float, dict[str, float]]:
-    """One Breakout update in-process: learner samples/s and ms per minibatch by phase."""
+def _update_breakdown() -> tuple[float, int, dict[str, float]]:
+    """One Breakout update in-process: learner samples/s, its torch threads and ms per minibatch
+    by phase."""
     import torch
 
     from contracts.config import load_config
@@ -249,7 +250,7 @@ def _update_breakdown() -> tuple[float, dict[str, float]]:
         opt.zero_grad()
         phases["optimizer"] += time.perf_counter() - t
     del x
-    return samples_per_s, {k: v / reps * 1e3 for k, v in phases.items()}
+    return samples_per_s, torch.get_num_threads(), {k: v / reps * 1e3 for k, v in phases.items()}
 
 
 def _relay_training(seconds: float) -> float:
@@ -354,10 +355,8 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
 
 
 def atari_throughput(seconds: float) -> None:
-    import torch
-
     sampling = _relay_sampling(seconds)
-    learner_sps, phases = _update_breakdown()
+    learner_sps, threads, phases = _update_breakdown()
     training = _relay_training(seconds)
     rllib = _rllib_atari(seconds)
     sb3, _ = _sb3_atari(seconds)
@@ -371,7 +370,7 @@ def atari_throughput(seconds: float) -> None:
     print(table(["system", "steps/s"], rows))
     print(f"relay end to end / RLlib = {training / rllib:.2f}x, / SB3 = {training / sb3:.2f}x")
     print(
-        f"relay learner alone ({torch.get_num_threads()} torch threads, learner.num_cpus): "
+        f"relay learner alone ({threads} torch threads, learner.num_cpus): "
         f"{learner_sps:,.0f} samples/s (4 epochs of 512-sample minibatches); "
         "ms per 512-sample minibatch: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
     )

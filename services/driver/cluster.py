@@ -81,8 +81,10 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
     # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
     # processes do).
-    lrn = cfg.learner
-    needed = cfg.rollout.num_workers * cfg.rollout.num_cpus_per_worker + lrn.num_learners * lrn.num_cpus
+    needed = (
+        cfg.rollout.num_workers * worker_resources(cfg)["CPU"]
+        + cfg.learner.num_learners * learner_resources(cfg)["CPU"]
+    )
     return join_or_start_ray(address, needed)
 
 

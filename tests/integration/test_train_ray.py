@@ -1,11 +1,11 @@
 """End to end through real Ray actors on a local cluster (few, short, marked `ray`)."""
 
 import json
-import time
 
 import pytest
 
 from services.cli import main
+from tests.helpers_proc import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -87,9 +87,7 @@ def test_learner_actor_reserves_and_uses_its_cpus(local_ray):
     actor = create_learner_actor(cfg, probe_env_spec(cfg.env))
     try:
         assert ray.get(actor.describe.remote())["torch_threads"] == 3
-        deadline = time.monotonic() + 10  # the resource view catches up with placement shortly
-        while ray.available_resources().get("CPU", 0.0) != total - 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert ray.available_resources().get("CPU", 0.0) == total - 3
+        # the resource view catches up with placement shortly
+        wait_for(lambda: ray.available_resources().get("CPU", 0.0) == total - 3, 10, "3 CPUs reserved")
     finally:
         ray.kill(actor)
