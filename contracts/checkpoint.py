@@ -9,6 +9,7 @@ choice ever makes an env.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -36,6 +37,7 @@ class RunCounters:
     episodes: int = 0
     wall_s: float = 0.0
     worker_restarts: int = 0
+    stuck_workers: int = 0
     learner_restarts: int = 0
     lost_segments: int = 0
     rejected_segments: int = 0
@@ -51,6 +53,7 @@ class RunCounters:
         self.returns = (self.returns + list(r.episode_returns))[-RETURN_WINDOW:]
         self.lengths = (self.lengths + list(r.episode_lengths))[-RETURN_WINDOW:]
         self.worker_restarts += r.worker_restarts
+        self.stuck_workers += r.stuck_workers
         self.lost_segments += r.lost_segments
         self.rejected_segments += r.rejected_segments
         self.amp_skipped_steps += r.amp_skipped_steps
@@ -58,20 +61,40 @@ class RunCounters:
 
     @staticmethod
     def from_dict(data: Any) -> RunCounters:
+        """Every field checked before anything trusts it: counts are ints (a bool is not one) and
+        >= 0, wall_s and returns finite, env faults a mapping of names to counts."""
         if not isinstance(data, dict):
             raise CheckpointError("checkpoint counters are not a mapping")
         known = {f.name for f in fields(RunCounters)}
-        try:
-            c = RunCounters(**{k: v for k, v in data.items() if k in known})
-            numbers = [c.iteration, c.env_steps, c.episodes, c.wall_s, c.worker_restarts]
-            if not all(isinstance(x, int | float) and x >= 0 for x in numbers):
-                raise TypeError("negative or non-numeric counter")
-            c.env_faults = add_faults({}, dict(c.env_faults))
-            c.returns = [float(x) for x in c.returns][-RETURN_WINDOW:]
-            c.lengths = [int(x) for x in c.lengths][-RETURN_WINDOW:]
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"checkpoint counters are malformed ({err})") from None
+        c = RunCounters(**{k: v for k, v in data.items() if k in known})
+        for f in fields(RunCounters):
+            value = getattr(c, f.name)
+            if f.type == "int" and not _count(value):
+                raise CheckpointError(f"checkpoint counters: {f.name}={value!r} is not a count")
+        if not _finite(c.wall_s) or c.wall_s < 0:
+            raise CheckpointError(f"checkpoint counters: wall_s={c.wall_s!r} is not a time")
+        if not isinstance(c.env_faults, dict) or not all(
+            isinstance(k, str) and _count(v) for k, v in c.env_faults.items()
+        ):
+            raise CheckpointError("checkpoint counters: env_faults is not a mapping of names to counts")
+        if not isinstance(c.returns, list) or not all(_finite(x) for x in c.returns):
+            raise CheckpointError("checkpoint counters: returns are not a list of finite numbers")
+        if not isinstance(c.lengths, list) or not all(_count(x) for x in c.lengths):
+            raise CheckpointError("checkpoint counters: lengths are not a list of counts")
+        c.env_faults = add_faults({}, c.env_faults)
+        c.returns = [float(x) for x in c.returns][-RETURN_WINDOW:]
+        c.lengths = list(c.lengths)[-RETURN_WINDOW:]
+        c.wall_s = float(c.wall_s)
         return c
+
+
+def _count(x: Any) -> bool:
+    """A whole number >= 0 (True is not a count, nor is 20.5)."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -114,9 +137,14 @@ class Checkpoint:
             raise CheckpointError(f"checkpoint env spec: {err}") from None
         counters = RunCounters.from_dict(raw["counters"])
         fmt = raw.get("format", 1)
+        if fmt not in (1, CHECKPOINT_FORMAT) or isinstance(fmt, bool):
+            raise CheckpointError(f"checkpoint format {fmt!r} is not one this relay reads (1 or 2)")
+        if not all(_count(learner.get(k, 0)) for k in ("version", "updates")):
+            raise CheckpointError("checkpoint learner state: version and updates must be counts")
         if fmt == 1:  # these counters lived in the learner state then
-            counters.amp_skipped_steps = int(learner.get("amp_skipped_steps", 0))
-            counters.rejected_segments = max(
-                counters.rejected_segments, int(learner.get("rejected_segments", 0))
-            )
-        return Checkpoint(learner, counters, config, env, fmt if isinstance(fmt, int) else 1)
+            old = {k: learner.get(k, 0) for k in ("amp_skipped_steps", "rejected_segments")}
+            if not all(_count(v) for v in old.values()):
+                raise CheckpointError("checkpoint learner state: its counters are not counts")
+            counters.amp_skipped_steps = old["amp_skipped_steps"]
+            counters.rejected_segments = max(counters.rejected_segments, old["rejected_segments"])
+        return Checkpoint(learner, counters, config, env, fmt)

@@ -23,7 +23,7 @@ from learner.algorithms import algorithm_class, segment_layout
 from learner.buffer import SegmentRingBuffer
 from learner.device import DeviceContext, resolve_device
 from learner.distributed import gather_moments, world_size
-from learner.models import ActorCritic, build_policy
+from learner.models import ActorCritic, build_policy, weights_mismatch
 from learner.normalizer import Moments
 from learner.update import run_update
 
@@ -269,3 +269,45 @@ class Learner:
         self.version = int(state["version"])
         self.updates = int(state["updates"])
         self.generator.set_state(state["generator"])
+
+
+def learner_state_problem(model: torch.nn.Module, state: dict[str, Any]) -> str | None:
+    """The first reason a checkpoint's learner `state` would not restore `model`'s learner, or None:
+    weights that do not fit or are not finite, GRPO's reference weights that do not fit, an
+    optimizer state of another structure (groups, parameter count, moment shapes), a generator
+    state that is not one. Checked on the CPU before a resume changes anything, so a malformed
+    checkpoint is skipped for the previous one."""
+    want = model.state_dict()
+    weights = state.get("model")
+    reference = (state.get("algorithm") or {}).get("reference")
+    for what, saved in (("weights", weights), ("the algorithm's reference weights", reference)):
+        if saved is None and what != "weights":
+            continue
+        if not isinstance(saved, dict):
+            return f"{what} are not a mapping"
+        problem = weights_mismatch(want, saved)
+        if problem:
+            return f"{what} do not fit ({problem})"
+        finite = {k: not t.is_floating_point() or bool(torch.isfinite(t).all()) for k, t in saved.items()}
+        bad = next((k for k, ok in finite.items() if not ok), None)
+        if bad is not None:
+            return f"{what}: {bad} is not finite"
+    generator = state.get("generator")
+    if not (torch.is_tensor(generator) and generator.dtype == torch.uint8):
+        return "generator state is not a byte tensor"
+    return _optimizer_problem(model, state.get("optimizer"))
+
+
+def _optimizer_problem(model: torch.nn.Module, saved: Any) -> str | None:
+    """Why Adam's saved state would not load into an optimizer over `model`'s parameters, or None."""
+    try:
+        optimizer = torch.optim.Adam(model.parameters())
+        optimizer.load_state_dict(saved)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        return f"optimizer state does not fit ({' '.join(str(err).split())[:120]})"
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for param, moments in ((p, optimizer.state.get(p, {})) for p in params):
+        for name, t in moments.items():
+            if not torch.is_tensor(t) or (t.dim() and t.shape != param.shape) or not torch.isfinite(t).all():
+                return f"optimizer state {name!r} does not fit a parameter of shape {tuple(param.shape)}"
+    return None

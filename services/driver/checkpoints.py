@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,9 @@ from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
+from learner.learner import learner_state_problem
 from learner.models import build_policy, infer_env_spec, weights_mismatch
-from services.driver.run_dir import fsync_dir
+from services.files import fsync_dir
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -75,11 +77,17 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint.from_dict(read_data(path))
 
 
-def load_newest_valid(folder: Path) -> tuple[Path, Checkpoint] | None:
-    """The newest checkpoint that loads; a corrupt, truncated or malformed one is reported and skipped."""
+def load_newest_valid(
+    folder: Path, check: Callable[[Checkpoint, str], None] | None = None
+) -> tuple[Path, Checkpoint] | None:
+    """The newest checkpoint that loads and passes `check` (which raises CheckpointError for a
+    malformed one); a corrupt, truncated or malformed one is reported and skipped."""
     for path in reversed(list_checkpoints(folder)):
         try:
-            return path, load_checkpoint(path)
+            ckpt = load_checkpoint(path)
+            if check is not None:
+                check(ckpt, path.name)
+            return path, ckpt
         except CheckpointError as err:
             log.warning("checkpoint %s is unusable (%s); trying the previous one", path.name, err)
     return None
@@ -108,3 +116,6 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
     problem = weights_mismatch(policy.state_dict(), ckpt.learner["model"])
     if problem:
         raise ResumeError(f"the config's model does not fit {name} ({problem}); model.* must stay as trained")
+    problem = learner_state_problem(policy, ckpt.learner)
+    if problem:  # the weights fit the config, the rest of the file is malformed: not the config's fault
+        raise CheckpointError(f"{name}: {problem}")

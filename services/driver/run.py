@@ -8,6 +8,7 @@ run's config.yaml is replaced only once the resume has started; SIGTERM stops li
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -20,6 +21,7 @@ import ray
 from contracts.checkpoint import Checkpoint
 from contracts.config import RelayConfig, load_config
 from contracts.spaces import EnvSpec
+from rollout_workers.envs import allow_env_module
 from services.dashboard.server import Dashboard
 from services.driver.backends import make_backend
 from services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
@@ -27,10 +29,9 @@ from services.driver.cluster import check_cluster_device, init_ray
 from services.driver.loop import TrainingLoop
 from services.driver.preflight import preflight
 from services.driver.run_dir import RunDir
-from services.driver.signals import sigterm_raises
+from services.driver.signals import STOP_CODES, sigterm_raises
 
 EXIT_OK = 0
-STOP_CODES = {"interrupted": 130, "terminated": 143}
 
 
 class NoCheckpointError(ValueError):
@@ -58,6 +59,7 @@ def train(
     dashboard: tuple[str, int] | None = None,
 ) -> int:
     """`relay train`: a new run in a new (or empty) directory."""
+    allow_env_module(cfg.env.id, os.getcwd())  # the config is the user's: its env may be theirs
     env = preflight(cfg, address)
     target = RunDir.target(cfg, run_dir)
     RunDir.check_new(target)
@@ -76,22 +78,28 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
     run = RunDir(Path(run_path))
     if not run.config_path.is_file():
         raise NoCheckpointError(f"{run.root} is not a run directory (no config.yaml)")
-    cfg = load_config(run.config_path, overrides)
-    confirm_env_code(run.root, cfg.env.id, overrides)
-    env = preflight(cfg, address)
-    found = load_newest_valid(run.checkpoints)
-    if found is None:
-        raise NoCheckpointError(f"no valid checkpoint in {run.checkpoints}")
-    check_resumable(cfg, env, found[1], found[0].name)
-    with sigterm_raises(), _ray_session(cfg, address):
-        run.clean_stale_tmp()
-        print(
-            f"relay: resuming from {found[0].name} (iteration {found[1].counters.iteration}, "
-            f"{found[1].counters.env_steps} env steps)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return _train(cfg, env, run.root, lambda: run, t_start, None, resume_from=found[1])
+    run.lock()  # before anything is read: a running train or resume keeps its run to itself
+    try:
+        cfg = load_config(run.config_path, overrides)
+        confirm_env_code(run.root, cfg.env.id, overrides)
+        allow_env_module(cfg.env.id, os.getcwd())
+        env = preflight(cfg, address)
+        # A malformed checkpoint is skipped for the previous one; one the config cannot continue
+        # (another model, algorithm or env) is the config's mistake and refused in one line.
+        found = load_newest_valid(run.checkpoints, lambda ckpt, name: check_resumable(cfg, env, ckpt, name))
+        if found is None:
+            raise NoCheckpointError(f"no valid checkpoint in {run.checkpoints}")
+        with sigterm_raises(), _ray_session(cfg, address):
+            run.clean_stale_tmp()
+            print(
+                f"relay: resuming from {found[0].name} (iteration {found[1].counters.iteration}, "
+                f"{found[1].counters.env_steps} env steps)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return _train(cfg, env, run.root, lambda: run, t_start, None, resume_from=found[1])
+    finally:
+        run.unlock()
 
 
 def confirm_env_code(run: Path, env_id: str, overrides: list[str]) -> None:
@@ -150,10 +158,12 @@ def _train(
         return STOP_CODES.get(reason, EXIT_OK)
     except Exception:
         if run is not None:
-            run.error_log.write_text(traceback.format_exc())
+            run.write_error_log(traceback.format_exc())
         raise
     finally:
         if board is not None:
             board.stop()
         if backend is not None:
             backend.close()
+        if run is not None:
+            run.unlock()

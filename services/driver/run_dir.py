@@ -4,42 +4,36 @@ Nothing already written is ever lost: `claim` refuses a directory that holds a r
 with `relay resume`), creates a new one exclusively (two runs started in the same second get
 different names), and every file replaced in place is written to a temporary file, fsynced, renamed
 over the old one, and the directory fsynced after the rename.
+
+One process per run: `train` and `resume` hold an exclusive lock on the directory itself (flock on
+its descriptor, so taking it creates no file) for their whole life; a second one is refused naming
+the holder. The kernel drops the lock when its holder dies, so a crashed run never blocks the next.
+Nothing in a run is written through a symbolic link: a run whose files or folders are links is
+refused before anything is written or pruned.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import secrets
+import socket
+import sys
 import time
 from pathlib import Path
 
 from contracts.config import RelayConfig, dump_config
+from services.files import atomic_write, fsync_dir
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log")
+# Who holds the run's lock (pid, host, command, since): written by the holder, read by the refused.
+HOLDER_FILE = ".relay-lock"
 
 
 class RunDirError(ValueError):
     """The run directory cannot be used (one line, exit 2); nothing was created."""
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or a new file in `folder` durable (the directory entry itself)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to path.tmp, fsync it, rename it over `path`, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def default_run_name(cfg: RelayConfig) -> str:
@@ -62,6 +56,8 @@ class RunDir:
         self.config_path = root / "config.yaml"
         self.metrics_path = root / "metrics.jsonl"
         self.error_log = root / "error.log"
+
+        self._lock_fd: int | None = None
 
     def holds_run(self) -> bool:
         return any((self.root / name).exists() for name in RUN_FILES)
@@ -91,33 +87,106 @@ class RunDir:
 
     @staticmethod
     def claim(path: Path, cfg: RelayConfig) -> RunDir:
-        """Create the run: the directory (new or empty), config.yaml written exclusively, checkpoints/
-        and events/. Raises RunDirError if another run got there first."""
+        """Create the run, locked: the directory (new or empty), config.yaml written exclusively,
+        checkpoints/ and events/. Raises RunDirError if another run got there first."""
         RunDir.check_new(path)
+        text = dump_config(cfg)  # before any file exists: a config that cannot be written leaves none
         try:
             path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _mkdir_error(path, err) from None
+        run = RunDir(path)
+        run.lock()
+        try:
             # O_EXCL: of two runs racing for one directory, exactly one gets it.
             fd = os.open(path / "config.yaml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
+            run.unlock()
             raise RunDirError(f"{path} already holds a run; continue it with `relay resume {path}`") from None
         except OSError as err:
+            run.unlock()
             raise _mkdir_error(path, err) from None
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_config(cfg))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        run = RunDir(path)
         run.checkpoints.mkdir(exist_ok=True)
         run.events.mkdir(exist_ok=True)
         fsync_dir(path)
         return run
+
+    # ---- one process per run ---------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the run's exclusive lock for this process's life (until `unlock`), or RunDirError
+        naming the process that holds it. Records this process as the holder."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirError(f"{self.root} is in use by {self._holder()}; one process per run") from None
+        self._lock_fd = fd
+        try:
+            self.check_links()
+        except RunDirError:
+            self.unlock()
+            raise
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(sys.argv[:2]) or "relay",
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        atomic_write(self.root / HOLDER_FILE, json.dumps(holder).encode())
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads((self.root / HOLDER_FILE).read_bytes()[:4096])
+            return f"pid {int(info['pid'])} on {str(info['host'])[:100]} (since {str(info['since'])[:40]})"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "another relay process"
+
+    def unlock(self) -> None:
+        """Release the lock (the kernel releases it too when the process dies)."""
+        if self._lock_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            (self.root / HOLDER_FILE).unlink()
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def check_links(self) -> None:
+        """Refuse a run whose files or folders are symbolic links (writing or pruning through one
+        would change files outside the run), and run folders that are not folders."""
+        names = [self.root / n for n in (*RUN_FILES, HOLDER_FILE)]
+        for folder in (self.checkpoints, self.events):
+            if folder.is_dir() and not folder.is_symlink():
+                names += list(folder.iterdir())
+        for p in names:
+            if p.is_symlink():
+                raise RunDirError(
+                    f"{p} is a symbolic link; relay never writes through links in a run directory "
+                    "(put the file or folder itself there)"
+                )
+        for folder in (self.checkpoints, self.events):
+            if folder.exists() and not folder.is_dir():
+                raise RunDirError(f"{folder} is not a folder")
+        # A FIFO or a device where a file belongs would hang or feed a reader without end.
+        for file in (self.config_path, self.metrics_path, self.error_log):
+            if file.exists() and not file.is_file():
+                raise RunDirError(f"{file} is not a regular file")
+
+    def write_error_log(self, text: str) -> None:
+        """error.log, replaced (never written through a link)."""
+        atomic_write(self.error_log, text.encode("utf-8", "replace"))
 
     def write_config(self, cfg: RelayConfig) -> None:
         """Replace config.yaml atomically (a resumed run's merged config, once it has started)."""
         atomic_write(self.config_path, dump_config(cfg).encode("utf-8"))
 
     def clean_stale_tmp(self) -> list[Path]:
-        """Remove `*.tmp` files a killed writer left behind; returns what was removed."""
+        """Remove `*.tmp` files a killed writer left behind; returns what was removed (unlink removes
+        a link itself, never what it points to)."""
         stale = [
             p for folder in (self.root, self.checkpoints) if folder.is_dir() for p in folder.glob("*.tmp")
         ]

@@ -12,9 +12,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from contracts.metrics import numeric_metrics
-from services.driver.run_dir import RunDir, atomic_write
+from services.driver.run_dir import RunDir
+from services.files import atomic_write, open_no_follow, read_regular
 
 log = logging.getLogger(__name__)
+# A torn line is shorter than this (relay writes lines of a few KB).
+MAX_TAIL_BYTES = 1 << 20
+# metrics.jsonl of a days-long run: a few hundred MB; more is not a relay metrics file.
+MAX_METRICS_BYTES = 8 << 30
 
 
 def _json_safe(value: Any) -> Any:
@@ -32,17 +37,18 @@ class MetricsWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Appends to the run's own regular file only: never through a link, never into a FIFO.
+        self._file: TextIO = os.fdopen(open_no_follow(path), "a", encoding="utf-8")
         self._repair_tail()
-        self._file: TextIO = path.open("a", encoding="utf-8")
 
     def _repair_tail(self) -> None:
-        if not self.path.exists():
-            return
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            with self.path.open("r+b") as f:
-                f.truncate(keep)
+        """Cut a torn last line (a kill mid-write), looking only at the file's tail."""
+        fd = self._file.fileno()
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, min(size, MAX_TAIL_BYTES), max(size - MAX_TAIL_BYTES, 0))
+        if tail and not tail.endswith(b"\n"):
+            cut = tail.rfind(b"\n")
+            os.ftruncate(fd, size - len(tail) + cut + 1 if cut >= 0 else max(size - len(tail), 0))
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _json_safe(v) for k, v in record.items()}, separators=(",", ":"))
@@ -60,7 +66,7 @@ def truncate_metrics(path: Path, iteration: int) -> None:
     if not path.exists():
         return
     kept = []
-    for line in path.read_bytes().splitlines():
+    for line in read_regular(path, MAX_METRICS_BYTES).splitlines():
         try:
             if json.loads(line)["iteration"] <= iteration:
                 kept.append(line)

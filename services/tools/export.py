@@ -1,12 +1,13 @@
 """`relay export CKPT --format onnx`: the deterministic policy with the normalizer folded in.
 
 Graph (opset 17, dynamic batch axis): input `obs` [batch, *obs_shape] float32 (uint8 for image
-policies); outputs `action`
-plus `mean` and `std` (continuous) or `logits` (discrete). The normalizer's statistics stay
-float32 tensors in the graph. The export is checked against onnxruntime on CPU (2,000 random
-observations, or 1,000 random and 1,000 recorded in the env the user names with `--env`; max abs
-error <= 1e-5); a failing file is never written. The run's config and env spec ride along as
-metadata (`relay_config`, `relay_env`), as data.
+policies); outputs `action` plus `mean` and `std` (continuous) or `logits` (discrete). The
+normalizer's statistics stay float32 tensors in the graph. The export is checked against
+onnxruntime on CPU (2,000 random observations, or 1,000 random and 1,000 recorded in the env the
+user names with `--env`; max abs error <= 1e-5; every output finite); a failing file is never
+written, and neither is one over the checkpoint, a link, a FIFO or a device, or over an existing
+file without `--force`. The run's config and env spec ride along as metadata (`relay_config`,
+`relay_env`), as data.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.driver.run_dir import atomic_write
+from services.files import write_new
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
@@ -78,22 +79,32 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
 
 
 def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> float:
+    """The largest |onnxruntime - torch| over every output on `obs` [B, *obs_shape]; a policy whose
+    outputs are not all finite fails here (NaN would drop out of a max and pass the check)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     x = handle.as_input(obs)
     got = session.run(None, {"obs": x})
     with torch.no_grad():
-        want = DeterministicPolicy(handle)(torch.from_numpy(x))
-    return max(
-        float(np.abs(g.astype(np.float64) - w.numpy().astype(np.float64)).max())
-        for g, w in zip(got, want, strict=True)
-    )
+        want = [w.numpy() for w in DeterministicPolicy(handle)(torch.from_numpy(x))]
+    for name, g, w in zip(output_names(handle), got, want, strict=True):
+        bad = sum(int(np.sum(~np.isfinite(a.astype(np.float64)))) for a in (g, w))
+        if bad:
+            raise ExportCheckFailed(
+                f"the policy's {name!r} is not finite ({bad} NaN/inf values on {len(x)} observations); "
+                "nothing written"
+            )
+    diffs = (np.abs(g.astype(np.float64) - w.astype(np.float64)) for g, w in zip(got, want, strict=True))
+    return max(float(d.max()) for d in diffs)
 
 
-def export_onnx(handle: PolicyHandle, out: Path, env_id: str | None = None, seed: int = 0) -> ExportReport:
-    """Write the ONNX file atomically after checking it against onnxruntime (on observations
-    recorded in `env_id` too, when the user names one)."""
+def export_onnx(
+    handle: PolicyHandle, out: Path, env_id: str | None = None, seed: int = 0, replace: bool = False
+) -> ExportReport:
+    """Write the ONNX file after checking it against onnxruntime (on observations recorded in
+    `env_id` too, when the user names one): to a temporary file, then renamed into place (with
+    `replace` False only ever created, never over a file that appeared meanwhile)."""
     data = onnx_bytes(handle)
     gen = torch.Generator().manual_seed(seed)
     if env_id is None:
@@ -105,5 +116,5 @@ def export_onnx(handle: PolicyHandle, out: Path, env_id: str | None = None, seed
         raise ExportCheckFailed(
             f"onnxruntime differs from torch by {err:.3g} (> {TOLERANCE}); nothing written"
         )
-    atomic_write(out, data)
+    write_new(out, data, replace)
     return ExportReport(out, err, sum(len(b) for b in batches))

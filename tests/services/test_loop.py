@@ -43,8 +43,11 @@ class FakeBackend:
             self.version += 1
         return out
 
-    def state_dict(self) -> dict:
+    def state_dict(self, timeout_s: float | None = None) -> dict:
         return {"model": {"w": torch.tensor([float(self.version)])}, "version": self.version}
+
+    def stop_sampling(self) -> None:
+        self.stopped_sampling = True
 
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])

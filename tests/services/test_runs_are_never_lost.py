@@ -12,7 +12,8 @@ import pytest
 from contracts.config import build_config
 from services.cli import main
 from services.driver import run_dir as run_dir_mod
-from services.driver.run_dir import RunDir, RunDirError, atomic_write, default_run_name
+from services.driver.run_dir import RunDir, RunDirError, default_run_name
+from services.files import atomic_write
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
