@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -26,6 +30,38 @@ class EnvSpecError(ValueError):
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
+
+
+class _EnvModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds one top-level module (a `module:factory` env's) in one folder, and nothing else.
+
+    It sits at the end of sys.meta_path, so it is asked only after every installed package and
+    the standard library said no: the folder can never shadow a library."""
+
+    def __init__(self, top: str, folder: str) -> None:
+        self.top, self.folder = top, folder
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.top:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.folder])
+
+
+def allow_env_module(env_id: str, folder: str) -> None:
+    """Let the top-level module of a `module:factory` env id (one the user named) be imported from
+    `folder` (the user's working folder), after everything installed. Nothing else in `folder`
+    is importable through this; ids without ':' change nothing."""
+    if ":" in env_id:
+        _add_finder(env_id.partition(":")[0].split(".")[0], folder)
+
+
+def _add_finder(top: str, folder: str) -> None:
+    if not any(isinstance(f, _EnvModuleFinder) and (f.top, f.folder) == (top, folder) for f in sys.meta_path):
+        sys.meta_path.append(_EnvModuleFinder(top, folder))
+
+
+def _env_module_folders() -> list[tuple[str, str]]:
+    return [(f.top, f.folder) for f in sys.meta_path if isinstance(f, _EnvModuleFinder)]
 
 
 def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
@@ -75,8 +111,11 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
     env_id, max_episode_steps, kwargs = ec.id, ec.max_episode_steps, dict(ec.kwargs)
     prep = preprocessor(ec.preprocess)
+    folders = _env_module_folders()  # carried into AsyncVectorEnv's subprocesses, however started
 
     def thunk() -> gym.Env:
+        for top, folder in folders:
+            _add_finder(top, folder)
         if env_id.startswith("ALE/"):
             register_ale()
         factory = _resolve_factory(env_id) if ":" in env_id else None
@@ -104,13 +143,17 @@ def check_env_id(env_id: str) -> None:
 def action_spec(space: gym.Space) -> ActionSpec:
     if isinstance(space, gym.spaces.Discrete):
         return ActionSpec("discrete", int(space.n))
-    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.shape[0] > 0:
         return ActionSpec("continuous", int(space.shape[0]))
-    raise EnvSpecError(f"unsupported action space {space}: relay handles Discrete and 1-D Box")
+    raise EnvSpecError(
+        f"unsupported action space {space}: relay handles Discrete and 1-D Box (of at least one number)"
+    )
 
 
 def env_spec(obs: gym.Space, act: gym.Space) -> EnvSpec:
     """The EnvSpec of an env's (single) observation and action spaces."""
+    if isinstance(obs, gym.spaces.Box) and obs.shape and int(np.prod(obs.shape)) == 0:
+        raise EnvSpecError(f"observation space {obs} holds no numbers: there is nothing to learn from")
     if isinstance(obs, gym.spaces.Box):
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
     elif isinstance(obs, gym.spaces.Discrete):

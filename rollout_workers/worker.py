@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import uuid
 import warnings
@@ -13,16 +14,19 @@ import torch
 from contracts.config import RelayConfig
 from contracts.segment import Segment
 from contracts.spaces import EnvSpec
+from rollout_workers.envs import allow_env_module
 from rollout_workers.sampler import make_sampler
 
 
 class RolloutWorker:
     """CPU actor owning one vector env; picks up new weights by ref, returns one Segment per call."""
 
-    def __init__(self, cfg_data: dict[str, Any], worker_index: int) -> None:
+    def __init__(self, cfg_data: dict[str, Any], worker_index: int, workdir: str) -> None:
         # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
         torch.set_num_threads(1)
-        self.sampler = make_sampler(RelayConfig.model_validate(cfg_data), worker_index)
+        cfg = RelayConfig.model_validate(cfg_data)
+        adopt_workdir(workdir, cfg.env.id)
+        self.sampler = make_sampler(cfg, worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
         with warnings.catch_warnings():  # Ray's own property uses its deprecated actor_id inside
@@ -55,6 +59,15 @@ class RolloutWorker:
         return segment
 
 
+def adopt_workdir(workdir: str, env_id: str) -> None:
+    """Work in the driver's folder where this node has it (an env's relative paths mean what they
+    mean to the user), and let a `module:factory` env's module come from there, after everything
+    installed (Ray's own sys.path entry for it is an empty folder: see services/driver/cluster.py)."""
+    if os.path.isdir(workdir):
+        os.chdir(workdir)
+        allow_env_module(env_id, workdir)
+
+
 def worker_resources(cfg: RelayConfig) -> dict[str, float]:
     """What one rollout worker asks Ray for: CPUs only."""
     return {"CPU": cfg.rollout.num_cpus_per_worker}
@@ -68,5 +81,5 @@ def create_rollout_workers(cfg: RelayConfig, indices: range | None = None) -> li
         max_restarts=cfg.rollout.max_restarts,
         max_task_retries=0,
     )
-    data = cfg.model_dump(mode="json")
-    return [cls.remote(data, i) for i in (indices or range(cfg.rollout.num_workers))]
+    data, workdir = cfg.model_dump(mode="json"), os.getcwd()
+    return [cls.remote(data, i, workdir) for i in (indices or range(cfg.rollout.num_workers))]

@@ -1,18 +1,16 @@
 """The `relay` command line: train, resume, validate, dashboard, export, verify, serve.
 
 Bad input gets one line on stderr and exit 2, with nothing created; a failure gets one line and
-exit 1 (the traceback goes to the run directory's error.log, not the terminal); Ctrl-C exits 130
-and SIGTERM 143, after a clean stop.
+exit 1 (the traceback goes to the run directory's error.log, not the terminal); Ctrl-C exits 130,
+SIGTERM 143 and SIGHUP 129, after a clean stop.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,12 +19,14 @@ from pydantic import ValidationError
 from contracts.checkpoint import CheckpointError
 from contracts.config import ConfigError, config_help, dump_config, load_config
 from learner.device import DeviceError, check_device
+from rollout_workers.envs import allow_env_module
 from services.driver import run as driver
 from services.driver.checkpoints import ResumeError
 from services.driver.cluster import ClusterError
 from services.driver.preflight import CHOICES, PreflightError, preflight
 from services.driver.run_dir import RunDirError
-from services.driver.signals import exit_code, sigterm_raises
+from services.driver.signals import exit_code, sigterm_raises, stop_reason
+from services.files import OutputError, check_output
 from services.tools.export import export_onnx
 from services.tools.handle import PolicyLoadError
 from services.tools.load import load_policy
@@ -44,6 +44,7 @@ BAD_INPUT = (
     PolicyLoadError,
     driver.NoCheckpointError,
     driver.DashboardError,
+    OutputError,
 )
 
 
@@ -88,8 +89,8 @@ def _add_env_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--env",
         metavar="ENV_ID",
-        help=f"also {what} observations recorded in this env (built only because you name it here; "
-        "nothing in the file is ever used to build an env)",
+        help=f"also {what} observations recorded in this env (built only because you name it here, "
+        "with no kwargs: nothing in the file is ever used to build an env)",
     )
 
 
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt)")
     export.add_argument("--format", choices=["onnx"], default="onnx")
     export.add_argument("--out", help="output file (default: the checkpoint's name with .onnx)")
+    export.add_argument(
+        "--force", action="store_true", help="replace an existing regular file at --out (never the input)"
+    )
     _add_env_arg(export, "check the export on")
     verify = sub.add_parser("verify", help="precision table, fingerprint and latency of a policy")
     verify.add_argument("model", help="a relay checkpoint, an exported .onnx, or an ML-Agents .onnx/.pt")
@@ -167,6 +171,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.config is None:
         raise InputError("a config file is required (or --help-config)")
     cfg = load_config(args.config, args.overrides)
+    allow_env_module(cfg.env.id, os.getcwd())
     preflight(cfg, args.address)
     sys.stdout.write(dump_config(cfg))
     return EXIT_OK
@@ -199,9 +204,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")
     out = Path(args.out) if args.out else ckpt.with_suffix(".onnx")
-    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-        raise InputError(f"--out {out}: not a file in a writable folder")
-    report = export_onnx(load_policy(ckpt, relay_only=True), out, env_id=args.env)
+    check_output(out, [ckpt], args.force)
+    if args.env:
+        allow_env_module(args.env, os.getcwd())
+    report = export_onnx(load_policy(ckpt, relay_only=True), out, env_id=args.env, replace=args.force)
     print(
         f"wrote {report.path} (checked on {report.checked} observations against onnxruntime: "
         f"max abs error {report.max_abs_error:.2e})"
@@ -219,6 +225,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not (0 <= args.min_cosine <= 1 and 0 <= args.max_abs < float("inf")):
         raise InputError("--min-cosine must be in [0, 1] and --max-abs a finite number >= 0")
     check_device(args.device)
+    if args.env:
+        allow_env_module(args.env, os.getcwd())
     opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, args.env)
     text, passed = run_verify(load_policy(args.model), opts)
     print(text)
@@ -259,21 +267,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InputError(str(err)) from None
 
 
-@contextlib.contextmanager
-def _cwd_importable() -> Iterator[None]:
-    """As `python -m services.cli` does: a `module:factory` env id in the config may name a module
-    of the folder the command runs in (Ray's workers get the driver's sys.path at ray.init)."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args = build_parser().parse_args(argv)
@@ -287,18 +280,17 @@ def main(argv: list[str] | None = None) -> int:
         "serve": lambda: _cmd_serve(args),
     }
     try:
-        with _cwd_importable():
-            return handlers[args.command]()
+        return handlers[args.command]()
     except (*BAD_INPUT, InputError) as err:
         print(f"relay {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt as err:
-        code = exit_code(err)
+        why = stop_reason(err)
         if args.command not in ("dashboard", "serve"):
-            print(f"relay {args.command}: {'terminated' if code == 143 else 'interrupted'}", file=sys.stderr)
+            print(f"relay {args.command}: {why}", file=sys.stderr)
         if args.command == "serve":
-            print(f"relay serve: stopped ({'terminated' if code == 143 else 'interrupted'})", file=sys.stderr)
-        return EXIT_OK if args.command == "dashboard" else code
+            print(f"relay serve: stopped ({why})", file=sys.stderr)
+        return EXIT_OK if args.command == "dashboard" else exit_code(err)
     except Exception as err:
         text = " ".join(str(err).split())[:300]
         print(f"relay {args.command}: failed: {type(err).__name__}: {text}", file=sys.stderr)

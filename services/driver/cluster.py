@@ -18,9 +18,13 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -88,6 +92,28 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     return join_or_start_ray(address, needed)
 
 
+@contextlib.contextmanager
+def _no_code_paths() -> Iterator[None]:
+    """ray.init in an empty folder of relay's own.
+
+    ray.init puts the folder it runs in at the front of every worker's sys.path (and a local
+    cluster's processes start there): a `torch.py` or `pydantic.py` in the user's working folder
+    would then be imported, and run, by every actor. The rollout workers go back to the user's
+    folder themselves (`rollout_workers/worker.py`), where it serves only the env they build.
+    """
+    empty = Path(tempfile.gettempdir()) / f"relay-empty-{os.getuid()}"
+    empty.mkdir(mode=0o700, exist_ok=True)
+    info = empty.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or any(empty.iterdir()):
+        empty = Path(tempfile.mkdtemp(prefix="relay-empty-"))  # taken or not empty: a fresh one
+    here = os.getcwd()
+    os.chdir(empty)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
     """Connect to a cluster (`address`, else RAY_ADDRESS) or start a local Ray with at least
     `cpus_needed` logical CPUs. True if this process started it (and must shut it down)."""
@@ -99,17 +125,19 @@ def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
     try:
         if address:
             check_reachable(address)
-            ray.init(address=address, logging_level=logging.WARNING)
+            with _no_code_paths():
+                ray.init(address=address, logging_level=logging.WARNING)
             return False
         # Ray >= 2.59 starts local clusters with token authentication on (unless RAY_AUTH_MODE says
         # otherwise) and warns that it did; relay documents it instead.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        ray.init(
-            address="local",  # a new local instance, never one a `ray start` left running
-            num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)),
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-        )
+        with _no_code_paths():
+            ray.init(
+                address="local",  # a new local instance, never one a `ray start` left running
+                num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)),
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
         return True
     except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
         _end_children()

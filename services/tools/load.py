@@ -57,10 +57,12 @@ def load_policy(path: str | Path, relay_only: bool = False) -> PolicyHandle:
 
 
 def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
-    """The env the user named: with the run's stored env settings only when it is the run's own id."""
+    """The env the user named. When it is the run's own id, the run's stored preprocessing and time
+    limit apply (settings, not code), but never its stored `env.kwargs`: a file's kwargs would reach
+    the user's factory, and a crafted file could steer what it does (where it writes, say)."""
     stored = handle.config.env if handle.config is not None else None
     if stored is not None and stored.id == env_id:
-        return stored.model_copy(update={"num_envs": 8, "vectorization": "sync"})
+        return stored.model_copy(update={"num_envs": 8, "vectorization": "sync", "kwargs": {}})
     return EnvConfig(id=env_id, num_envs=8)
 
 

@@ -99,3 +99,82 @@ def test_a_pickled_payload_is_refused_in_one_line(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "pickled objects or code, which relay never loads" in proc.stderr
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_named_env_never_gets_the_files_kwargs(trained, tmp_path):
+    """The run's own env id named with --env: its stored preprocessing applies, its kwargs never
+    (they would reach the user's factory, which would write where the file says)."""
+    marker = tmp_path / "recorded"
+    state = torch.load(trained[1], weights_only=True)
+    state["config"]["env"].update(id="tests.services.recording_env:make", kwargs={"record_to": str(marker)})
+    crafted = tmp_path / "crafted.pt"
+    torch.save(state, crafted)
+    env = "tests.services.recording_env:make"
+    assert main(["export", str(crafted), "--out", str(tmp_path / "p.onnx"), "--env", env]) == 0
+    assert main(["verify", str(crafted), "--dtypes", "float32", "--batch", "4", "--env", env]) == 0
+    assert not marker.exists()
+
+
+RELAY = Path(sys.executable).parent / "relay"
+# Modules relay imports late (onnx, onnxruntime) or that every actor imports (torch, pydantic):
+# copies in the working folder must never be imported in their place.
+SHADOWS = ("onnx", "onnxruntime", "torch", "pydantic", "numpy", "gymnasium", "yaml")
+
+
+def _plant_shadows(folder: Path) -> None:
+    for name in SHADOWS:
+        (folder / f"{name}.py").write_text(f"open({str(folder / ('RAN_' + name))!r}, 'w').write('x')\n")
+    (folder / "myenvmod.py").write_text(
+        "import gymnasium as gym\n\ndef make():\n    return gym.make('CartPole-v1')\n"
+    )
+
+
+def _ran(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.glob("RAN_*"))
+
+
+def test_the_working_folder_never_shadows_a_library(trained, tmp_path):
+    """`relay` run in a folder holding onnx.py, torch.py, ...: export, verify and validate import
+    the installed packages; the folder serves only the `module:factory` env named on the command
+    line."""
+    _plant_shadows(tmp_path)
+    ckpt = str(trained[1])
+    commands = [
+        ["export", ckpt, "--out", "p.onnx"],
+        ["verify", "p.onnx", "--dtypes", "float32", "--batch", "4"],
+        ["verify", ckpt, "--dtypes", "float32", "--batch", "4", "--env", "myenvmod:make"],
+        ["validate", str(ROOT / "configs/cartpole_ppo.yaml"), "--set", "env.id=myenvmod:make"],
+    ]
+    for command in commands:
+        proc = subprocess.run([str(RELAY), *command], cwd=tmp_path, capture_output=True, text=True)
+        assert proc.returncode == 0, (command, proc.stderr[-500:])
+    assert _ran(tmp_path) == []
+    proc = subprocess.run(
+        [str(RELAY), "validate", str(ROOT / "configs/cartpole_ppo.yaml"), "--set", "env.id=nosuchmod:make"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "cannot import module 'nosuchmod'" in proc.stderr
+
+
+@pytest.mark.ray
+def test_ray_actors_never_import_the_working_folder(tmp_path):
+    """Ray puts the folder ray.init runs in first on every worker's sys.path; relay starts Ray from
+    an empty folder of its own, and the rollout workers take the user's folder back for the env
+    alone (its module found there, its relative paths meaning what they mean to the user)."""
+    _plant_shadows(tmp_path)
+    proc = subprocess.run(
+        [
+            *(str(RELAY), "train", str(ROOT / "configs/cartpole_ppo.yaml"), "--run-dir", "run"),
+            *("--set", "env.id=myenvmod:make", "--set", "stop.env_steps=3000"),
+            *("--set", "metrics.progress=none"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert _ran(tmp_path) == []
+    assert (tmp_path / "run" / "checkpoints").is_dir()
