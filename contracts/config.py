@@ -25,6 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 # A config is a few hundred values; a document that expands to more is a mistake or an attack.
 MAX_CONFIG_NODES = 20_000
 MAX_CONFIG_BYTES = 1 << 20
+# Sections are 3 levels deep; env.kwargs may nest further, but never this far (YAML, JSON and the
+# run directory's writer would all fail on a document nested hundreds of levels deep).
+MAX_CONFIG_DEPTH = 32
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -108,12 +111,25 @@ class RolloutConfig(_Section):
     )
     min_workers: int = Field(1, ge=1, le=4096, description="Elastic fleet: the fewest rollout workers.")
     max_workers: int = Field(16, ge=1, le=4096, description="Elastic fleet: the most rollout workers.")
+    segment_timeout_s: float | Literal["auto"] | None = Field(
+        "auto",
+        description="The stuck-worker watchdog: a rollout worker that returns no segment for this "
+        "many seconds is named, killed and restarted (counted as stuck_workers); auto: 10x the "
+        "slowest segment measured so far, at least 60 s (300 s before the first one); null: off.",
+    )
     placement_timeout_s: float | None = Field(
         300.0,
         gt=0,
         description="Give up (exit 2, naming the missing resources) when actors cannot be placed for "
         "this long; null waits forever (for autoscaling clusters that add nodes on demand).",
     )
+
+    @field_validator("segment_timeout_s")
+    @classmethod
+    def _positive_timeout(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, float) and not 0 < value <= 1e7:
+            raise ValueError("must be a number of seconds in (0, 1e7], auto or null")
+        return value
 
 
 class LearnerConfig(_Section):
@@ -147,6 +163,17 @@ class LearnerConfig(_Section):
         default_factory=dict,
         description="Extra Ray resources the learner actor asks for (e.g. {NPU: 1} to pin a node type).",
     )
+
+    @field_validator("ray_resources")
+    @classmethod
+    def _resources(cls, resources: dict[str, float]) -> dict[str, float]:
+        for name, amount in resources.items():
+            if name == "CPU":
+                raise ValueError("CPUs are learner.num_cpus, not a ray_resources entry")
+            if not 0 < amount <= 1e6:
+                raise ValueError(f"{name}: {amount} is not an amount Ray can reserve (0 < amount <= 1e6)")
+        return resources
+
     buffer_size: int = Field(
         4096, ge=1, le=2**34, description="Ring buffer capacity in env steps (a whole number of segments)."
     )
@@ -383,17 +410,18 @@ def _check_expanded_size(data: Any, where: str) -> None:
     """Refuse documents that expand past MAX_CONFIG_NODES values (aliases count every time they
     are used: a 400-byte alias bomb expands to billions). Stops walking at the cap, so it is cheap."""
     budget = MAX_CONFIG_NODES
-    stack = [data]
+    stack = [(data, 0)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         budget -= 1
         if budget < 0:
             raise ConfigError(f"{where}: expands to more than {MAX_CONFIG_NODES} values (YAML aliases?)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep")
         if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
+            stack.extend((child, depth + 1) for child in [*node.keys(), *node.values()])
         elif isinstance(node, list | tuple):
-            stack.extend(node)
+            stack.extend((child, depth + 1) for child in node)
 
 
 def parse_yaml(text: str, where: str) -> Any:
@@ -405,6 +433,8 @@ def parse_yaml(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: not valid YAML ({first})") from None
     except RecursionError:
         raise ConfigError(f"{where}: nested too deeply") from None
+    except ValueError as err:  # an integer past Python's 4,300-digit conversion limit
+        raise ConfigError(f"{where}: not a usable value ({' '.join(str(err).split())[:120]})") from None
     _check_expanded_size(data, where)
     return data
 
@@ -466,7 +496,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
-        raw = p.read_bytes()[: MAX_CONFIG_BYTES + 1]
+        with p.open("rb") as f:  # at most the cap is ever read, whatever the file's size
+            raw = f.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes; not a relay config")
         try:

@@ -25,6 +25,8 @@ METRICS: dict[str, str] = {
     "episode_len_mean": "mean length of the last 20 episodes",
     "env_steps_per_s": "env_steps / wall_s",
     "worker_restarts": "rollout workers Ray restarted",
+    "stuck_workers": "rollout workers killed (and restarted) for owing a segment past "
+    "rollout.segment_timeout_s",
     "learner_restarts": "learners recreated from the newest checkpoint",
     "lost_segments": "segments whose worker died before the learner fetched them",
     "rejected_segments": "segments the learner refused (wrong shape or dtype, non-finite values)",

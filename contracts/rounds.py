@@ -29,6 +29,8 @@ class RoundResult:
     reject_reason: str | None = None
     lost_segments: int = 0
     worker_restarts: int = 0
+    # Rollout workers the stuck-worker watchdog killed (set by the driver's backend).
+    stuck_workers: int = 0
     env_faults: dict[str, int] = field(default_factory=dict)
     amp_skipped_steps: int = 0
     metrics: dict[str, Any] | None = None
@@ -56,5 +58,6 @@ class RoundResult:
             out.reject_reason = out.reject_reason or part.reject_reason
             out.lost_segments += part.lost_segments
             out.worker_restarts += part.worker_restarts
+            out.stuck_workers += part.stuck_workers
             out.env_faults = add_faults(out.env_faults, part.env_faults)
         return out

@@ -20,7 +20,9 @@ from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
 from rollout_workers.worker import create_rollout_workers, worker_resources
 from services.driver.cluster import wait_until_placed
+from services.driver.health import FleetHealth
 from services.driver.loop import Backend, LearnerLost
+from services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
 
 class LocalBackend:
@@ -30,6 +32,7 @@ class LocalBackend:
         self.sampler = make_sampler(cfg, 0)
         self.env_spec = self.sampler.spec
         self.learner = Learner(cfg, self.env_spec)
+        self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
 
     def describe(self) -> dict[str, Any]:
         return {"mode": "local", "device": str(self.learner.dev), "workers": 0}
@@ -47,12 +50,16 @@ class LocalBackend:
         if self.sampler.version != self.learner.version:
             self.sampler.set_weights(self.learner.version, self.learner.weights())
         t0 = time.perf_counter()
-        segment = self.sampler.sample()  # the learner waits for it: one process does both
+        with self.stuck_reporter:
+            segment = self.sampler.sample()  # the learner waits for it: one process does both
         out = self.learner.train_round([segment], progress)
         out.phases["wait_s"] = time.perf_counter() - t0 - sum(out.phases.values())
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def stop_sampling(self) -> None:
+        pass  # the sampler runs in this process: a stop already interrupted it
+
+    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
         return self.learner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -99,9 +106,10 @@ class RayBackend:
         self._in_flight: dict[Any, tuple[Any, int]] = {}  # ref -> (worker, submission number)
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
         self._submitted = 0
-        self._next_round: list[Any] | None = None  # sync: the round already sampling
+        self._next_round: dict[Any, Any] | None = None  # sync: the round already sampling {ref: worker}
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
+        self.health = FleetHealth(cfg, self.workers)
 
     def _join_group(self) -> None:
         address, port = ray.get(self.learner.rendezvous.remote())
@@ -116,14 +124,19 @@ class RayBackend:
         info = ray.get(self.learner.describe.remote())
         return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
 
-    def _sample_round(self) -> list[Any]:
-        """Every worker samples once with the current weights."""
-        return [w.sample.remote(self.version, self.weights_ref) for w in self.workers]
+    def _sample_round(self) -> dict[Any, Any]:
+        """Every worker samples once with the current weights: {segment ref: worker}."""
+        refs = {w.sample.remote(self.version, self.weights_ref): w for w in self.workers}
+        for worker in self.workers:
+            self.health.watchdog.started(worker)
+        return refs
 
     def step(self, progress: float) -> RoundResult:
         upcoming: list[Any] = []
+        sampling: dict[Any, Any] = {}
         if self.cfg.rollout.mode == "sync":
-            refs, self._next_round = self._next_round or self._sample_round(), None
+            sampling, self._next_round = self._next_round or self._sample_round(), None
+            refs = list(sampling)
         else:
             refs = self._next_async_round()
             # Finished segments of the next rounds: the learner fetches them while it updates.
@@ -131,10 +144,14 @@ class RayBackend:
         n = len(self.learners)
         if n > 1:
             upcoming = []  # each replica takes its own share; no prefetch across shares
-        parts = _from_learner(
-            [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
-        )
-        out = RoundResult.merge(parts)
+        calls = [
+            lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)
+        ]
+        self.health.watch(calls, sampling)  # a stuck worker would hold the learner's fetch forever
+        out = RoundResult.merge(_from_learner(calls))
+        out.stuck_workers = self.health.take_stuck()
+        if out.lost_segments or out.stuck_workers:
+            self._drop_dead_workers()
         if out.published is not None:
             self.version, self.weights_ref = out.published
         if self.cfg.rollout.mode == "sync":
@@ -154,6 +171,8 @@ class RayBackend:
         budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready)
         outstanding = Counter(worker for worker, _ in self._in_flight.values())
         for worker in self.workers:
+            if outstanding[worker] == 0 and budget > 0:
+                self.health.watchdog.started(worker)
             while outstanding[worker] < limit and budget > 0:
                 self._in_flight[worker.sample.remote(self.version, self.weights_ref)] = (
                     worker,
@@ -176,7 +195,9 @@ class RayBackend:
         indices (fresh seeds); a retired one takes no new samples and is killed once its
         outstanding ones are done, so none is lost. Ray's autoscaler is asked for the CPUs."""
         while len(self.workers) < target:
-            self.workers += create_rollout_workers(self.cfg, range(self._next_index, self._next_index + 1))
+            added = create_rollout_workers(self.cfg, range(self._next_index, self._next_index + 1))
+            self.health.add(added, self._next_index)
+            self.workers += added
             self._next_index += 1
         while len(self.workers) > target:
             self._retiring.append(self.workers.pop())
@@ -189,10 +210,14 @@ class RayBackend:
         """Move every finished sample to the ready list (blocking until at least one is)."""
         # fetch_local=False: the driver only learns that a segment exists; the learner fetches it.
         pending = list(self._in_flight)
-        ray.wait(pending, num_returns=1, fetch_local=False)
+        ray.wait(pending, num_returns=1, fetch_local=False, timeout=self.health.watchdog.wait_s())
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
         for ref in done:
-            self._ready.append((self._in_flight.pop(ref)[1], ref))
+            worker, number = self._in_flight.pop(ref)
+            self._ready.append((number, ref))
+            more = any(w == worker for w, _ in self._in_flight.values())
+            self.health.watchdog.finished(worker, more)
+        self.health.kill_stuck()
 
     def _next_async_round(self) -> list[Any]:
         need = self.cfg.segments_per_update
@@ -207,8 +232,27 @@ class RayBackend:
         self._top_up()
         return [ref for _, ref in batch]
 
-    def state_dict(self) -> dict[str, Any]:
-        return _from_learner(self.learner.state_dict.remote())
+    def _drop_dead_workers(self) -> None:
+        """Workers Ray gave up on (past rollout.max_restarts) leave the fleet, said once; below
+        rollout.min_workers the run stops (FleetLost)."""
+        gone = self.health.dead(self.workers)
+        if not gone:
+            return
+        for worker in gone:
+            self.health.watchdog.forget(worker)
+        self.workers = [w for w in self.workers if w not in gone]
+        self._in_flight = {ref: item for ref, item in self._in_flight.items() if item[0] not in gone}
+        self._next_round = None
+        self.health.shrank(len(gone), len(self.workers))
+
+    def stop_sampling(self) -> None:
+        """Before a stop's final checkpoint: end the rollout workers, so a learner waiting on a
+        segment a stuck worker owes is freed to answer."""
+        for worker in [*self.workers, *self._retiring]:
+            ray.kill(worker, no_restart=True)
+
+    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+        return _from_learner(self.learner.state_dict.remote(), timeout_s)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
@@ -243,7 +287,7 @@ class RayBackend:
             request_resources(bundles=[])  # the fleet's demand goes with it: idle nodes may leave
 
 
-def _from_learner(refs: Any) -> Any:
+def _from_learner(refs: Any, timeout_s: float | None = None) -> Any:
     """ray.get of learner calls; a dead learner actor becomes LearnerLost (the driver restarts it).
 
     For a data-parallel group the calls are taken as they finish: a survivor of a dead peer
@@ -251,7 +295,7 @@ def _from_learner(refs: Any) -> Any:
     """
     try:
         if not isinstance(refs, list):
-            return ray.get(refs)
+            return ray.get(refs, timeout=timeout_s)
         pending, results = list(refs), {}
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

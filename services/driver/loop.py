@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from ray.exceptions import GetTimeoutError
+
 from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
 from contracts.config import RelayConfig
 from contracts.metrics import PHASES
@@ -21,14 +23,19 @@ from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
 from services.driver.checkpoints import load_newest_valid, save_checkpoint
 from services.driver.fleet import FleetScaler
+from services.driver.health import FleetLost
+from services.driver.notices import Notices
 from services.driver.progress import Progress
 from services.driver.run_dir import RunDir
-from services.driver.signals import Terminated
+from services.driver.signals import stop_reason
 from services.driver.sinks import MetricsSinks, truncate_metrics
 
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
 MAX_IDLE_ROUNDS = 20
 MAX_LEARNER_RESTARTS = 3
+# A signal's stop waits at most this long for the learner's state for the final checkpoint (the
+# rollout workers are ended first, so only a learner stuck itself can take that long).
+STOP_CHECKPOINT_S = 30.0
 
 
 class LearnerLost(RuntimeError):
@@ -51,7 +58,8 @@ class Backend(Protocol):
     def resize(self, target: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
     def step(self, progress: float) -> RoundResult: ...
-    def state_dict(self) -> dict[str, Any]: ...
+    def stop_sampling(self) -> None: ...
+    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def restart_learner(self) -> None: ...
     def reseed_workers(self, stream: int) -> None: ...
@@ -77,6 +85,7 @@ class TrainingLoop:
         ro = cfg.rollout
         self.fleet = FleetScaler(ro.min_workers, ro.max_workers) if ro.autoscale else None
         self._last_line_t = time.perf_counter()
+        self.notices = Notices()
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
@@ -113,6 +122,7 @@ class TrainingLoop:
             "env_steps_per_s": c.env_steps / max(c.wall_s, 1e-9),
             **metrics,
             "worker_restarts": c.worker_restarts,
+            "stuck_workers": c.stuck_workers,
             "learner_restarts": c.learner_restarts,
             "lost_segments": c.lost_segments,
             "rejected_segments": c.rejected_segments,
@@ -125,9 +135,9 @@ class TrainingLoop:
         return rec
 
     # ---- checkpoints -----------------------------------------------------------------------------
-    def checkpoint(self) -> Path:
+    def checkpoint(self, timeout_s: float | None = None) -> Path:
         ckpt = Checkpoint(
-            learner=self.backend.state_dict(),
+            learner=self.backend.state_dict(timeout_s),
             counters=self.c,
             config=self.cfg.model_dump(mode="json"),
             env=self.backend.env_spec,
@@ -172,15 +182,16 @@ class TrainingLoop:
     def _count_idle_round(self, out: RoundResult) -> None:
         self._idle_rounds += 1
         if out.reject_reason:
-            print(f"relay: segment rejected: {out.reject_reason}", file=sys.stderr, flush=True)
+            self.notices.say("rejected", f"segment rejected: {out.reject_reason}")
         if self._idle_rounds >= MAX_IDLE_ROUNDS:
             why = out.reject_reason or "every segment was lost (rollout workers keep failing)"
             raise NoProgressError(f"no update in {MAX_IDLE_ROUNDS} rounds in a row: {why}")
 
     # ---- the loop --------------------------------------------------------------------------------
     def run_until_stop(self, startup_s: float | None = None) -> str:
-        """Train until a stop criterion; returns which one, or 'interrupted' (Ctrl-C) or
-        'terminated' (SIGTERM). Either way the metrics are flushed and a final checkpoint written."""
+        """Train until a stop criterion; returns which one, or 'interrupted' (Ctrl-C), 'terminated'
+        (SIGTERM) or 'hangup' (SIGHUP). Either way the metrics are flushed and a final checkpoint
+        written; too few live rollout workers (FleetLost) checkpoint too, then raise."""
         writer = MetricsSinks(
             self.run, self.cfg.metrics.tensorboard, prometheus=self.cfg.rollout.num_workers > 0
         )
@@ -188,6 +199,7 @@ class TrainingLoop:
         clock = (self.c.wall_s, time.perf_counter())  # wall_s so far, and when this session started
         self._last_line_t = clock[1]
         self._last_ckpt = self.c.iteration
+        lost: FleetLost | None = None
         try:
             while (reason := self._stop_reason()) is None:
                 try:
@@ -195,16 +207,32 @@ class TrainingLoop:
                 except LearnerLost as err:
                     self._recover_learner(err)
             self.stopped_by = reason
-        except Terminated:
-            self.stopped_by = "terminated"
-        except KeyboardInterrupt:
-            self.stopped_by = "interrupted"
+        except (KeyboardInterrupt, FleetLost) as err:
+            self.stopped_by = "fleet lost" if isinstance(err, FleetLost) else stop_reason(err)
+            lost = err if isinstance(err, FleetLost) else None
+            # A stop ends in bounded time whatever a worker is doing: the workers go first, so a
+            # learner waiting on a stuck worker's segment is freed to hand over its state.
+            self.backend.stop_sampling()
         finally:
             writer.close()
+            self.notices.close()
             progress.close(self.stopped_by)
         if self.c.iteration > self._last_ckpt:
-            self.checkpoint()
+            self._final_checkpoint()
+        if lost is not None:
+            raise lost
         return self.stopped_by or "error"
+
+    def _final_checkpoint(self) -> None:
+        try:
+            self.checkpoint(STOP_CHECKPOINT_S)
+        except GetTimeoutError:
+            print(
+                f"relay: the learner did not hand over its state within {STOP_CHECKPOINT_S:.0f} s; "
+                "no final checkpoint (the newest one on disk stands)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _round(
         self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float], startup_s: float | None
@@ -213,6 +241,8 @@ class TrainingLoop:
         out = self.backend.step(self._progress_fraction())
         self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
         self.c.absorb(out)
+        if out.lost_segments:
+            self.notices.say("lost", "segment lost: its rollout worker failed", out.lost_segments)
         for key, seconds in out.phases.items():
             self._phases[key] = self._phases.get(key, 0.0) + seconds
         if out.metrics is None:
