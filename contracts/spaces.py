@@ -14,6 +14,8 @@ ActionKind = Literal["discrete", "continuous"]
 # Observation dtypes a segment keeps as they are; every other dtype is stored as float32.
 # uint8 frames stay uint8 end to end (a quarter of the bytes); ids and floats become float32.
 NATIVE_STORAGE_DTYPES = ("uint8",)
+# Numbers in one observation a spec read from a file may name (a 4-frame 1024x1024 stack is 4M).
+MAX_OBS_NUMBERS = 1 << 24
 
 
 class SpecError(ValueError):
@@ -102,6 +104,8 @@ class EnvSpec:
             or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 24 for d in shape)
         ):
             raise SpecError(f"env spec obs_shape must be a list of at most 8 sizes, got {str(shape)[:80]}")
+        if int(np.prod(shape, dtype=object)) > MAX_OBS_NUMBERS:
+            raise SpecError(f"env spec obs_shape {list(shape)} holds more than {MAX_OBS_NUMBERS} numbers")
         dtype = data.get("obs_dtype", "float32")
         if dtype not in ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"):
             raise SpecError(f"env spec obs_dtype {str(dtype)[:20]!r} is not a numeric dtype")

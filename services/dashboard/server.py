@@ -27,6 +27,7 @@ import json
 import math
 import os
 import stat
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -107,7 +108,8 @@ class RunStore:
             line_no, pos = self._start(name, st, since)
             f.seek(pos)
             lines: list[dict[str, Any] | None] = []
-            budget = MAX_RESPONSE_BYTES
+            envelope = {"run": name, "next": 1 << 40, "lines": []}  # the most `next` can be
+            budget = MAX_RESPONSE_BYTES - len(json.dumps(envelope, separators=(",", ":")))
             while budget > 0:
                 raw = f.readline(MAX_LINE_BYTES + 1)
                 size = len(raw)
@@ -118,8 +120,14 @@ class RunStore:
                     size, raw = size + rest, b""  # an over-long line: skipped
                     f.seek(pos + size)
                 if line_no >= since:
-                    lines.append(parse_line(raw) if raw else None)
-                    budget -= min(size, MAX_LINE_BYTES)
+                    parsed = parse_line(raw) if raw else None
+                    # The cap holds for the body as sent: a line costs what it costs re-encoded
+                    # (escapes can make it several times its size on disk).
+                    cost = len(json.dumps(parsed, separators=(",", ":"), allow_nan=False)) + 1
+                    if cost > budget and lines:
+                        break  # the page asks again from `next`
+                    lines.append(parsed)
+                    budget -= cost
                 pos, line_no = pos + size, line_no + 1
         self._ends[name] = (st.st_ino, line_no, pos)
         return {"run": name, "next": line_no, "lines": lines}
@@ -185,7 +193,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, status: HTTPStatus, payload: Any) -> None:
-        self._send(status, json.dumps(payload, allow_nan=False).encode(), "application/json")
+        body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode()
+        self._send(status, body, "application/json")
 
     def _host_allowed(self) -> bool:
         given = (self.headers.get("Host") or "").strip().lower()
@@ -239,13 +248,24 @@ def allowed_hosts(host: str, port: int) -> frozenset[str] | None:
     return frozenset({f"{name}:{port}" for name in LOOPBACK_NAMES} | {f"{host}:{port}"})
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-response is routine (a closed tab, a timed-out poll): not worth a
+    traceback each. Anything else is said in one line."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError | TimeoutError):
+            return
+        print(f"relay dashboard: request from {client_address[0]} failed: {err!r}"[:300], file=sys.stderr)
+
+
 class Dashboard:
     """The server on a background thread (for `relay train --dashboard` and tests) or in front."""
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 8000) -> None:
         self.store = RunStore(root)
         handler = make_handler(self.store)
-        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server = QuietServer((host, port), handler)
         self.server.daemon_threads = True
         handler.allowed_hosts = allowed_hosts(host, self.server.server_address[1])
         self._thread: threading.Thread | None = None

@@ -75,17 +75,23 @@ def runs_here(cfg: RelayConfig, address: str | None) -> bool:
     return cfg.rollout.num_workers == 0 or not (address or os.environ.get("RAY_ADDRESS"))
 
 
+# Resident memory of one actor process, measured (docs/benchmarks.md, the wide fleet): mostly an
+# interpreter with torch and gymnasium imported. A lower bound: envs add their own.
+ACTOR_PROCESS_BYTES = int(0.3 * GB)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes the config implies on the host: the learner's ring buffer (when it is on the CPU), and
-    segments being filled or waiting in the object store."""
+    """Bytes the config implies on the host: the learner's ring buffer (when it is on the CPU),
+    segments being filled or waiting in the object store, and the actor processes themselves."""
 
     buffer: int
     segments: int
+    processes: int = 0
 
     @property
     def total(self) -> int:
-        return self.buffer + self.segments
+        return self.buffer + self.segments + self.processes
 
 
 def estimate_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> MemoryEstimate:
@@ -95,7 +101,8 @@ def estimate_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> Mem
     # round in flight); the learner's gather of a round copies it once more.
     per_worker = 1 + max(2, cfg.rollout.max_segments_in_flight)
     segments = (max(cfg.rollout.num_workers, 1) * per_worker + cfg.segments_per_update) * seg
-    return MemoryEstimate(buffer, segments)
+    actors = cfg.rollout.num_workers + cfg.learner.num_learners if cfg.rollout.num_workers else 0
+    return MemoryEstimate(buffer, segments, actors * ACTOR_PROCESS_BYTES)
 
 
 def host_memory_bytes() -> int:
@@ -109,8 +116,9 @@ def check_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> None:
             f"the config needs about {need.total / GB:.1f} GB of memory (ring buffer "
             f"{need.buffer / GB:.1f} GB: learner.buffer_size={cfg.learner.buffer_size}; segments "
             f"{need.segments / GB:.1f} GB: env.num_envs={cfg.env.num_envs} x "
-            f"rollout.rollout_len={cfg.rollout.rollout_len} per segment), more than this machine's "
-            f"{have / GB:.1f} GB"
+            f"rollout.rollout_len={cfg.rollout.rollout_len} per segment; actor processes "
+            f"{need.processes / GB:.1f} GB: rollout.num_workers={cfg.rollout.num_workers} x "
+            f"~{ACTOR_PROCESS_BYTES / GB:.1f} GB), more than this machine's {have / GB:.1f} GB"
         )
 
 

@@ -77,6 +77,8 @@ def _observations(raw: Any, handle: PolicyHandle) -> np.ndarray:
     """[k, *obs_shape] float64, finite, in range for an image policy."""
     try:
         obs = np.asarray(raw, dtype=np.float64)
+    except OverflowError:  # an integer past float64's range (JSON integers have no bound)
+        raise BadRequest(400, '"obs" holds a number too large for float64') from None
     except (TypeError, ValueError):
         raise BadRequest(400, '"obs" is not an array of numbers (ragged rows?)') from None
     shape = handle.obs_shape
@@ -107,6 +109,28 @@ def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
     return request
 
 
+class IncompatibleCheckpoint(ValueError):
+    """A newer checkpoint whose interface differs from the served policy's (kept out, said once)."""
+
+
+def interface_change(now: PolicyHandle, new: PolicyHandle) -> str | None:
+    """Why `new` cannot answer the requests `now` answers (other observations or actions, another
+    model shape), or None: clients were told the served interface and send what it reads."""
+    if (now.env.obs_shape, now.env.storage_dtype, now.env.action) != (
+        new.env.obs_shape,
+        new.env.storage_dtype,
+        new.env.action,
+    ):
+        return (
+            f"it reads {new.env.describe_obs()} and acts {new.env.action.to_dict()}, the served policy "
+            f"reads {now.env.describe_obs()} and acts {now.env.action.to_dict()}"
+        )
+    have, want = new.model.state_dict(), now.model.state_dict()
+    if {k: tuple(v.shape) for k, v in have.items()} != {k: tuple(v.shape) for k, v in want.items()}:
+        return "its model has other layers or sizes than the served one"
+    return None
+
+
 @dataclass(frozen=True)
 class Served:
     """What answers now: the policy, its runtime, the weights version, the file it came from and
@@ -128,6 +152,7 @@ class PolicyService:
         self.path = Path(model)
         self.runtime_name, self.device, self.follow = runtime, device, follow
         self.served = self._load_newest() if follow else self._load(self.path)
+        self._refused = ""  # the newest checkpoint, when it did not fit what is served
 
     @property
     def handle(self) -> PolicyHandle:
@@ -163,9 +188,16 @@ class PolicyService:
         if not self.follow:
             return False
         newest = self._checkpoints()[-1]
-        if newest.name == self.served.source:
+        if newest.name in (self.served.source, self._refused):
             return False
-        self.served = self._load(newest)  # one reference: a batch runs on the one it read first
+        candidate = self._load(newest)
+        problem = interface_change(self.served.handle, candidate.handle)
+        if problem:
+            self._refused = newest.name  # said once; the next newer checkpoint is looked at again
+            raise IncompatibleCheckpoint(
+                f"not swapping in {newest.name}: {problem}; still serving {self.served.source}"
+            )
+        self.served = candidate  # one reference: a batch runs on the one it read first
         return True
 
     def metadata(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import torch
 from torch import Tensor, nn
 
@@ -51,10 +52,23 @@ class PolicyHandle:
         """Observations [B, *obs_shape] in the dtype the policy reads (uint8 frames, else float32)."""
         return np.asarray(obs).astype(self.env.storage_dtype, copy=False)
 
+    def check_fits(self, batch: int) -> None:
+        """PolicyLoadError, before anything is allocated, when `batch` observations (and the
+        two float64 copies of them) would not fit in the
+        memory this machine has free: the sizes come from a file, or from --batch."""
+        need = 2 * 8 * batch * max(self.obs_dim, 1)
+        free = psutil.virtual_memory().available
+        if need > free:
+            raise PolicyLoadError(
+                f"{self.source}: {batch} observations of shape {self.obs_shape} need about "
+                f"{need / 2**30:.1f} GB; this machine has {free / 2**30:.1f} GB free"
+            )
+
     def synthetic_obs(self, batch: int, generator: torch.Generator) -> Tensor:
         """[batch, *obs_shape] inputs the policy accepts: standard normals; uint8 noise frames for
         an image policy; for a token policy random contexts (ids in its vocabulary, a random
         number of slots filled, -1 after)."""
+        self.check_fits(batch)
         trunk = self.model.pi_trunk
         if self.env.storage_dtype == np.uint8:
             return torch.randint(0, 256, (batch, *self.obs_shape), generator=generator, dtype=torch.uint8)

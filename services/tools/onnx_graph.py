@@ -39,21 +39,45 @@ class GraphError(ValueError):
     """The graph is not one this importer understands (one line, naming what it met)."""
 
 
+def _array(tensor: Any) -> np.ndarray:
+    """A tensor of the file as numpy, its declared size checked against the data it holds before
+    anything is allocated (dims of [2^20, 2^20] over 16 bytes would otherwise be believed)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    name = tensor.name or "a constant"
+    if tensor.data_location == TensorProto.EXTERNAL:
+        raise GraphError(f"{name} keeps its data in another file; relay reads the one file it is given")
+    if any(d < 0 for d in tensor.dims):
+        raise GraphError(f"{name} has a negative dimension {list(tensor.dims)}")
+    count = int(np.prod([int(d) for d in tensor.dims], dtype=object))
+    try:
+        itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        raise GraphError(f"{name} has a data type relay does not read ({tensor.data_type})") from None
+    fields = ("float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+    held = (
+        len(tensor.raw_data) // itemsize if tensor.raw_data else max(len(getattr(tensor, f)) for f in fields)
+    )
+    if held != count:
+        raise GraphError(f"{name} declares {list(tensor.dims)} ({count} values) but holds {held}")
+    return numpy_helper.to_array(tensor)
+
+
 class OnnxGraph:
     """Producers, consumers and constants of an `onnx.ModelProto`'s main graph."""
 
     def __init__(self, proto: Any) -> None:
-        from onnx import helper, numpy_helper
+        from onnx import helper
 
         graph = proto.graph
-        self.consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.consts: dict[str, np.ndarray] = {i.name: _array(i) for i in graph.initializer}
         self.producer: dict[str, Node] = {}
         self.consumers: dict[str, list[Node]] = {}
         for raw in graph.node:
             attrs = {a.name: helper.get_attribute_value(a) for a in raw.attribute}
             node = Node(raw.op_type, tuple(raw.input), tuple(raw.output), attrs)
             if node.op == "Constant" and "value" in attrs:
-                self.consts[node.outputs[0]] = numpy_helper.to_array(attrs["value"])
+                self.consts[node.outputs[0]] = _array(attrs["value"])
                 continue
             for out in node.outputs:
                 self.producer[out] = node

@@ -26,7 +26,7 @@ from services.tools.handle import (
     PolicyLoadError,
 )
 from services.tools.mlagents import DETERMINISTIC, MASKS_INPUT, is_mlagents_graph, mlagents_policy_from_graph
-from services.tools.onnx_graph import OnnxGraph
+from services.tools.onnx_graph import GraphError, OnnxGraph
 from services.tools.relay_policy import relay_policy
 
 
@@ -85,7 +85,10 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
         raise PolicyLoadError(f"{path}: cannot be read ({err.strerror})") from None
     except Exception as err:
         raise PolicyLoadError(f"{path}: not an ONNX model ({type(err).__name__})") from None
-    graph = OnnxGraph(proto)
+    try:
+        graph = OnnxGraph(proto)
+    except GraphError as err:
+        raise PolicyLoadError(f"{path}: {err}") from None
     if is_mlagents_graph(graph):
         handle = mlagents_policy_from_graph(graph, f"ML-Agents ONNX {path.name}")
         obs = _check_obs(handle)

@@ -28,16 +28,20 @@ def relay_policy(
         raise PolicyLoadError(f"{source}: unreadable relay config ({first})") from None
     critic = "v_head.weight" in weights
     try:
-        model = build_policy(cfg, env, critic=critic)
-    except (ValueError, RuntimeError) as err:
+        # Shapes first, on the meta device (nothing allocated): a spec read from a file may name
+        # sizes its weights do not back (obs_shape [4194304] in a 24 KB file), refused right here.
+        with torch.device("meta"):
+            shapes = build_policy(cfg, env, critic=critic).state_dict()
+    except (ValueError, RuntimeError, NotImplementedError) as err:
         raise PolicyLoadError(f"{source}: its config and env spec do not make a policy ({err})") from None
     # An exported graph holds what acting reads: no reward statistics, no unused normalizer.
     optional = (
         ("return_stats.",) + (("normalizer.",) if not cfg.model.normalize_obs else ()) if acting_only else ()
     )
-    problem = weights_mismatch(model.state_dict(), weights, optional, allow_extra=acting_only)
+    problem = weights_mismatch(shapes, weights, optional, allow_extra=acting_only)
     if problem:
         raise PolicyLoadError(f"{source}: its weights do not fit its config ({problem})")
+    model = build_policy(cfg, env, critic=critic)
     model.load_state_dict(
         {k: torch.as_tensor(v) for k, v in weights.items() if k in model.state_dict()}, strict=False
     )

@@ -232,7 +232,7 @@ def test_a_dashboard_port_in_use_is_refused_before_anything_is_created(capsys, t
 def test_export_and_verify_options_nobody_listed(capsys, tmp_path):
     ckpt = tmp_path / "c.pt"
     ckpt.write_bytes(b"not a checkpoint")
-    _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path)], "not a file in a writable folder")
+    _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path)], "exists and is not a regular file")
     _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path / "no" / "x.onnx")], "writable folder")
     _refused(capsys, ["export", str(ckpt)], "c.pt cannot be read as data (not a torch checkpoint file)")
     _refused(capsys, ["verify", str(ckpt), "--min-cosine", "nan"], "--min-cosine")
@@ -241,3 +241,105 @@ def test_export_and_verify_options_nobody_listed(capsys, tmp_path):
     (tmp_path / "x.onnx").write_bytes(b"\x00garbage")
     _refused(capsys, ["verify", str(tmp_path / "x.onnx")], "not an ONNX model")
     _refused(capsys, ["dashboard", str(ckpt)], "no such folder")
+
+
+# ---- the inputs nobody listed, second pass --------------------------------------------------------
+def _nested(depth: int) -> str:
+    return "{a: " * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        ([f"env.kwargs={_nested(300)}"], "nested more than 32 levels"),
+        (["learner.lr=" + "9" * 5001], "not a usable value"),
+        (["learner.ray_resources={CPU: -5}"], "CPUs are learner.num_cpus"),
+        (["learner.ray_resources={NPU: -1}"], "not an amount Ray can reserve"),
+        (["learner.ray_resources={NPU: 0}"], "not an amount Ray can reserve"),
+        (["env.id=tests.rollout_workers.stuck_envs:make_empty_box"], "holds no numbers"),
+        (
+            [
+                "rollout.num_workers=4096",
+                "rollout.rollout_len=1",
+                "env.num_envs=1",
+                "learner.buffer_size=4096",
+                "learner.batch_size=512",
+            ],
+            "actor processes",
+        ),
+    ],
+)
+def test_more_bad_configs_are_one_line_and_no_run_dir(capsys, tmp_path, sets, needle):
+    run = tmp_path / "run"
+    argv = ["train", CARTPOLE, "--run-dir", str(run)]
+    for kv in sets:
+        argv += ["--set", kv]
+    _refused(capsys, argv, needle)
+    assert not run.exists()
+    _refused(capsys, ["validate", CARTPOLE, *argv[4:]], needle)
+
+
+def test_a_huge_config_file_is_refused_without_reading_it_whole(capsys, tmp_path):
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate(3 << 30)  # 3 GB, sparse: reading it whole would take seconds and 3 GB
+    t0 = time.perf_counter()
+    _refused(capsys, ["validate", str(big)], "larger than 1048576 bytes")
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_verify_with_a_batch_past_memory_is_refused_before_allocating(capsys, tmp_path):
+    run = tmp_path / "run"
+    from tests.helpers import train_local
+
+    assert train_local("cartpole_ppo.yaml", run, "learner.buffer_size=512", "stop.env_steps=600") == 0
+    ckpt = sorted((run / "checkpoints").glob("*.pt"))[-1]
+    capsys.readouterr()
+    _refused(capsys, ["verify", str(ckpt), "--batch", "100000000000"], "need about", "GB free")
+
+
+def _onnx_with(tmp_path: Path, spec_shape: list[int] | None = None, dims: list[int] | None = None) -> Path:
+    """A tiny relay-looking ONNX file whose metadata or initializer names sizes it does not hold."""
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    w = TensorProto(name="model.pi_trunk.0.weight", data_type=TensorProto.FLOAT, dims=dims or [64, 4])
+    w.raw_data = b"\x00" * 16 if dims else b"\x00" * (64 * 4 * 4)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["obs"], ["action"])],
+        "g",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, [None, 4])],
+        [w],
+    )
+    model = helper.make_model(graph)
+    env = {"obs_shape": spec_shape or [4], "action": {"kind": "discrete", "size": 2}}
+    helper.set_model_props(model, {"relay_config": json.dumps({}), "relay_env": json.dumps(env)})
+    path = tmp_path / "crafted.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert onnx.load(str(path)) is not None
+    return path
+
+
+@pytest.mark.parametrize(
+    "kind, needle",
+    [("spec", "do not fit"), ("dims", "declares [1048576, 1048576] (1099511627776 values) but holds 4")],
+)
+def test_sizes_read_from_an_onnx_file_are_checked_before_anything_is_allocated(tmp_path, kind, needle):
+    """Run as a process, so its peak memory is measured: the refusal costs no more than start-up."""
+    import resource
+
+    path = _onnx_with(
+        tmp_path,
+        spec_shape=[4194304] if kind == "spec" else None,
+        dims=[1 << 20, 1 << 20] if kind == "dims" else None,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "verify", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
+    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    assert peak_gb < 1.5, peak_gb

@@ -226,7 +226,42 @@ def test_an_over_long_line_is_skipped_and_responses_are_capped(runs, monkeypatch
     monkeypatch.setattr(server, "MAX_RESPONSE_BYTES", 2 * len(line(1)))
     first = get(board, "/api/metrics?run=a&since=0")[1]
     assert first["next"] == 2  # a capped response; the page asks again from `next`
-    assert get(board, f"/api/metrics?run=a&since={first['next']}")[1]["next"] == 4
+    # Lines 3, the skipped one (sent as null: 4 bytes of the body) and 5 fit the second answer.
+    assert get(board, f"/api/metrics?run=a&since={first['next']}")[1]["next"] == 5
+
+
+def test_the_cap_holds_for_the_body_as_sent_even_when_escapes_make_lines_grow(runs):
+    """Non-ASCII text is sent escaped (é: 2 bytes on disk, 6 in the body); the cap counts the
+    body, not the file."""
+    from services.dashboard import server
+
+    root, board = runs
+    with (root / "a" / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        for i in range(4, 2500):
+            f.write(json.dumps({"iteration": i, "note": "é" * 1000}, ensure_ascii=False) + "\n")
+    status, raw = _raw_get(board, "/api/metrics?run=a&since=0")
+    body = json.loads(raw)
+    assert status == 200 and len(raw) <= server.MAX_RESPONSE_BYTES
+    assert 3 < body["next"] < 2499  # capped: the page asks again from `next`
+    rest = json.loads(_raw_get(board, f"/api/metrics?run=a&since={body['next']}")[1])
+    assert rest["lines"][0]["iteration"] == body["next"] + 1
+
+
+def test_clients_that_hang_up_leave_no_tracebacks(runs, capfd):
+    import socket
+
+    root, board = runs
+    with (root / "a" / "metrics.jsonl").open("a") as f:  # answers of megabytes: writes meet the reset
+        f.write("".join(line(i, note="x" * 1000) for i in range(4, 3000)))
+    host, port = board.server.server_address[:2]
+    for _ in range(50):
+        with socket.create_connection((host, port)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.sendall(f"GET /api/metrics?run=a HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        # closed with a reset before the answer is read
+    assert get(board, "/api/runs")[0] == 200  # still serving
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "ConnectionReset" not in err
 
 
 def test_host_header_must_name_the_loopback_address(runs):

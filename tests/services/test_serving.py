@@ -16,7 +16,7 @@ from learner.device import DeviceError
 from services.cli import main
 from services.driver.checkpoints import list_checkpoints
 from services.serving import runtimes
-from services.serving.service import ActRequest, BadRequest, PolicyService, parse_act
+from services.serving.service import ActRequest, BadRequest, IncompatibleCheckpoint, PolicyService, parse_act
 from tests.helpers import train_local
 from tests.services.mlagents_like import export_opset9, randomized
 
@@ -58,6 +58,7 @@ BAD_BODIES = {
     b'{"obs": ["a", 0, 0, 0]}': "numbers",
     b'{"obs": [0, 0, 0, 0], "deterministic": "yes"}': '"deterministic"',
     b'{"obs": [0, 0, 0, 0], "seed": -1}': '"seed"',
+    b'{"obs": [0, 1' + b"0" * 400 + b", 0, 0]}": "too large for float64",
     b'{"obs": [0, 0, 0, 0], "seed": 1.5}': '"seed"',
     b'{"obs": []}': "shape",
     b"\xff\xfe": "not JSON",
@@ -186,6 +187,23 @@ def test_follow_swaps_in_a_newer_checkpoint(cartpole_run, tmp_path):
     assert service.metadata()["fingerprint"] != first_print  # the new weights' fingerprint
     answer = service.act([ActRequest(np.zeros((1, 4)))])[0]
     assert answer["weights_version"] == service.served.version
+
+
+def test_follow_keeps_serving_when_a_checkpoint_of_another_interface_lands(
+    cartpole_run, pendulum_ckpt, tmp_path
+):
+    """A Pendulum checkpoint copied into a CartPole run: every later request would fail; it is
+    refused once and the CartPole policy goes on answering."""
+    run = tmp_path / "run"
+    shutil.copytree(cartpole_run, run)
+    service = PolicyService(str(run), follow=True)
+    served = service.served.source
+    shutil.copy(pendulum_ckpt, run / "checkpoints" / "ckpt-99999999.pt")
+    with pytest.raises(IncompatibleCheckpoint, match=r"not swapping in ckpt-99999999\.pt: it reads"):
+        service.refresh()
+    assert service.refresh() is False  # said once, not every poll
+    assert service.served.source == served
+    assert len(service.act([ActRequest(np.zeros((1, 4)))])[0]["actions"]) == 1
 
 
 # ---- devices (stand-ins: no GPU or NPU on this machine) --------------------------------------------
