@@ -10,7 +10,6 @@ RAY_TMPDIR, a run directory.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, table
 
-from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, start_train, wait_for
+from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 
 def _bomb() -> Path:
@@ -43,14 +42,10 @@ def refusal(name: str, argv: list[str]) -> list[object]:
     return [name, p.returncode, round(time.perf_counter() - t0, 2), len(lines), "-", "-", lines[-1][:70]]
 
 
-def _ray_env(tmp: str) -> dict[str, str]:
-    return {**os.environ, "RAY_TMPDIR": tmp}
-
-
 def stop(name: str, sig: int, sets: list[str]) -> list[object]:
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     run = Path(tempfile.mkdtemp()) / "run"
-    proc = start_train(run, *sets, "checkpoint.interval=1000", env=_ray_env(tmp))
+    proc = start_train(run, *sets, "checkpoint.interval=1000", env=ray_env(tmp))
     wait_for(lambda: len(metrics_lines(run)) >= 5, 180, "five iterations")
     t0 = time.perf_counter()
     proc.send_signal(sig)
@@ -73,7 +68,7 @@ def stop(name: str, sig: int, sets: list[str]) -> list[object]:
 def interrupt_ray_start() -> list[object]:
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     run = Path(tempfile.mkdtemp()) / "run"
-    proc = start_train(run, "rollout.num_workers=2", env=_ray_env(tmp))
+    proc = start_train(run, "rollout.num_workers=2", env=ray_env(tmp))
     wait_for(lambda: any(Path(tmp).rglob("session_*")), 120, "Ray to start")
     time.sleep(0.5)
     t0 = time.perf_counter()
@@ -102,7 +97,7 @@ def stop_during_hang() -> list[object]:
     tmp, folder = tempfile.mkdtemp(prefix="rt", dir="/tmp"), Path(tempfile.mkdtemp())
     run, marker = folder / "run", folder / "hung"
     sets = [*HANG, f"env.kwargs={{marker: {marker}}}", "rollout.segment_timeout_s=null"]
-    proc = start_train(run, "rollout.num_workers=2", "learner.buffer_size=512", *sets, env=_ray_env(tmp))
+    proc = start_train(run, "rollout.num_workers=2", "learner.buffer_size=512", *sets, env=ray_env(tmp))
     wait_for(marker.exists, 180, "an env to hang")
     time.sleep(3)
     t0 = time.perf_counter()
@@ -122,7 +117,7 @@ def stuck_worker() -> list[object]:
     run, marker = folder / "run", folder / "hung"
     sets = [*HANG, f"env.kwargs={{marker: {marker}}}", "rollout.segment_timeout_s=3", "stop.env_steps=12000"]
     t0 = time.perf_counter()
-    proc = start_train(run, "rollout.num_workers=2", "learner.buffer_size=512", *sets, env=_ray_env(tmp))
+    proc = start_train(run, "rollout.num_workers=2", "learner.buffer_size=512", *sets, env=ray_env(tmp))
     _, err = proc.communicate(timeout=300)
     line = next((x for x in err.splitlines() if "returned no segment" in x), "none")
     last = metrics_lines(run)[-1]

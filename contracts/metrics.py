@@ -66,6 +66,9 @@ METRICS: dict[str, str] = {
     "parameters": "trainable parameters",
     "learner_state_bytes": "bytes the learner keeps on its device",
     "host_memory_peak_bytes": "peak resident memory of the learner process",
+    "learner_rss_bytes": "resident memory of the learner process now",
+    "driver_rss_bytes": "resident memory of the driver process now",
+    "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
 }
 
 # What DESIGN.md promises on every line (algorithm-specific keys are added by each algorithm).
@@ -140,6 +143,11 @@ CHARTS: list[dict[str, Any]] = [
         "id": "memory",
         "title": "Device memory (bytes, allocated / peak)",
         "keys": ["device_memory_bytes", "device_memory_peak_bytes"],
+    },
+    {
+        "id": "host_memory",
+        "title": "Host memory by process (bytes: learner, driver, largest rollout worker)",
+        "keys": ["learner_rss_bytes", "driver_rss_bytes", "rollout_rss_bytes"],
     },
     {
         "id": "faults",

@@ -37,6 +37,12 @@ def _peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def rss_bytes() -> int:
+    """Resident memory of this process now: growth shows here long before an OOM."""
+    with open("/proc/self/statm", "rb") as f:  # one read, no psutil object per line
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
 def time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """[k, T, N, ...] segment stacks -> [T, k*N, ...] (k segments side by side as more envs);
     per-env fields [k, N] -> [k*N]."""
@@ -225,6 +231,7 @@ class Learner:
             "parameters": self.parameter_count,
             "learner_state_bytes": self.state_bytes(),
             "host_memory_peak_bytes": _peak_rss_bytes(),
+            "learner_rss_bytes": rss_bytes(),
         }
         return UpdateOutcome(metrics, result.skipped_steps)
 

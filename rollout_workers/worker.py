@@ -50,6 +50,7 @@ class RolloutWorker:
     def env_spec(self) -> EnvSpec:
         return self.sampler.spec
 
+    @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
     def sample(self, version: int, weights_ref: list[ray.ObjectRef]) -> Segment:
         """A Segment acted with weights `version` (fetched from the object store only when new)."""
         if version != self.sampler.version:

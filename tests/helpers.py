@@ -38,21 +38,17 @@ ELASTIC_SATURATED = [
 ]
 
 
-def train_local(config: str, run: Path, *sets: str) -> int:
-    """`relay train configs/<config>` in local mode (no Ray), quiet, with extra `--set`s."""
-    args = [
-        "train",
-        str(ROOT / "configs" / config),
-        "--run-dir",
-        str(run),
-        "--set",
-        "rollout.num_workers=0",
-        "--set",
-        "metrics.progress=none",
-    ]
+def train_in_process(config: str, run: Path, *sets: str) -> int:
+    """`relay train configs/<config>` in this process, quiet, with extra `--set`s."""
+    args = ["train", str(ROOT / "configs" / config), "--run-dir", str(run), "--set", "metrics.progress=none"]
     for kv in sets:
         args += ["--set", kv]
     return main(args)
+
+
+def train_local(config: str, run: Path, *sets: str) -> int:
+    """`relay train configs/<config>` in local mode (no Ray), quiet, with extra `--set`s."""
+    return train_in_process(config, run, "rollout.num_workers=0", *sets)
 
 
 def ray_loop(cfg, run: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,6 +35,11 @@ def start_train(run: Path, *sets: str, env: dict | None = None) -> subprocess.Po
     return subprocess.Popen(
         args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
+
+
+def ray_env(ray_tmp: str) -> dict:
+    """This process's environment with RAY_TMPDIR set to `ray_tmp`."""
+    return {**os.environ, "RAY_TMPDIR": ray_tmp}
 
 
 def wait_for(condition, timeout: float, what: str) -> None:

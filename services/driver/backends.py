@@ -20,7 +20,7 @@ from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
 from rollout_workers.worker import create_rollout_workers, worker_resources
 from services.driver.cluster import wait_until_placed
-from services.driver.health import FleetHealth
+from services.driver.health import FleetHealth, actor_record
 from services.driver.loop import Backend, LearnerLost
 from services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
@@ -58,6 +58,9 @@ class LocalBackend:
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it
+
+    def worker_pids(self) -> list[int]:
+        return []  # the sampler is the driver itself
 
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
         return self.learner.state_dict()
@@ -221,6 +224,8 @@ class RayBackend:
 
     def _next_async_round(self) -> list[Any]:
         need = self.cfg.segments_per_update
+        # Also when the others keep the rounds full: a stuck worker would hold its slots forever.
+        self.health.kill_stuck()
         self._top_up()
         while len(self._ready) < need:
             self._collect_finished()
@@ -244,6 +249,14 @@ class RayBackend:
         self._in_flight = {ref: item for ref, item in self._in_flight.items() if item[0] not in gone}
         self._next_round = None
         self.health.shrank(len(gone), len(self.workers))
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the rollout workers on this node (Ray's actor table; no call to them)."""
+        here = ray.get_runtime_context().get_node_id()
+        records = [actor_record(w) for w in self.workers]
+        return [
+            int(r["Pid"]) for r in records if r.get("Pid") and (r.get("Address") or {}).get("NodeID") == here
+        ]
 
     def stop_sampling(self) -> None:
         """Before a stop's final checkpoint: end the rollout workers, so a learner waiting on a
@@ -291,15 +304,22 @@ def _from_learner(refs: Any, timeout_s: float | None = None) -> Any:
     """ray.get of learner calls; a dead learner actor becomes LearnerLost (the driver restarts it).
 
     For a data-parallel group the calls are taken as they finish: a survivor of a dead peer
-    blocks in its collective, so waiting for the calls in order could wait forever.
+    blocks in its collective, so waiting for the calls in order could wait forever. A survivor's
+    collective may also fail (the peer's connection reset) before the dead peer's call reports:
+    every call is heard out, and a death among them wins over the errors it caused.
     """
     try:
         if not isinstance(refs, list):
             return ray.get(refs, timeout=timeout_s)
-        pending, results = list(refs), {}
+        pending, results, failed = list(refs), {}, None
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            results[done[0]] = ray.get(done[0])
+            try:
+                results[done[0]] = ray.get(done[0])
+            except ray.exceptions.RayTaskError as err:
+                failed = failed or err
+        if failed is not None:
+            raise failed
         return [results[ref] for ref in refs]
     except ray.exceptions.RayActorError as err:
         raise LearnerLost(str(err).splitlines()[0]) from None

@@ -24,6 +24,7 @@ from contracts.spaces import EnvSpec
 from services.driver.checkpoints import load_newest_valid, save_checkpoint
 from services.driver.fleet import FleetScaler
 from services.driver.health import FleetLost
+from services.driver.memory import HostMemory
 from services.driver.notices import Notices
 from services.driver.progress import Progress
 from services.driver.run_dir import RunDir
@@ -59,6 +60,7 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]: ...
     def step(self, progress: float) -> RoundResult: ...
     def stop_sampling(self) -> None: ...
+    def worker_pids(self) -> list[int]: ...
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def restart_learner(self) -> None: ...
@@ -86,6 +88,7 @@ class TrainingLoop:
         self.fleet = FleetScaler(ro.min_workers, ro.max_workers) if ro.autoscale else None
         self._last_line_t = time.perf_counter()
         self.notices = Notices()
+        self.memory = HostMemory(backend.worker_pids)
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
@@ -121,6 +124,7 @@ class TrainingLoop:
             "episode_len_mean": _mean(c.lengths),
             "env_steps_per_s": c.env_steps / max(c.wall_s, 1e-9),
             **metrics,
+            **self.memory.sample(),
             "worker_restarts": c.worker_restarts,
             "stuck_workers": c.stuck_workers,
             "learner_restarts": c.learner_restarts,

@@ -6,11 +6,9 @@ Each subprocess gets its own RAY_TMPDIR, so the Ray processes it starts are the 
 command lines name that folder.
 """
 
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -20,26 +18,14 @@ import ray
 from services.cli import main
 from services.driver import cluster
 from services.driver.checkpoints import load_newest_valid
-from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, start_train, wait_for
+from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture
-def ray_tmp():
-    """A short RAY_TMPDIR (Ray's socket paths must stay under ~100 characters)."""
-    folder = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    yield folder
-    wait_for(lambda: not processes_mentioning(folder), 30, f"Ray processes of {folder} to end")
-
-
-def _env(ray_tmp: str) -> dict:
-    return {**os.environ, "RAY_TMPDIR": ray_tmp}
-
-
 def test_sigterm_stops_a_ray_run_cleanly_and_leaves_no_ray_process(tmp_path, ray_tmp):
     run = tmp_path / "run"
-    proc = start_train(run, "rollout.num_workers=2", "checkpoint.interval=1000", env=_env(ray_tmp))
+    proc = start_train(run, "rollout.num_workers=2", "checkpoint.interval=1000", env=ray_env(ray_tmp))
     wait_for(lambda: len(metrics_lines(run)) >= 3, 180, "three iterations")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -52,7 +38,7 @@ def test_sigterm_stops_a_ray_run_cleanly_and_leaves_no_ray_process(tmp_path, ray
 
 def test_ctrl_c_while_ray_starts_is_one_line_exit_130_and_nothing_left_running(tmp_path, ray_tmp):
     run = tmp_path / "run"
-    proc = start_train(run, "rollout.num_workers=2", env=_env(ray_tmp))
+    proc = start_train(run, "rollout.num_workers=2", env=ray_env(ray_tmp))
     # Ray's session folder appears as ray.init begins starting its processes.
     wait_for(lambda: any(Path(ray_tmp).rglob("session_*")), 120, "Ray to start")
     time.sleep(0.5)
@@ -129,7 +115,7 @@ def test_a_local_run_starts_ray_with_token_authentication(ray_tmp):
         "from ray._raylet import AuthenticationMode, get_authentication_mode; "
         "print('mode', get_authentication_mode() == AuthenticationMode.TOKEN); ray.shutdown()"
     )
-    env = {k: v for k, v in _env(ray_tmp).items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env = {k: v for k, v in ray_env(ray_tmp).items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

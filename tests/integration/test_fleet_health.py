@@ -7,29 +7,16 @@ like SIGTERM (exit 129) and leaves no Ray process.
 Each run is a subprocess with its own RAY_TMPDIR, so the Ray processes it starts are the ones
 whose command lines name that folder."""
 
-import os
 import signal
-import tempfile
 import time
 
 import pytest
 
 from services.driver.checkpoints import load_newest_valid
-from tests.helpers_proc import metrics_lines, processes_mentioning, start_train, wait_for
+from tests.helpers_proc import metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 pytestmark = pytest.mark.ray
 SMALL = ("rollout.num_workers=2", "learner.buffer_size=512", "rollout.rollout_len=32")
-
-
-@pytest.fixture
-def ray_tmp():
-    folder = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    yield folder
-    wait_for(lambda: not processes_mentioning(folder), 30, f"Ray processes of {folder} to end")
-
-
-def _env(ray_tmp: str) -> dict:
-    return {**os.environ, "RAY_TMPDIR": ray_tmp}
 
 
 def _relay_lines(err: str) -> list[str]:
@@ -45,7 +32,7 @@ def test_a_stuck_worker_is_named_killed_restarted_and_the_run_goes_on(tmp_path, 
         *env,
         "rollout.segment_timeout_s=3",
         "stop.env_steps=12000",
-        env=_env(ray_tmp),
+        env=ray_env(ray_tmp),
     )
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
@@ -63,7 +50,7 @@ def test_sigterm_during_a_hang_stops_in_bounded_time(tmp_path, ray_tmp):
     marker = tmp_path / "hung"
     env = ["env.id=tests.rollout_workers.stuck_envs:make_hanging", f"env.kwargs={{marker: {marker}}}"]
     run = tmp_path / "run"
-    proc = start_train(run, *SMALL, *env, "rollout.segment_timeout_s=null", env=_env(ray_tmp))
+    proc = start_train(run, *SMALL, *env, "rollout.segment_timeout_s=null", env=ray_env(ray_tmp))
     wait_for(marker.exists, 180, "an env to hang")
     wait_for(lambda: len(metrics_lines(run)) >= 1, 60, "a metrics line")
     time.sleep(3)  # the run is stuck now
@@ -80,7 +67,7 @@ def test_sigterm_during_a_hang_stops_in_bounded_time(tmp_path, ray_tmp):
 def _dying(tmp_path, ray_tmp, *sets: str):
     marker = tmp_path / "doomed"
     env = ["env.id=tests.rollout_workers.stuck_envs:make_dying", f"env.kwargs={{marker: {marker}}}"]
-    return start_train(tmp_path / "run", *SMALL, *env, "rollout.max_restarts=1", *sets, env=_env(ray_tmp))
+    return start_train(tmp_path / "run", *SMALL, *env, "rollout.max_restarts=1", *sets, env=ray_env(ray_tmp))
 
 
 def test_a_worker_past_max_restarts_shrinks_the_fleet_said_once(tmp_path, ray_tmp):
@@ -109,7 +96,7 @@ def test_below_min_workers_the_run_stops_cleanly_with_a_checkpoint(tmp_path, ray
 
 def test_sighup_stops_like_sigterm_and_leaves_no_ray_process(tmp_path, ray_tmp):
     run = tmp_path / "run"
-    proc = start_train(run, "rollout.num_workers=2", "checkpoint.interval=1000", env=_env(ray_tmp))
+    proc = start_train(run, "rollout.num_workers=2", "checkpoint.interval=1000", env=ray_env(ray_tmp))
     wait_for(lambda: len(metrics_lines(run)) >= 3, 180, "three iterations")
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=120)

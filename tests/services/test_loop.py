@@ -49,6 +49,9 @@ class FakeBackend:
     def stop_sampling(self) -> None:
         self.stopped_sampling = True
 
+    def worker_pids(self) -> list[int]:
+        return []
+
     def load_state_dict(self, state: dict) -> None:
         self.version = int(state["version"])
         self.loaded.append(self.version)

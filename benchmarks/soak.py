@@ -1,0 +1,202 @@
+"""Soak: does every process of a long run keep its memory flat, and the run its speed?
+
+    python benchmarks/soak.py --minutes 30                                   # async CartPole
+    python benchmarks/soak.py --config configs/breakout_ppo.yaml --minutes 30 --set env.num_envs=8
+
+Runs `relay train` (a subprocess with a RAY_TMPDIR of its own, so every Ray process of the run is
+found by its command line or as a descendant of its raylet) until `--minutes` are up, sampling the
+resident memory of each process every `--every` seconds: the driver, the learner, the rollout
+workers, Ray's GCS and raylet, and Ray's other processes. Prints, per process kind, the memory at
+the end of the warm-up and at the end, and the growth per hour of a least-squares line fitted to
+the samples after the warm-up (default 5 minutes); then env steps/s over minutes 5-10 against the
+last 5 minutes, and the learner's device memory (allocated, peak) from its metrics lines.
+Targets: growth <= 10 MB per hour for every process kind; the last 5 minutes' throughput >= 95% of
+minutes 5-10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, table
+
+ROOT = Path(__file__).parents[1]
+MB = 2**20
+GROWTH_TARGET_MB_H = 10.0
+THROUGHPUT_TARGET = 0.95
+
+
+def kind_of(proc: psutil.Process, driver: int) -> str:
+    """The process kind a sample counts toward (Ray names actor processes ray::<Class>)."""
+    if proc.pid == driver:
+        return "driver"
+    try:
+        text = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return "gone"
+    for needle, kind in (
+        ("LearnerActor", "learner"),
+        ("RolloutWorker", "rollout workers"),
+        ("gcs_server", "gcs_server"),
+        ("raylet", "raylet"),
+    ):
+        if needle in text:
+            return kind
+    return "other Ray processes"
+
+
+def run_processes(driver: psutil.Process, ray_tmp: str) -> list[psutil.Process]:
+    """The driver, its descendants, and every process whose command line names the run's
+    RAY_TMPDIR (the GCS and raylet), with their descendants (the workers)."""
+    found = {driver.pid: driver}
+    for p in psutil.process_iter(["cmdline"]):
+        if ray_tmp in " ".join(p.info["cmdline"] or []):
+            found[p.pid] = p
+    for p in list(found.values()):
+        try:
+            found.update({c.pid: c for c in p.children(recursive=True)})
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def sample(driver: psutil.Process, ray_tmp: str) -> dict[str, float]:
+    """MB of resident memory by process kind, now."""
+    out: dict[str, float] = defaultdict(float)
+    for p in run_processes(driver, ray_tmp):
+        try:
+            rss = p.memory_info().rss
+        except psutil.Error:
+            continue
+        out[kind_of(p, driver.pid)] += rss / MB
+    out.pop("gone", None)
+    return dict(out)
+
+
+def slope_per_hour(ts: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys over ts (seconds), per hour."""
+    n = len(ts)
+    if n < 2:
+        return float("nan")
+    mt, my = sum(ts) / n, sum(ys) / n
+    var = sum((t - mt) ** 2 for t in ts)
+    return 3600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var if var else 0.0
+
+
+def steps_per_s(lines: list[dict], start_s: float, end_s: float) -> float | None:
+    """Env steps per second of wall time between two points of the run (metrics lines' wall_s)."""
+    inside = [x for x in lines if start_s <= x["wall_s"] <= end_s]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    return (last["env_steps"] - first["env_steps"]) / max(last["wall_s"] - first["wall_s"], 1e-9)
+
+
+def soak(config: str, sets: list[str], minutes: float, every: float, warmup_min: float) -> str:
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    run = Path(tempfile.mkdtemp()) / "run"
+    argv = [sys.executable, "-m", "services.train", config, "--run-dir", str(run)]
+    # A soak runs by the clock: no step budget, so no lr annealing over one either.
+    budget = ["stop.env_steps=null", "stop.episode_return_mean=null", f"stop.wall_s={minutes * 60 + 120}"]
+    budget.append("learner.lr_anneal=false")
+    for kv in [*budget, "metrics.progress=none", "metrics.tensorboard=false", *sets]:
+        argv += ["--set", kv]
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "RAY_TMPDIR": ray_tmp},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    driver = psutil.Process(proc.pid)
+    samples: list[tuple[float, dict[str, float]]] = []
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < minutes * 60 and proc.poll() is None:
+            samples.append((time.monotonic() - t0, sample(driver, ray_tmp)))
+            time.sleep(every)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    if proc.returncode not in (0, 143):
+        raise SystemExit(f"the run failed ({proc.returncode}): {err[-1500:]}")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return report(config, sets, samples, lines, warmup_min * 60, minutes)
+
+
+def report(
+    config: str,
+    sets: list[str],
+    samples: list[tuple[float, dict[str, float]]],
+    lines: list[dict],
+    warmup_s: float,
+    minutes: float,
+) -> str:
+    after = [(t, s) for t, s in samples if t >= warmup_s]
+    kinds = sorted({k for _, s in samples for k in s})
+    rows = []
+    for kind in kinds:
+        ts = [t for t, s in after if kind in s]
+        ys = [s[kind] for t, s in after if kind in s]
+        growth = slope_per_hour(ts, ys)
+        rows.append(
+            [
+                kind,
+                ys[0] if ys else None,
+                ys[-1] if ys else None,
+                growth,
+                "yes" if growth <= GROWTH_TARGET_MB_H else "NO",
+            ]
+        )
+    # Throughput: the learner's own clock (wall_s counts from the first env step).
+    wall_end = lines[-1]["wall_s"]
+    early = steps_per_s(lines, 300, 600)
+    late = steps_per_s(lines, wall_end - 300, wall_end)
+    ratio = late / early if early and late else None
+    device = [(x["wall_s"], x.get("device_memory_bytes"), x.get("device_memory_peak_bytes")) for x in lines]
+    warm = next((d for d in device if d[0] >= warmup_s), device[0])
+    head = [
+        machine_header(f"soak: {config} {' '.join(sets)} for {minutes:g} minutes"),
+        f"# {len(samples)} samples of every process, {len(lines)} iterations, "
+        f"{lines[-1]['env_steps']:,} env steps; growth fitted after minute {warmup_s / 60:g}",
+    ]
+    mem = table(["process", "MB after warm-up", "MB at the end", "growth MB/h", "<= 10 MB/h"], rows)
+    speed = table(
+        ["env steps/s, minutes 5-10", "env steps/s, last 5 minutes", "ratio", ">= 0.95"],
+        [[early, late, ratio, "yes" if ratio is not None and ratio >= THROUGHPUT_TARGET else "NO"]],
+    )
+    dev = table(
+        ["device", "allocated after warm-up", "allocated at the end", "peak at the end"],
+        [[lines[-1].get("device"), warm[1], device[-1][1], device[-1][2]]],
+    )
+    return "\n".join([*head, "", mem, "", speed, "", dev])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/cartpole_ppo.yaml")
+    parser.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between memory samples")
+    parser.add_argument("--warmup", type=float, default=5.0, help="minutes before the fit starts")
+    args = parser.parse_args()
+    sets = args.sets if args.sets is not None else ["rollout.mode=async"]
+    print(soak(args.config, sets, args.minutes, args.every, args.warmup))
+
+
+if __name__ == "__main__":
+    main()
