@@ -9,7 +9,9 @@ resident memory of each process every `--every` seconds: the driver, the learner
 workers, Ray's GCS and raylet, and Ray's other processes. Prints, per process kind, the memory at
 the end of the warm-up and at the end, and the growth per hour of a least-squares line fitted to
 the samples after the warm-up (default 5 minutes); then env steps/s over minutes 5-10 against the
-last 5 minutes, and the learner's device memory (allocated, peak) from its metrics lines.
+last 5 minutes, with the learner's update time (the same work every iteration: it measures the
+machine) and the CPU time the hypervisor stole in each window, and the learner's device memory
+(allocated, peak) from its metrics lines.
 Targets: growth <= 10 MB per hour for every process kind; the last 5 minutes' throughput >= 95% of
 minutes 5-10.
 """
@@ -37,6 +39,7 @@ ROOT = Path(__file__).parents[1]
 MB = 2**20
 GROWTH_TARGET_MB_H = 10.0
 THROUGHPUT_TARGET = 0.95
+STEAL, TOTAL = "_steal", "_total"  # machine CPU counters kept beside the memory samples
 
 
 def kind_of(proc: psutil.Process, driver: int) -> str:
@@ -96,6 +99,20 @@ def slope_per_hour(ts: list[float], ys: list[float]) -> float:
     return 3600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var if var else 0.0
 
 
+def cpu_steal() -> tuple[int, int]:
+    """(steal, total) jiffies of the machine so far: time a shared VM's cores were taken away."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def update_ms(lines: list[dict], start_s: float, end_s: float) -> float | None:
+    """Mean seconds (as ms) of the learner's update: the same work every iteration, so its time
+    measures the machine, not relay."""
+    inside = [x["update_s"] for x in lines if start_s <= x["wall_s"] <= end_s and "update_s" in x]
+    return 1000 * sum(inside) / len(inside) if inside else None
+
+
 def steps_per_s(lines: list[dict], start_s: float, end_s: float) -> float | None:
     """Env steps per second of wall time between two points of the run (metrics lines' wall_s)."""
     inside = [x for x in lines if start_s <= x["wall_s"] <= end_s]
@@ -127,7 +144,8 @@ def soak(config: str, sets: list[str], minutes: float, every: float, warmup_min:
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < minutes * 60 and proc.poll() is None:
-            samples.append((time.monotonic() - t0, sample(driver, ray_tmp)))
+            steal, total = cpu_steal()
+            samples.append((time.monotonic() - t0, {**sample(driver, ray_tmp), STEAL: steal, TOTAL: total}))
             time.sleep(every)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -147,7 +165,7 @@ def report(
     minutes: float,
 ) -> str:
     after = [(t, s) for t, s in samples if t >= warmup_s]
-    kinds = sorted({k for _, s in samples for k in s})
+    kinds = sorted({k for _, s in samples for k in s} - {STEAL, TOTAL})
     rows = []
     for kind in kinds:
         ts = [t for t, s in after if kind in s]
@@ -175,15 +193,35 @@ def report(
         f"{lines[-1]['env_steps']:,} env steps; growth fitted after minute {warmup_s / 60:g}",
     ]
     mem = table(["process", "MB after warm-up", "MB at the end", "growth MB/h", "<= 10 MB/h"], rows)
+    met = "yes" if ratio is not None and ratio >= THROUGHPUT_TARGET else "NO"
+    windows = [(300.0, 600.0), (wall_end - 300, wall_end)]
     speed = table(
-        ["env steps/s, minutes 5-10", "env steps/s, last 5 minutes", "ratio", ">= 0.95"],
-        [[early, late, ratio, "yes" if ratio is not None and ratio >= THROUGHPUT_TARGET else "NO"]],
+        ["window", "env steps/s", "ratio to minutes 5-10", ">= 0.95", "update ms (fixed work)", "CPU steal"],
+        [
+            ["minutes 5-10", early, 1.0, "-", update_ms(lines, *windows[0]), steal_share(samples, 300, 600)],
+            [
+                "last 5 minutes",
+                late,
+                ratio,
+                met,
+                update_ms(lines, *windows[1]),
+                steal_share(samples, *windows[1]),
+            ],
+        ],
     )
     dev = table(
         ["device", "allocated after warm-up", "allocated at the end", "peak at the end"],
         [[lines[-1].get("device"), warm[1], device[-1][1], device[-1][2]]],
     )
     return "\n".join([*head, "", mem, "", speed, "", dev])
+
+
+def steal_share(samples: list[tuple[float, dict[str, float]]], start_s: float, end_s: float) -> float | None:
+    """Fraction of the machine's CPU time stolen (hypervisor) between two points of the soak."""
+    inside = [s for t, s in samples if start_s <= t <= end_s]
+    if len(inside) < 2 or inside[-1][TOTAL] == inside[0][TOTAL]:
+        return None
+    return (inside[-1][STEAL] - inside[0][STEAL]) / (inside[-1][TOTAL] - inside[0][TOTAL])
 
 
 def main() -> None:

@@ -135,6 +135,7 @@ class LearnerActor:
             out.phases["publish_s"] = time.perf_counter() - t0
         return out
 
+    @ray.method(enable_task_events=False)  # every checkpoint: no task record kept in the GCS
     def state_dict(self) -> dict[str, Any]:
         return self.learner.state_dict()
 
