@@ -121,6 +121,8 @@ TIMING_KEYS = {
     "learner_busy",
     "startup_s",
     "host_memory_peak_bytes",
+    "learner_rss_bytes",
+    "driver_rss_bytes",
 }
 
 
