@@ -124,11 +124,12 @@ def _run_inprocess(sets: list[str], seconds: float) -> dict[str, Any]:
 def _learner_alone(seconds: float, sets: list[str]) -> float:
     """Env steps/s the learner trains on when segments are always ready (sampled once, reused)."""
     from contracts.config import load_config
+    from learner.algorithms import algorithm_traits
     from learner.learner import Learner
     from rollout_workers.sampler import make_sampler
 
     cfg = load_config(CARTPOLE, sets)
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
     learner.train_round(segments)

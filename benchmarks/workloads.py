@@ -215,6 +215,7 @@ def _update_breakdown() -> tuple[float, int, dict[str, float]]:
     import torch
 
     from contracts.config import load_config
+    from learner.algorithms import algorithm_traits
     from learner.learner import Learner
     from rollout_workers.sampler import make_sampler
 
@@ -223,7 +224,7 @@ def _update_breakdown() -> tuple[float, int, dict[str, float]]:
         ["env.vectorization=envpool", "rollout.num_workers=0", "learner.buffer_size=1024"],
     )
     torch.set_num_threads(cfg.learner.num_cpus)  # the learner actor's threads (learner.num_cpus)
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     seg = sampler.sample()
     learner.train_round([seg])  # warm-up

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from learner.device import DeviceContext
-from learner.normalizer import Moments
+from policy.normalizer import Moments
 
 
 def init_group(dev: DeviceContext, rank: int, world_size: int, address: str, port: int) -> None:

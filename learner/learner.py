@@ -23,9 +23,9 @@ from learner.algorithms import algorithm_class, segment_layout
 from learner.buffer import SegmentRingBuffer
 from learner.device import DeviceContext, resolve_device
 from learner.distributed import gather_moments, world_size
-from learner.models import ActorCritic, build_policy, weights_mismatch
-from learner.normalizer import Moments
 from learner.update import run_update
+from policy.models import ActorCritic, build_policy, weights_mismatch
+from policy.normalizer import Moments
 
 # Seconds the learner spends, by phase: copying segments in, updating. (The actor adds waiting for
 # segments and publishing weights; `contracts/metrics.py` names them all.)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from contracts.config import LearnerConfig
 from learner.device import DeviceContext
 from learner.distributed import average_gradients, mean_across_learners
-from learner.models.policy import ActorCritic
+from policy.actor_critic import ActorCritic
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]

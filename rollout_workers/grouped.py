@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
 from contracts.segment import Segment
 from rollout_workers.sampler_core import SamplerCore
@@ -21,9 +22,9 @@ from rollout_workers.sampler_core import SamplerCore
 class GroupedSampler(SamplerCore):
     autoreset = False  # members finish at different steps and wait as padding; resets are ours
 
-    def __init__(self, cfg: RelayConfig, worker_index: int = 0) -> None:
+    def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
         self.group_size = cfg.learner.group_size
-        super().__init__(cfg, worker_index)
+        super().__init__(cfg, traits, worker_index)
 
     def reseed(self, stream: int) -> None:
         super().reseed(stream)

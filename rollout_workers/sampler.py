@@ -7,14 +7,13 @@ member of a group (`grouped.py`, GRPO), both on `SamplerCore` (`sampler_core.py`
 
 from __future__ import annotations
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
-from learner.algorithms import algorithm_class
 from rollout_workers.continuing import ContinuingSampler
 from rollout_workers.grouped import GroupedSampler
 from rollout_workers.sampler_core import SamplerCore
 
 
-def make_sampler(cfg: RelayConfig, worker_index: int = 0) -> SamplerCore:
-    """The sampler of the layout the configured algorithm trains on."""
-    grouped = algorithm_class(cfg.learner.algo).grouped
-    return (GroupedSampler if grouped else ContinuingSampler)(cfg, worker_index)
+def make_sampler(cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> SamplerCore:
+    """The sampler of the layout the configured algorithm (its `traits`) trains on."""
+    return (GroupedSampler if traits.grouped else ContinuingSampler)(cfg, traits, worker_index)

@@ -9,13 +9,13 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
-from contracts.segment import Segment
-from learner.algorithms import algorithm_class, segment_layout
-from learner.models import build_policy
-from learner.models.policy import draw_noise
-from learner.normalizer import Moments
-from rollout_workers.cpu_policy import cpu_policy
+from contracts.segment import Segment, SegmentLayout
+from policy.actor_critic import draw_noise
+from policy.models import build_policy
+from policy.normalizer import Moments
+from policy.numpy_mirror import cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_seeds, env_spec
 from rollout_workers.preprocess import preprocessor
@@ -33,12 +33,12 @@ class SamplerCore:
 
     autoreset = True
 
-    def __init__(self, cfg: RelayConfig, worker_index: int = 0) -> None:
+    def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
         self.cfg = cfg
         self.worker_index = worker_index
         self.envs = GuardedVectorEnv(lambda: make_vector_env(cfg.env, autoreset=self.autoreset), worker_index)
         self.spec = env_spec(self.envs.single_observation_space, self.envs.single_action_space)
-        self.layout = segment_layout(cfg, self.spec)
+        self.layout = SegmentLayout(cfg.rollout.rollout_len, cfg.env.num_envs, self.spec, traits.grouped)
         space = self.envs.single_action_space
         self._low = getattr(space, "low", None)
         self._high = getattr(space, "high", None)
@@ -48,9 +48,8 @@ class SamplerCore:
             np.zeros((cfg.rollout.rollout_len, cfg.env.num_envs)) if cfg.env.normalize_reward else None
         )
         torch.manual_seed(cfg.env.seed)
-        critic = algorithm_class(cfg.learner.algo).critic
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
-        self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, critic))
+        self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, traits.critic))
         self.version = -1
         self.reseed(0)
 

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 import torch
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
 from contracts.segment import Segment
 from contracts.spaces import EnvSpec
@@ -21,12 +22,14 @@ from rollout_workers.sampler import make_sampler
 class RolloutWorker:
     """CPU actor owning one vector env; picks up new weights by ref, returns one Segment per call."""
 
-    def __init__(self, cfg_data: dict[str, Any], worker_index: int, workdir: str) -> None:
+    def __init__(
+        self, cfg_data: dict[str, Any], traits: AlgorithmTraits, worker_index: int, workdir: str
+    ) -> None:
         # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
         torch.set_num_threads(1)
         cfg = RelayConfig.model_validate(cfg_data)
         adopt_workdir(workdir, cfg.env.id)
-        self.sampler = make_sampler(cfg, worker_index)
+        self.sampler = make_sampler(cfg, traits, worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
         with warnings.catch_warnings():  # Ray's own property uses its deprecated actor_id inside
@@ -74,13 +77,16 @@ def worker_resources(cfg: RelayConfig) -> dict[str, float]:
     return {"CPU": cfg.rollout.num_cpus_per_worker}
 
 
-def create_rollout_workers(cfg: RelayConfig, indices: range | None = None) -> list[Any]:
+def create_rollout_workers(
+    cfg: RelayConfig, traits: AlgorithmTraits, indices: range | None = None
+) -> list[Any]:
     """One actor per worker index (default: 0 .. num_workers - 1), CPU only; Ray restarts a dead
-    one (the driver counts restarts). The index names the worker's seeds."""
+    one (the driver counts restarts). The index names the worker's seeds; `traits` are the
+    configured algorithm's (the driver reads them from the registry)."""
     cls = ray.remote(RolloutWorker).options(
         num_cpus=worker_resources(cfg)["CPU"],
         max_restarts=cfg.rollout.max_restarts,
         max_task_retries=0,
     )
     data, workdir = cfg.model_dump(mode="json"), os.getcwd()
-    return [cls.remote(data, i, workdir) for i in (indices or range(cfg.rollout.num_workers))]
+    return [cls.remote(data, traits, i, workdir) for i in (indices or range(cfg.rollout.num_workers))]

@@ -1,12 +1,14 @@
-"""The layers, read from the source: contracts at the bottom, the learner and the rollout workers
-beside each other above them, the services on top; no import cycle anywhere (imports inside
-functions included); function-level imports only for what is lazy on purpose."""
+"""The layers, read from the source: contracts at the bottom, the policy layer on them, the learner
+and the rollout workers beside each other above it (neither imports the other), the services on
+top; no import cycle anywhere (imports inside functions included); function-level imports only
+for what is lazy on purpose."""
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("contracts", "learner", "rollout_workers", "services")
+PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
 # work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
 # ale_py and envpool are optional extras; services.serving brings Ray Serve, the serve extra,
@@ -74,16 +76,35 @@ def test_contracts_import_nothing_of_relay():
             assert {_layer(d) for d in deps} <= {"contracts"}, (name, deps)
 
 
-def test_learner_and_rollout_workers_never_import_services_or_each_others_core():
-    trainer = {"learner.learner", "learner.actor", "learner.update"}
+def test_the_policy_layer_imports_only_contracts():
+    for name, deps in _graph().items():
+        if _layer(name) == "policy":
+            assert {_layer(d) for d in deps} <= {"policy", "contracts"}, (name, deps)
+
+
+def test_learner_and_rollout_workers_never_import_services_or_each_other():
     for name, deps in _graph().items():
         layer = _layer(name)
         if layer in ("learner", "rollout_workers"):
             assert not {d for d in deps if _layer(d) == "services"}, (name, deps)
         if layer == "rollout_workers":
-            assert not deps & trainer, (name, deps & trainer)
+            assert not {d for d in deps if _layer(d) == "learner"}, (name, deps)
         if layer == "learner":
             assert not {d for d in deps if _layer(d) == "rollout_workers"}, (name, deps)
+
+
+def test_only_the_policy_layer_reads_state_dict_keys_or_model_classes():
+    """Weight names ("pi_trunk.net.0.weight") and trunk classes are the policy layer's business:
+    no module above it parses the one or checks for the other."""
+    pattern = re.compile(
+        r"\"(pi_|v_)(trunk|head)\.|normalizer\.(mean|var_sum|steps)\"|TokenTransformer|NatureCNN"
+    )
+    offenders = [
+        name
+        for name, path in MODULES.items()
+        if _layer(name) not in ("policy",) and pattern.search(path.read_text())
+    ]
+    assert not offenders, offenders
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -122,5 +143,5 @@ def test_the_checks_are_not_vacuous():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c"]
     graph = _graph()
     assert "contracts.config" in graph["learner.learner"]
-    assert "learner.algorithms" in graph["rollout_workers.sampler"]
+    assert "policy.models" in graph["rollout_workers.sampler_core"]
     assert "services.driver.loop" in graph["services.driver.backends"]

@@ -5,6 +5,7 @@ A new algorithm is one module with an `Algorithm` subclass plus one line in ALGO
 
 from __future__ import annotations
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
 from contracts.segment import SegmentLayout
 from contracts.spaces import EnvSpec
@@ -32,4 +33,9 @@ def segment_layout(cfg: RelayConfig, env: EnvSpec) -> SegmentLayout:
     )
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Batch", "algorithm_class", "segment_layout"]
+def algorithm_traits(cfg: RelayConfig) -> AlgorithmTraits:
+    """What the configured algorithm's rollout workers must know of it."""
+    return algorithm_class(cfg.learner.algo).traits()
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Batch", "algorithm_class", "algorithm_traits", "segment_layout"]

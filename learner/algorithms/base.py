@@ -10,9 +10,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from contracts.algorithm import AlgorithmTraits
 from contracts.config import LearnerConfig, RelayConfig
 from learner.device import DeviceContext
-from learner.models.policy import ActorCritic
+from policy.actor_critic import ActorCritic
 
 Batch = dict[str, Tensor]
 
@@ -43,6 +44,11 @@ class Algorithm:
 
     critic: ClassVar[bool] = True
     grouped: ClassVar[bool] = False
+
+    @classmethod
+    def traits(cls) -> AlgorithmTraits:
+        """What the rollout workers must know of this algorithm."""
+        return AlgorithmTraits(critic=cls.critic, grouped=cls.grouped)
 
     @staticmethod
     def config_problems(cfg: RelayConfig) -> list[str]:

@@ -12,7 +12,7 @@ from contracts.config import LearnerConfig, RelayConfig
 from learner import losses
 from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks
 from learner.device import DeviceContext
-from learner.models.policy import ActorCritic
+from policy.actor_critic import ActorCritic
 
 
 class GRPO(Algorithm):

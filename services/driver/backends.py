@@ -16,6 +16,7 @@ from contracts.config import RelayConfig
 from contracts.rounds import RoundResult
 from contracts.spaces import EnvSpec
 from learner.actor import create_learner_actor, learner_resources
+from learner.algorithms import algorithm_traits
 from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
 from rollout_workers.worker import create_rollout_workers, worker_resources
@@ -29,7 +30,7 @@ class LocalBackend:
     """Sampler and learner in this process: the same code as the actors, for debugging and tests."""
 
     def __init__(self, cfg: RelayConfig) -> None:
-        self.sampler = make_sampler(cfg, 0)
+        self.sampler = make_sampler(cfg, algorithm_traits(cfg), 0)
         self.env_spec = self.sampler.spec
         self.learner = Learner(cfg, self.env_spec)
         self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
@@ -97,7 +98,7 @@ class RayBackend:
             # take the CPUs a learner needs.
             self.learners = [create_learner_actor(cfg, env_spec) for _ in range(cfg.learner.num_learners)]
             wait_until_placed(cfg, {"learner": self.learners})
-            self.workers = create_rollout_workers(cfg)
+            self.workers = create_rollout_workers(cfg, algorithm_traits(cfg))
             wait_until_placed(cfg, {"rollout worker": self.workers})
         except BaseException:  # unplaceable, interrupted: no actor is left pending behind us
             self.close()
@@ -198,7 +199,9 @@ class RayBackend:
         indices (fresh seeds); a retired one takes no new samples and is killed once its
         outstanding ones are done, so none is lost. Ray's autoscaler is asked for the CPUs."""
         while len(self.workers) < target:
-            added = create_rollout_workers(self.cfg, range(self._next_index, self._next_index + 1))
+            added = create_rollout_workers(
+                self.cfg, algorithm_traits(self.cfg), range(self._next_index, self._next_index + 1)
+            )
             self.health.add(added, self._next_index)
             self.workers += added
             self._next_index += 1

@@ -21,7 +21,7 @@ from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
 from learner.learner import learner_state_problem
-from learner.models import build_policy, infer_env_spec, weights_mismatch
+from policy.models import build_policy, infer_env_spec, weights_mismatch
 from services.files import fsync_dir
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import check_device, parse_device_spec
-from learner.models import MODEL_KINDS, model_kind
+from policy.models import MODEL_KINDS, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from learner.device import resolve_device
-from learner.models.policy import draw_noise
+from policy.actor_critic import draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
 from services.tools.handle import PolicyHandle, PolicyLoadError

@@ -17,8 +17,7 @@ from torch import Tensor, nn
 
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
-from learner.models import ActorCritic
-from learner.models.transformer import TokenTransformer
+from policy.models import ActorCritic
 
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
 RELAY_ENV_KEY = "relay_env"  # ONNX metadata: the env spec (observation shape, dtype, bounds; actions)
@@ -69,14 +68,9 @@ class PolicyHandle:
         an image policy; for a token policy random contexts (ids in its vocabulary, a random
         number of slots filled, -1 after)."""
         self.check_fits(batch)
-        trunk = self.model.pi_trunk
         if self.env.storage_dtype == np.uint8:
             return torch.randint(0, 256, (batch, *self.obs_shape), generator=generator, dtype=torch.uint8)
-        if not isinstance(trunk, TokenTransformer):
-            return torch.randn(batch, *self.obs_shape, generator=generator)
-        ids = torch.randint(0, trunk.vocab_size, (batch, self.obs_dim), generator=generator)
-        filled = torch.randint(1, self.obs_dim + 1, (batch, 1), generator=generator)
-        return torch.where(torch.arange(self.obs_dim) < filled, ids, -1).float()
+        return self.model.synthetic_obs(batch, self.obs_shape, generator)
 
     @property
     def continuous(self) -> bool:

@@ -18,8 +18,8 @@ import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import EnvConfig
-from learner.models import infer_env_spec
-from learner.models.policy import draw_noise
+from policy.actor_critic import draw_noise
+from policy.models import infer_env_spec
 from rollout_workers.envs import EnvSpecError, check_env_id
 from rollout_workers.vector_backends import make_vector_env
 from services.driver.checkpoints import read_data

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from contracts.spaces import ActionSpec, EnvSpec
-from learner.models.mlp import mlp_policy
+from policy.models.mlp import mlp_policy
 from services.tools.handle import PolicyHandle, PolicyLoadError, identity
 from services.tools.onnx_graph import GraphError, Node, OnnxGraph
 

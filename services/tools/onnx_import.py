@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from contracts.spaces import ActionSpec, EnvSpec, SpecError
+from policy.models import action_outputs
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
@@ -37,11 +38,10 @@ def _graph_env(proto: Any, meta: dict[str, str], weights: dict[str, torch.Tensor
             return EnvSpec.from_dict(json.loads(meta[RELAY_ENV_KEY]))
         except (ValueError, SpecError) as err:
             raise PolicyLoadError(f"{source}: unreadable env spec in the graph ({err})") from None
-    head = weights.get("pi_head.weight")
-    if head is None:
-        raise PolicyLoadError(f"{source}: no model.pi_head.weight in the graph")
+    size = action_outputs(weights)
+    if size is None:
+        raise PolicyLoadError(f"{source}: no action head in the graph's weights")
     obs_shape = tuple(int(d.dim_value) for d in proto.graph.input[0].type.tensor_type.shape.dim[1:])
-    size = int(head.shape[0])
     discrete = "logits" in [o.name for o in proto.graph.output]
     action = ActionSpec("discrete", size) if discrete else ActionSpec("continuous", size)
     return EnvSpec(obs_shape, action)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
-from learner.models import build_policy, model_kind, weights_mismatch
+from policy.models import build_policy, has_critic_weights, model_kind, weights_mismatch
 from services.tools.handle import PolicyHandle, PolicyLoadError
 
 
@@ -26,7 +26,7 @@ def relay_policy(
     except (ValidationError, ValueError, TypeError) as err:
         first = " ".join(str(err).split())[:200]
         raise PolicyLoadError(f"{source}: unreadable relay config ({first})") from None
-    critic = "v_head.weight" in weights
+    critic = has_critic_weights(weights)
     try:
         # Shapes first, on the meta device (nothing allocated): a spec read from a file may name
         # sizes its weights do not back (obs_shape [4194304] in a 24 KB file), refused right here.

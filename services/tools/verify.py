@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from learner.device import AMP_DTYPES, DeviceContext, resolve_device
-from learner.models.policy import ActorCritic, draw_noise
+from policy.actor_critic import ActorCritic, draw_noise
 from services.tools.export import onnx_bytes
 from services.tools.handle import PolicyHandle
 from services.tools.load import recorded_observations

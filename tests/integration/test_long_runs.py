@@ -9,6 +9,7 @@ import ray
 
 from contracts.config import build_config
 from learner.actor import create_learner_actor
+from learner.algorithms import algorithm_traits
 from rollout_workers.worker import create_rollout_workers
 from services.driver import cluster
 from services.driver.preflight import check_env
@@ -34,7 +35,7 @@ def test_hot_calls_leave_no_task_record_and_others_still_do(ray_with_state_api):
     cfg = build_config({}, [*sets, "learner.batch_size=64"])
     env = check_env(cfg)
     learner = create_learner_actor(cfg, env)
-    (worker,) = create_rollout_workers(cfg)
+    (worker,) = create_rollout_workers(cfg, algorithm_traits(cfg))
     version, weights = ray.get(learner.publish.remote())
     for _ in range(8):
         ray.get(learner.train_round.remote([worker.sample.remote(version, weights)], 0.0))

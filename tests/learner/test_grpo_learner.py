@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from contracts.config import build_config
+from learner.algorithms import algorithm_traits
 from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
 
@@ -23,7 +24,7 @@ def _learner(*overrides: str):
             *overrides,
         ],
     )
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     return cfg, sampler, Learner(cfg, sampler.spec)
 
 
@@ -40,7 +41,7 @@ def test_grpo_learner_has_no_value_network_and_fewer_parameters():
             "learner.batch_size=40",
         ],
     )
-    ppo = Learner(cfg, make_sampler(cfg).spec)
+    ppo = Learner(cfg, make_sampler(cfg, algorithm_traits(cfg)).spec)
     assert not grpo.model.has_critic and ppo.model.has_critic
     assert grpo.parameter_count < ppo.parameter_count
 

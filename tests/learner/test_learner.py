@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from contracts.config import build_config
+from learner.algorithms import algorithm_traits
 from learner.learner import Learner, time_major
 from rollout_workers.sampler import make_sampler
 
@@ -17,7 +18,7 @@ def _setup(*sets: str):
         "learner": {"buffer_size": 192, "batch_size": 64, "epochs": 2},
     }
     cfg = build_config(sections, list(sets))
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     return cfg, sampler, Learner(cfg, sampler.spec)
 
 

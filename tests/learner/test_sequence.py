@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from contracts.config import ConfigError, build_config
+from learner.algorithms import algorithm_traits
 from learner.learner import Learner
-from learner.models import build_policy
-from learner.models.transformer import TokenTransformer
+from policy.models import build_policy
+from policy.models.transformer import TokenTransformer
 from rollout_workers.sampler import make_sampler
 from services.driver.preflight import check_config
 
@@ -103,7 +104,7 @@ def _token_cfg(*overrides: str):
 def test_behaviour_log_probs_match_the_learners_evaluation():
     """The worker acts with the torch transformer; the learner must score those actions the same."""
     cfg = _token_cfg()
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     sampler.set_weights(0, learner.model.state_dict())
     seg = sampler.sample()
@@ -117,7 +118,7 @@ def test_behaviour_log_probs_match_the_learners_evaluation():
 def test_grpo_transformer_learns_the_token_task_in_process():
     """Reverse 3 digits of vocab 3: the mean verifier reward climbs from ~1/3 (random)."""
     cfg = _token_cfg()
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     rewards = []
     for version in range(25):
@@ -132,5 +133,5 @@ def test_grpo_transformer_learns_the_token_task_in_process():
 
 def test_build_policy_reads_the_vocabulary_it_writes():
     cfg = _token_cfg()
-    model = build_policy(cfg, make_sampler(cfg).spec, critic=False)
+    model = build_policy(cfg, make_sampler(cfg, algorithm_traits(cfg)).spec, critic=False)
     assert model.pi_trunk.vocab_size == 3 and model.pi_head.out_features == 3

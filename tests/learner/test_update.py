@@ -8,9 +8,9 @@ from contracts.spaces import ActionSpec
 from learner.algorithms.ppo import PPO
 from learner.device import resolve_device
 from learner.gae import compute_gae
-from learner.models.mlp import mlp_policy
-from learner.models.policy import draw_noise
 from learner.update import run_update
+from policy.actor_critic import draw_noise
+from policy.models.mlp import mlp_policy
 
 ARM_REWARDS = torch.tensor([0.0, 1.0, 0.2])
 

@@ -5,6 +5,7 @@ go through the same guard."""
 import numpy as np
 
 from contracts.config import build_config
+from learner.algorithms import algorithm_traits
 from learner.buffer import SegmentRingBuffer
 from learner.gae import compute_gae
 from rollout_workers.sampler import make_sampler
@@ -26,7 +27,7 @@ def _sampler(kwargs: str, *sets: str):
             *sets,
         ],
     )
-    return make_sampler(cfg)
+    return make_sampler(cfg, algorithm_traits(cfg))
 
 
 def _gae(seg):

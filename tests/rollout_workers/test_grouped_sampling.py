@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from contracts.config import build_config
+from learner.algorithms import algorithm_traits
 from rollout_workers.sampler import make_sampler
 from rollout_workers.token_env import ReverseDigitsEnv
 
@@ -24,7 +25,7 @@ CARTPOLE_TWO_GROUPS_OF_FOUR = (
 
 def test_members_of_a_group_start_identical_and_groups_differ():
     cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     first = seg["obs"][0]  # [N, 4]
     for g in range(2):
         members = first[4 * g : 4 * g + 4]
@@ -34,7 +35,7 @@ def test_members_of_a_group_start_identical_and_groups_differ():
 
 def test_finished_members_are_padding_and_outcome_is_their_return():
     cfg = _cfg(*CARTPOLE_TWO_GROUPS_OF_FOUR)
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     assert seg["obs"].shape == (500, 8, 4) and seg["outcome"].shape == (8,)
     lengths = seg["mask"].sum(axis=0)
     # CartPole pays 1 per step, so each member's outcome is its episode length
@@ -56,7 +57,7 @@ def test_episodes_longer_than_the_segment_are_cut_and_flagged():
         "learner.buffer_size=12",
         "learner.batch_size=12",
     )
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     assert seg["mask"].all()
     assert seg["truncated"][2].all()
     np.testing.assert_array_equal(seg["outcome"], [3.0] * 4)
@@ -88,7 +89,7 @@ def test_token_task_groups_share_the_prompt():
         "learner.buffer_size=40",
         "learner.batch_size=40",
     )
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     prompt_part = seg["obs"][0, :, :5]  # the prompt's token ids
     assert np.array_equal(prompt_part[0], prompt_part[3]) and seg["mask"].all()
     assert ((seg["outcome"] >= 0) & (seg["outcome"] <= 1)).all()

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from contracts.config import EnvConfig, build_config
+from learner.algorithms import algorithm_traits
 from learner.buffer import SegmentRingBuffer
-from learner.models import build_policy
+from policy.models import build_policy
 from rollout_workers.envs import EnvSpecError, action_spec, env_seeds
 from rollout_workers.sampler import make_sampler
 from rollout_workers.vector_backends import make_vector_env
@@ -28,7 +29,7 @@ def _cfg(*overrides):
 
 def test_segment_has_fixed_shapes_and_fits_the_buffer():
     cfg = _cfg()
-    s = make_sampler(cfg)
+    s = make_sampler(cfg, algorithm_traits(cfg))
     seg = s.sample()
     assert seg["obs"].shape == (50, 4, 4) and seg["actions"].shape == (50, 4)
     for k in ("logp", "values", "rewards", "terminated", "truncated", "mask", "bootstrap_value"):
@@ -41,7 +42,7 @@ def test_segment_has_fixed_shapes_and_fits_the_buffer():
 
 def test_truncation_bootstraps_from_the_final_observation_and_no_step_crosses_episodes():
     cfg = _cfg("env.max_episode_steps=7")
-    s = make_sampler(cfg)
+    s = make_sampler(cfg, algorithm_traits(cfg))
     seg = s.sample()
     trunc = seg["truncated"].astype(bool)
     assert trunc.any()
@@ -55,9 +56,9 @@ def test_truncation_bootstraps_from_the_final_observation_and_no_step_crosses_ep
 
 
 def test_same_seed_reproduces_bit_for_bit_and_workers_differ():
-    a = make_sampler(_cfg(), worker_index=0).sample()
-    b = make_sampler(_cfg(), worker_index=0).sample()
-    c = make_sampler(_cfg(), worker_index=1).sample()
+    a = make_sampler(_cfg(), algorithm_traits(_cfg()), worker_index=0).sample()
+    b = make_sampler(_cfg(), algorithm_traits(_cfg()), worker_index=0).sample()
+    c = make_sampler(_cfg(), algorithm_traits(_cfg()), worker_index=1).sample()
     for k in ("obs", "actions", "logp", "rewards"):
         assert np.array_equal(a[k], b[k]), k
     assert not np.array_equal(a["obs"], c["obs"])
@@ -65,14 +66,14 @@ def test_same_seed_reproduces_bit_for_bit_and_workers_differ():
 
 def test_continuous_actions_are_clipped_for_the_env_but_kept_raw_in_the_segment():
     cfg = _cfg("env.id=Pendulum-v1", "model.init_log_std=1.5")
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     assert seg["actions"].shape == (50, 4, 1)
     assert np.abs(seg["actions"]).max() > 2.0  # Pendulum's bound; the raw sample exceeds it
 
 
 def test_weights_and_normalizer_stats_load_into_the_worker():
     cfg = _cfg()
-    s = make_sampler(cfg)
+    s = make_sampler(cfg, algorithm_traits(cfg))
     weights = build_policy(cfg, s.spec, critic=True).state_dict()
     weights["normalizer.mean"] = torch.full_like(weights["normalizer.mean"], 3.0)
     s.set_weights(5, weights)
@@ -94,14 +95,18 @@ def test_env_helpers():
 
 def test_user_factory_env_ids():
     cfg = _cfg("env.id=gymnasium.envs.classic_control.cartpole:CartPoleEnv", "env.max_episode_steps=20")
-    seg = make_sampler(cfg).sample()
+    seg = make_sampler(cfg, algorithm_traits(cfg)).sample()
     assert max(seg.episode_lengths, default=0) <= 20
 
 
 def test_reseed_gives_a_reproducible_fresh_stream():
     """A resumed run continues on another seed stream: new data, still fixed by the seed."""
     cfg = _cfg()
-    fresh, a, b = make_sampler(cfg), make_sampler(cfg), make_sampler(cfg)
+    fresh, a, b = (
+        make_sampler(cfg, algorithm_traits(cfg)),
+        make_sampler(cfg, algorithm_traits(cfg)),
+        make_sampler(cfg, algorithm_traits(cfg)),
+    )
     a.reseed(7)
     b.reseed(7)
     first, sa, sb = fresh.sample(), a.sample(), b.sample()

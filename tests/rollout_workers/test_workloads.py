@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from contracts.config import build_config
+from learner.algorithms import algorithm_traits
 from learner.buffer import SegmentRingBuffer
 from rollout_workers.envs import EnvSpecError, check_env_id, extra_hint
 from rollout_workers.sampler import make_sampler
@@ -32,7 +33,7 @@ ATARI = ("env.id=ALE/Breakout-v5", "env.preprocess=atari", "model.kind=cnn", "mo
 def test_atari_frames_stay_uint8_and_the_true_game_is_reported(backend):
     cfg = _cfg(*ATARI, f"env.vectorization={backend}", T=600)
     check_config(cfg)
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     assert sampler.spec.obs_shape == (4, 84, 84) and sampler.spec.obs_dtype == "uint8"
     seg = sampler.sample()
     assert seg["obs"].dtype == np.uint8 and seg["obs"].shape == (600, 2, 4, 84, 84)
@@ -53,7 +54,7 @@ def test_envpool_segments_match_gymnasiums_in_shape_masks_and_episodes():
     segs = {}
     for backend in ("sync", "envpool"):
         cfg = _cfg(f"env.vectorization={backend}", "env.max_episode_steps=30", T=300, N=4)
-        segs[backend] = make_sampler(cfg).sample()
+        segs[backend] = make_sampler(cfg, algorithm_traits(cfg)).sample()
     a, b = segs["sync"], segs["envpool"]
     assert {k: (v.shape, v.dtype) for k, v in a.arrays.items()} == {
         k: (v.shape, v.dtype) for k, v in b.arrays.items()
@@ -76,7 +77,7 @@ def test_envpool_segments_match_gymnasiums_in_shape_masks_and_episodes():
 
 def test_envpool_mujoco_and_resetting_some_envs():
     cfg = _cfg("env.id=Hopper-v5", "env.vectorization=envpool", T=64, N=3)
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     assert sampler.spec.obs_shape == (11,) and sampler.spec.action.kind == "continuous"
     seg = sampler.sample()
     assert seg["mask"].all() and np.isfinite(seg["obs"]).all()

@@ -11,11 +11,11 @@ import torch
 
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
-from learner.models.cnn import CnnKind
-from learner.models.kind import ModelKind
-from learner.models.mlp import MlpKind
-from learner.models.policy import ActorCritic
-from learner.models.transformer import TransformerKind
+from policy.actor_critic import ActorCritic
+from policy.models.cnn import CnnKind
+from policy.models.mlp import MlpKind
+from policy.models.transformer import TransformerKind
+from policy.trunk import ModelKind
 
 MODEL_KINDS: dict[str, ModelKind] = {
     "mlp": MlpKind(),
@@ -55,6 +55,18 @@ def infer_env_spec(weights: Mapping[str, torch.Tensor]) -> EnvSpec:
     return EnvSpec((obs_dim,), action)
 
 
+def has_critic_weights(weights: Mapping[str, object]) -> bool:
+    """Whether saved policy weights include a value network."""
+    return "v_head.weight" in weights
+
+
+def action_outputs(weights: Mapping[str, torch.Tensor]) -> int | None:
+    """How many numbers the action head of saved policy weights outputs (logits or means), or
+    None when they hold no action head."""
+    head = weights.get("pi_head.weight")
+    return None if head is None else int(head.shape[0])
+
+
 def weights_mismatch(
     want: Mapping[str, torch.Tensor],
     have: Mapping[str, object],
@@ -88,7 +100,9 @@ __all__ = [
     "MODEL_KINDS",
     "ActorCritic",
     "ModelKind",
+    "action_outputs",
     "build_policy",
+    "has_critic_weights",
     "infer_env_spec",
     "model_kind",
     "weights_mismatch",

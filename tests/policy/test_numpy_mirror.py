@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from contracts.spaces import ActionSpec
-from learner.models.mlp import mlp_policy
-from learner.models.policy import draw_noise
-from rollout_workers.cpu_policy import NumpyPolicy
+from policy.actor_critic import draw_noise
+from policy.models.mlp import mlp_policy
+from policy.numpy_mirror import NumpyPolicy
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])

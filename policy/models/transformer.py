@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
-from learner.models.kind import ModelKind, TrunkModule
+from policy.trunk import ModelKind, TrunkModule
 
 
 class CausalBlock(nn.Module):
@@ -78,6 +78,13 @@ class TokenTransformer(TrunkModule):
         self.ln_out = nn.LayerNorm(d_model)
         causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
         self.register_buffer("causal", causal, persistent=False)
+
+    def synthetic_input(self, batch: int, obs_shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        """Random contexts: ids in the vocabulary, a random number of slots filled, -1 after."""
+        slots = int(np.prod(obs_shape))
+        ids = torch.randint(0, self.vocab_size, (batch, slots), generator=generator)
+        filled = torch.randint(1, slots + 1, (batch, 1), generator=generator)
+        return torch.where(torch.arange(slots) < filled, ids, -1).float()
 
     def forward(self, obs: Tensor) -> Tensor:
         ids = obs.long()  # ids arrive as float32 from the buffer; small ints are exact

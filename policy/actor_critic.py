@@ -1,5 +1,5 @@
 """The policy: normalizer -> trunk(s) -> a categorical or Gaussian head (+ a value head unless the
-algorithm is critic-free). Trunks come from the model registry (`learner/models/__init__.py`).
+algorithm is critic-free). Trunks come from the model registry (`policy/models/__init__.py`).
 
 Exploration noise always comes from the caller (`act(obs, noise)`), drawn on the CPU from a seeded
 generator, so sampling is bit-identical whatever device runs the network.
@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from contracts.spaces import ActionSpec
-from learner.models.kind import TrunkModule
-from learner.normalizer import ObsNormalizer
+from policy.normalizer import ObsNormalizer
+from policy.trunk import TrunkModule
 
 
 def draw_noise(action: ActionSpec, batch: int, generator: torch.Generator) -> Tensor:
@@ -86,6 +86,10 @@ class ActorCritic(nn.Module):
             init_linear(self.v_head, 1.0)
         if action.kind == "continuous":
             self.log_std = nn.Parameter(torch.full((action.size,), float(init_log_std)))
+
+    def synthetic_obs(self, batch: int, obs_shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        """[batch, *obs_shape] observations this policy accepts, for checks without an env."""
+        return self.pi_trunk.synthetic_input(batch, obs_shape, generator)
 
     @property
     def has_critic(self) -> bool:

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
-from learner.models.kind import ModelKind, TrunkModule
+from policy.trunk import ModelKind, TrunkModule
 
 MIN_SIDE = 36  # the smallest frame the three convolutions leave at least 1x1 of
 

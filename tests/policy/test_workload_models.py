@@ -8,9 +8,10 @@ import torch
 
 from contracts.config import ConfigError, build_config
 from contracts.spaces import ActionSpec, EnvSpec
+from learner.algorithms import algorithm_traits
 from learner.learner import Learner
-from learner.models import build_policy
-from learner.models.cnn import NatureCNN
+from policy.models import build_policy
+from policy.models.cnn import NatureCNN
 from rollout_workers.sampler import make_sampler
 from services.driver.preflight import check_config
 
@@ -52,7 +53,7 @@ def _reward_cfg(*sets):
 
 def test_workers_gather_discounted_return_moments_and_the_learner_merges_them():
     cfg = _reward_cfg()
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     seg = sampler.sample()
     moments = seg.return_moments
     assert moments["count"] == 200 and moments["mean"].shape == (1,)
@@ -68,7 +69,7 @@ def test_workers_gather_discounted_return_moments_and_the_learner_merges_them():
 
 def test_the_learner_trains_on_scaled_rewards_and_reports_raw_returns():
     cfg = _reward_cfg()
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     with torch.no_grad():
         learner.model.return_stats.var_sum.fill_(400.0)  # std 20
@@ -82,7 +83,7 @@ def test_the_learner_trains_on_scaled_rewards_and_reports_raw_returns():
 
 def test_return_statistics_survive_a_checkpoint_and_grpo_refuses_them():
     cfg = _reward_cfg()
-    sampler = make_sampler(cfg)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     learner.train_round([sampler.sample()])
     fresh = Learner(cfg, sampler.spec)

@@ -5,9 +5,9 @@ import math
 import torch
 
 from contracts.spaces import ActionSpec
-from learner.models import ActorCritic
-from learner.models.mlp import mlp_policy
-from learner.models.policy import draw_noise
+from policy.actor_critic import draw_noise
+from policy.models import ActorCritic
+from policy.models.mlp import mlp_policy
 
 
 def _policy(kind: str, critic: bool = True, **kw) -> ActorCritic:

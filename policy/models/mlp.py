@@ -11,8 +11,8 @@ from torch.utils.checkpoint import checkpoint
 
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
-from learner.models.kind import ModelKind, TrunkModule
-from learner.models.policy import ActorCritic, init_linear
+from policy.actor_critic import ActorCritic, init_linear
+from policy.trunk import ModelKind, TrunkModule
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "tanh": nn.Tanh, "relu": nn.ReLU}
 

@@ -16,8 +16,8 @@ import torch
 
 from contracts.config import ModelConfig
 from contracts.spaces import ActionSpec
-from learner.models import ActorCritic, model_kind
-from learner.normalizer import CLIP
+from policy.models import ActorCritic, model_kind
+from policy.normalizer import CLIP
 
 
 def _activation(name: str) -> Callable[[np.ndarray], np.ndarray]:

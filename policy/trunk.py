@@ -1,14 +1,15 @@
 """What a model kind (`model.kind`) provides: its trunk, its config rules and its env check.
 
 Each kind is one module (`mlp.py`, `transformer.py`, ...) with a subclass of `ModelKind`, listed
-once in `learner/models/__init__.py`.
+once in `policy/models/__init__.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
@@ -21,10 +22,15 @@ class TrunkModule(nn.Module):
     out_dim: int
     checkpointing: bool
 
+    def synthetic_input(self, batch: int, obs_shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        """[batch, *obs_shape] float inputs this trunk accepts, for checks that have no env
+        (verify, the importer's cross-check): standard normals unless a kind reads something else."""
+        return torch.randn(batch, *obs_shape, generator=generator)
+
 
 class ModelKind:
     """A policy trunk family. `numpy_mirror`: rollout workers may act through the numpy mirror of
-    the MLP forward pass (`rollout_workers/cpu_policy.py`) instead of the torch model."""
+    the MLP forward pass (`policy/numpy_mirror.py`) instead of the torch model."""
 
     numpy_mirror = False
 
