@@ -74,6 +74,34 @@ class EnvConfig(_Section):
         "gathered on the workers, merged on the learner, checkpointed, shipped with the weights); "
         "episode returns are reported unscaled.",
     )
+    obs_keys: list[str] | None = Field(
+        None,
+        max_length=256,
+        description="Keys of a Dict observation the policy reads (default: all but Text ones, which "
+        "are skipped with one line saying so).",
+    )
+    action_mask: str = Field(
+        "auto",
+        max_length=300,
+        description="Where action masks come from: auto (an observation key 'action_mask', else "
+        "info['action_mask'] where the env's reset info has it), none, obs:<key> or info:<key>. "
+        "Masked choices are never sampled and never reach the env.",
+    )
+
+    @field_validator("obs_keys")
+    @classmethod
+    def _keys(cls, keys: list[str] | None) -> list[str] | None:
+        if keys is not None and (not keys or len(set(keys)) != len(keys) or not all(keys)):
+            raise ValueError("env.obs_keys must name at least one key, each once, none empty")
+        return keys
+
+    @field_validator("action_mask")
+    @classmethod
+    def _mask_source(cls, source: str) -> str:
+        kind, _, key = source.partition(":")
+        if source in ("auto", "none") or (kind in ("obs", "info") and key):
+            return source
+        raise ValueError(f"env.action_mask must be auto, none, obs:<key> or info:<key>, got {source!r}")
 
 
 class RolloutConfig(_Section):
@@ -263,6 +291,14 @@ class ModelConfig(_Section):
         0.0, ge=-20, le=20, description="Initial log-std of the Gaussian head (Box actions)."
     )
     normalize_obs: bool = Field(True, description="Running observation normalizer (float32 statistics).")
+    encoders: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=256,
+        description="Observation encoder per leaf path of a Dict/Tuple observation ('image', "
+        "'pos/0'; '' for a lone one), a name from the encoder registry, overriding the rule "
+        "(a uint8 [C, H, W] Box of at least 36x36: nature_cnn; Discrete and MultiDiscrete: one_hot; "
+        "MultiBinary: binary; any other Box: flat, normalized).",
+    )
 
     @field_validator("hidden_sizes")
     @classmethod

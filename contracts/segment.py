@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from contracts.spaces import EnvSpec
+from contracts.spaces import PATH_SEP, EnvSpec
 
-ShapeRule = Literal["TN", "N", "TN+obs", "TN+action"]
-DtypeRule = Literal["float32", "obs", "action"]
+ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask"]
+DtypeRule = Literal["float32", "obs", "action", "bool"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,14 @@ class SegmentField:
     dtype: DtypeRule
     description: str
     grouped_only: bool = False  # present only in grouped (GRPO) segments
+    masked_only: bool = False  # present only where the env has action masks
 
 
 SEGMENT_FIELDS: tuple[SegmentField, ...] = (
-    SegmentField("obs", "TN+obs", "obs", "observation each action was taken from"),
+    SegmentField(
+        "obs", "TN+obs", "obs", "observation each action was taken from: one field per leaf of a tree"
+    ),
+    SegmentField("action_mask", "TN+mask", "bool", "the actions allowed at the step", masked_only=True),
     SegmentField("actions", "TN+action", "action", "the sampled action (unclipped)"),
     SegmentField("logp", "TN", "float32", "behaviour policy log-prob of the action"),
     SegmentField("values", "TN", "float32", "V(obs) under the behaviour policy (0 without a critic)"),
@@ -74,7 +78,11 @@ class Segment:
     obs_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
     return_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Any:
+        """A field's array; "obs" of a tree observation is the tree itself (nested dicts of the
+        leaves' arrays, Tuple positions as "0", "1", ...)."""
+        if name == "obs" and name not in self.arrays:
+            return obs_tree(self.arrays)
         return self.arrays[name]
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
@@ -82,6 +90,32 @@ class Segment:
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
+
+
+def obs_tree(fields: dict[str, Any]) -> Any:
+    """The observation tree of flat fields ("obs", or "obs/<path>" per leaf) as nested dicts."""
+    if "obs" in fields:
+        return fields["obs"]
+    tree: dict[str, Any] = {}
+    for name, value in fields.items():
+        if not name.startswith("obs" + PATH_SEP):
+            continue
+        *parents, leaf = name.split(PATH_SEP)[1:]
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def obs_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The observation's fields of a flat field dict (and the action mask, which policies read too)."""
+    return {k: v for k, v in fields.items() if is_policy_input(k)}
+
+
+def is_policy_input(name: str) -> bool:
+    """Whether a Segment field is one a policy reads: an observation leaf or the action mask."""
+    return name == "obs" or name.startswith("obs" + PATH_SEP) or name == "action_mask"
 
 
 @dataclass(frozen=True)
@@ -99,19 +133,25 @@ class SegmentLayout:
         shapes: dict[ShapeRule, tuple[int, ...]] = {
             "TN": tn,
             "N": (self.num_envs,),
-            "TN+obs": tn + self.env.obs_shape,
             "TN+action": tn + self.env.action.shape,
+            "TN+mask": (*tn, self.env.action.param_size),
         }
         dtypes: dict[DtypeRule, np.dtype] = {
             "float32": np.dtype(np.float32),
-            "obs": self.env.storage_dtype,
             "action": self.env.action.dtype,
+            "bool": np.dtype(np.bool_),
         }
-        return {
-            f.name: (shapes[f.shape], dtypes[f.dtype])
-            for f in SEGMENT_FIELDS
-            if self.grouped or not f.grouped_only
-        }
+        out = {}
+        for f in SEGMENT_FIELDS:
+            if (f.grouped_only and not self.grouped) or (f.masked_only and self.env.action_mask is None):
+                continue
+            if f.shape == "TN+obs":  # one field per leaf, each in its own dtype
+                out.update(
+                    {leaf.field: (tn + leaf.shape, leaf.storage_dtype) for leaf in self.env.obs_leaves}
+                )
+            else:
+                out[f.name] = (shapes[f.shape], dtypes[f.dtype])
+        return out
 
     def allocate(self) -> Segment:
         """A zero-filled segment (all padding) of this layout."""

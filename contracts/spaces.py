@@ -1,6 +1,12 @@
-"""What every layer must know of an env: the observation's shape, dtype and bounds, and the action
-space. Plain data: it travels to actors, into checkpoints and ONNX metadata, and back, and is
-rebuilt from a dict without importing or calling anything.
+"""What every layer must know of an env: its observation (one Box, or a tree of leaves from Dict and
+Tuple spaces), its action space, and where its action masks come from. Plain data: it travels to
+actors, into checkpoints and ONNX metadata, and back, and is rebuilt from a dict without importing
+or calling anything.
+
+A plain Box observation keeps the original fields (`obs_shape`, `obs_dtype`, bounds) and no
+leaves, so specs, checkpoints and graphs written before trees existed read as they did. Any other
+observation is a tuple of `ObsLeaf`s, one per Box/Discrete/MultiDiscrete/MultiBinary leaf of the
+tree, each named by its path ("image", "pos/0"; "" for a lone non-Box observation).
 """
 
 from __future__ import annotations
@@ -10,7 +16,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-ActionKind = Literal["discrete", "continuous"]
+ActionKind = Literal["discrete", "continuous", "multi_discrete", "multi_binary"]
+LeafKind = Literal["box", "discrete", "multi_discrete", "multi_binary"]
+INTEGER_ACTIONS = ("discrete", "multi_discrete", "multi_binary")
+# Leaf paths join Dict keys and Tuple indices with this; a key holding it is refused.
+PATH_SEP = "/"
+MAX_LEAVES = 256
 # Observation dtypes a segment keeps as they are; every other dtype is stored as float32.
 # uint8 frames stay uint8 end to end (a quarter of the bytes); ids and floats become float32.
 NATIVE_STORAGE_DTYPES = ("uint8",)
@@ -22,94 +33,272 @@ class SpecError(ValueError):
     """A spec read from data that is not well formed (one line)."""
 
 
+def _sizes(data: Any, what: str, low: int = 1, high: int = 1 << 24, most: int = 8) -> tuple[int, ...]:
+    """A tuple of whole numbers in [low, high] read from data (at most `most` of them)."""
+    if not isinstance(data, list | tuple) or len(data) > most:
+        raise SpecError(f"{what} must be a list of at most {most} numbers, got {str(data)[:80]}")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and low <= d <= high for d in data):
+        raise SpecError(f"{what} must hold whole numbers in [{low}, {high}], got {str(data)[:80]}")
+    return tuple(data)
+
+
 @dataclass(frozen=True)
 class ActionSpec:
-    """Discrete (n choices) or continuous (dim floats, with bounds applied by the env side)."""
+    """The action space as the policy sees it.
+
+    discrete: one of `size` choices (the env's are `start[0]` .. `start[0] + size - 1`);
+    multi_discrete: `len(nvec)` components, component i one of nvec[i] choices from start[i];
+    multi_binary: `size` bits; continuous: `size` floats (the env's Box of shape `env_shape`,
+    flattened for the Gaussian, reshaped for the env).
+    """
 
     kind: ActionKind
-    size: int  # number of choices or action dimensions
+    size: int  # choices, components' choices in all, bits, or numbers
+    nvec: tuple[int, ...] = ()  # multi_discrete: choices per component
+    start: tuple[int, ...] = ()  # discrete / multi_discrete: the env's first choice (0 if empty)
+    env_shape: tuple[int, ...] = ()  # continuous / multi_binary: the env's shape (flat if empty)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """Shape of one action: () for a choice, (size,) for a vector."""
-        return () if self.kind == "discrete" else (self.size,)
+        """Shape of one action as segments hold it: () for a choice, (components,) or (size,)."""
+        if self.kind == "discrete":
+            return ()
+        if self.kind == "multi_discrete":
+            return (len(self.nvec),)
+        return (self.size,)
 
     @property
     def dtype(self) -> np.dtype:
-        """int64 choices or float32 vectors."""
-        return np.dtype(np.int64 if self.kind == "discrete" else np.float32)
+        """int64 choices and bits, float32 vectors."""
+        return np.dtype(np.int64 if self.kind in INTEGER_ACTIONS else np.float32)
+
+    @property
+    def param_size(self) -> int:
+        """Numbers the policy's action head outputs: logits (all components'), bit logits, means."""
+        return int(sum(self.nvec)) if self.kind == "multi_discrete" else self.size
+
+    @property
+    def maskable(self) -> bool:
+        """Whether masks apply: one flag per choice, [param_size] (per component for multi_discrete)."""
+        return self.kind in ("discrete", "multi_discrete")
 
     def noise_shape(self, batch: int) -> tuple[int, ...]:
-        """Shape of the exploration noise a policy takes: uniforms [B] or standard normals [B, A]."""
-        return (batch,) if self.kind == "discrete" else (batch, self.size)
+        """Shape of the exploration noise a policy takes: uniforms [B] (a choice), [B, K] (one per
+        component or bit), or standard normals [B, A] (continuous)."""
+        return (batch,) if self.kind == "discrete" else (batch, self.shape[0])
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The env's first choice: [] for discrete, [components] for multi_discrete (zeros where
+        the space starts at 0); added to the policy's choices before they reach the env."""
+        count = len(self.nvec) if self.kind == "multi_discrete" else 1
+        start = self.start or (0,) * count
+        return np.asarray(start[0] if self.kind == "discrete" else start, dtype=np.int64)
+
+    def describe(self) -> str:
+        """'Discrete(6)', 'MultiDiscrete([3 2])', 'MultiBinary(4)', 'Box of 3 floats'."""
+        if self.kind == "discrete":
+            return f"Discrete({self.size})"
+        if self.kind == "multi_discrete":
+            return f"MultiDiscrete({list(self.nvec)})"
+        if self.kind == "multi_binary":
+            return f"MultiBinary({self.size})"
+        return f"Box of {self.size} floats"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "size": self.size}
+        out: dict[str, Any] = {"kind": self.kind, "size": self.size}
+        for name in ("nvec", "start", "env_shape"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
+        return out
 
     @staticmethod
     def from_dict(data: Any) -> ActionSpec:
-        if not isinstance(data, dict) or data.get("kind") not in ("discrete", "continuous"):
+        if not isinstance(data, dict) or data.get("kind") not in ("discrete", "continuous", *INTEGER_ACTIONS):
             raise SpecError(f"not an action spec: {str(data)[:80]}")
         size = data.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 1_000_000:
             raise SpecError(f"action spec size must be a whole number in [1, 1e6], got {str(size)[:40]}")
-        return ActionSpec(data["kind"], size)
+        kind = data["kind"]
+        nvec = _sizes(data.get("nvec", []), "action spec nvec", most=1024)
+        start = _sizes(data.get("start", []), "action spec start", low=-(1 << 62), high=1 << 62, most=1024)
+        env_shape = _sizes(data.get("env_shape", []), "action spec env_shape")
+        if kind == "multi_discrete" and (not nvec or sum(nvec) != size):
+            raise SpecError(f"a multi_discrete action spec needs nvec summing to its size {size}")
+        if kind != "multi_discrete" and nvec:
+            raise SpecError(f"a {kind} action spec has no nvec")
+        if start and len(start) != (len(nvec) if kind == "multi_discrete" else 1):
+            raise SpecError("action spec start must give one first choice per component")
+        numbers = len(nvec) if kind == "multi_discrete" else size
+        if env_shape and int(np.prod(env_shape)) != numbers:
+            raise SpecError(f"action spec env_shape {list(env_shape)} does not hold {numbers} numbers")
+        return ActionSpec(kind, size, nvec, start, env_shape)
+
+
+@dataclass(frozen=True)
+class ObsLeaf:
+    """One leaf of an observation tree: its path, kind, shape and dtype as the env gives it, and
+    its bounds (Box) or choices per component (`nvec`, from `start`; Discrete has one)."""
+
+    path: str
+    kind: LeafKind
+    shape: tuple[int, ...]
+    dtype: str
+    low: float = float("-inf")
+    high: float = float("inf")
+    nvec: tuple[int, ...] = ()
+    start: tuple[int, ...] = ()
+
+    @property
+    def field(self) -> str:
+        """The Segment field holding it: "obs" for a lone observation, else "obs/<path>"."""
+        return "obs" if not self.path else f"obs{PATH_SEP}{self.path}"
+
+    @property
+    def storage_dtype(self) -> np.dtype:
+        """uint8 Box leaves stay uint8, choices int64, bits uint8, every other Box float32."""
+        if self.kind in ("discrete", "multi_discrete"):
+            return np.dtype(np.int64)
+        if self.kind == "multi_binary" or self.dtype in NATIVE_STORAGE_DTYPES:
+            return np.dtype(np.uint8)
+        return np.dtype(np.float32)
+
+    @property
+    def numbers(self) -> int:
+        return int(np.prod(self.shape))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "low": self.low,
+            "high": self.high,
+            "nvec": list(self.nvec),
+            "start": list(self.start),
+        }
+
+    @staticmethod
+    def from_dict(data: Any) -> ObsLeaf:
+        if not isinstance(data, dict) or data.get("kind") not in (
+            "box",
+            "discrete",
+            "multi_discrete",
+            "multi_binary",
+        ):
+            raise SpecError(f"not an observation leaf: {str(data)[:80]}")
+        path = data.get("path")
+        if not isinstance(path, str) or len(path) > 300:
+            raise SpecError("observation leaf path must be a string of at most 300 characters")
+        shape = _sizes(data.get("shape"), f"observation leaf {path!r} shape", most=8)
+        dtype = _check_dtype(data.get("dtype", "float32"))
+        low, high = _bounds(data)
+        nvec = _sizes(data.get("nvec", []), f"observation leaf {path!r} nvec", most=1 << 16)
+        start = _sizes(
+            data.get("start", []), "observation leaf start", low=-(1 << 62), high=1 << 62, most=1 << 16
+        )
+        if data["kind"] in ("discrete", "multi_discrete") and (not nvec or int(np.prod(shape)) != len(nvec)):
+            raise SpecError(f"observation leaf {path!r}: a choice leaf needs one nvec entry per number")
+        return ObsLeaf(path, data["kind"], shape, dtype, low, high, nvec, start)
+
+
+def _check_dtype(dtype: Any) -> str:
+    if dtype not in ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"):
+        raise SpecError(f"env spec obs_dtype {str(dtype)[:20]!r} is not a numeric dtype")
+    return str(dtype)
+
+
+def _bounds(data: dict[str, Any], low_key: str = "low", high_key: str = "high") -> tuple[float, float]:
+    low, high = data.get(low_key, float("-inf")), data.get(high_key, float("inf"))
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high)):
+        raise SpecError("env spec bounds must be numbers")
+    return float(low), float(high)
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """Observation shape, native dtype and bounds (min over the Box's low, max over its high), and
-    the action spec. The bounds let model kinds check an env (token ids, image pixels) without it."""
+    """The observation and the action spec. A plain Box observation is `obs_shape`, its native
+    dtype and bounds (min over the Box's low, max over its high) with no `leaves`; any other is its
+    `leaves`. `action_mask`: where masks come from ("obs:<key>", "info:<key>") or None. The bounds
+    let model kinds check an env (token ids, image pixels) without it."""
 
     obs_shape: tuple[int, ...]
     action: ActionSpec
     obs_dtype: str = "float32"
     obs_low: float = float("-inf")
     obs_high: float = float("inf")
+    leaves: tuple[ObsLeaf, ...] = ()
+    action_mask: str | None = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether the observation is a tree (or a lone non-Box leaf) rather than one Box."""
+        return bool(self.leaves)
+
+    @property
+    def obs_leaves(self) -> tuple[ObsLeaf, ...]:
+        """Every leaf; a plain Box observation is one Box leaf at path ""."""
+        if self.leaves:
+            return self.leaves
+        return (ObsLeaf("", "box", self.obs_shape, self.obs_dtype, self.obs_low, self.obs_high),)
 
     @property
     def obs_dim(self) -> int:
-        """Numbers in one observation."""
-        return int(np.prod(self.obs_shape))
+        """Numbers in one observation (all leaves')."""
+        return sum(leaf.numbers for leaf in self.obs_leaves)
 
     @property
     def storage_dtype(self) -> np.dtype:
-        """How segments and the ring buffer hold observations."""
+        """How segments and the ring buffer hold a plain Box observation."""
         return np.dtype(self.obs_dtype if self.obs_dtype in NATIVE_STORAGE_DTYPES else np.float32)
 
     def describe_obs(self) -> str:
-        """'a float32 Box of shape (4,) in [-4.8, 4.8]' (integers printed as integers)."""
+        """'a float32 Box of shape (4,) in [-4.8, 4.8]' (integers printed as integers), or the
+        leaves of a tree."""
+        if self.leaves:
+            parts = [f"{leaf.path or 'obs'}: {leaf.kind} {list(leaf.shape)}" for leaf in self.leaves[:8]]
+            more = f" and {len(self.leaves) - 8} more" if len(self.leaves) > 8 else ""
+            return f"a tree of {len(self.leaves)} leaves ({', '.join(parts)}{more})"
         integer = np.issubdtype(np.dtype(self.obs_dtype), np.integer)
         low, high = (int(self.obs_low), int(self.obs_high)) if integer else (self.obs_low, self.obs_high)
         return f"a {self.obs_dtype} Box of shape {self.obs_shape} in [{low}, {high}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "obs_shape": list(self.obs_shape),
             "obs_dtype": self.obs_dtype,
             "obs_low": self.obs_low,
             "obs_high": self.obs_high,
             "action": self.action.to_dict(),
         }
+        if self.leaves:
+            out["leaves"] = [leaf.to_dict() for leaf in self.leaves]
+        if self.action_mask is not None:
+            out["action_mask"] = self.action_mask
+        return out
 
     @staticmethod
     def from_dict(data: Any) -> EnvSpec:
         """Rebuilt from plain data, every field checked (it may come from a file)."""
         if not isinstance(data, dict):
             raise SpecError("not an env spec")
-        shape = data.get("obs_shape")
-        if (
-            not isinstance(shape, list | tuple)
-            or len(shape) > 8
-            or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 24 for d in shape)
-        ):
-            raise SpecError(f"env spec obs_shape must be a list of at most 8 sizes, got {str(shape)[:80]}")
+        shape = _sizes(data.get("obs_shape"), "env spec obs_shape")
         if int(np.prod(shape, dtype=object)) > MAX_OBS_NUMBERS:
             raise SpecError(f"env spec obs_shape {list(shape)} holds more than {MAX_OBS_NUMBERS} numbers")
-        dtype = data.get("obs_dtype", "float32")
-        if dtype not in ("float32", "float64", "float16", "uint8", "int8", "int16", "int32", "int64", "bool"):
-            raise SpecError(f"env spec obs_dtype {str(dtype)[:20]!r} is not a numeric dtype")
-        low, high = data.get("obs_low", float("-inf")), data.get("obs_high", float("inf"))
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high)):
-            raise SpecError("env spec bounds must be numbers")
-        return EnvSpec(tuple(shape), ActionSpec.from_dict(data.get("action")), dtype, float(low), float(high))
+        dtype = _check_dtype(data.get("obs_dtype", "float32"))
+        low, high = _bounds(data, "obs_low", "obs_high")
+        raw_leaves = data.get("leaves", [])
+        if not isinstance(raw_leaves, list) or len(raw_leaves) > MAX_LEAVES:
+            raise SpecError(f"env spec leaves must be a list of at most {MAX_LEAVES}")
+        leaves = tuple(ObsLeaf.from_dict(leaf) for leaf in raw_leaves)
+        if sum(leaf.numbers for leaf in leaves) > MAX_OBS_NUMBERS:
+            raise SpecError(f"env spec leaves hold more than {MAX_OBS_NUMBERS} numbers")
+        if len({leaf.path for leaf in leaves}) != len(leaves):
+            raise SpecError("env spec leaves repeat a path")
+        mask = data.get("action_mask")
+        if mask is not None and not (
+            isinstance(mask, str) and mask.startswith(("obs:", "info:")) and len(mask) < 300
+        ):
+            raise SpecError(f"env spec action_mask must be 'obs:<key>' or 'info:<key>', got {str(mask)[:40]}")
+        return EnvSpec(shape, ActionSpec.from_dict(data.get("action")), dtype, low, high, leaves, mask)

@@ -1,5 +1,10 @@
-"""The policy: normalizer -> trunk(s) -> a categorical or Gaussian head (+ a value head unless the
-algorithm is critic-free). Trunks come from the model registry (`policy/models/__init__.py`).
+"""The policy: normalizer (or, for a tree observation, the encoders of `policy/encoders/`) ->
+trunk(s) -> an action head for the action space's distribution (`policy/distributions/`) (+ a
+value head unless the algorithm is critic-free). Trunks come from the model registry
+(`policy/models/__init__.py`).
+
+Inputs are the Segment's policy fields: "obs" (or "obs/<path>" per leaf) and, where the env has
+masks, "action_mask" [B, param_size] bool; a bare tensor means {"obs": tensor}.
 
 Exploration noise always comes from the caller (`act(obs, noise)`), drawn on the CPU from a seeded
 generator, so sampling is bit-identical whatever device runs the network.
@@ -7,24 +12,34 @@ generator, so sampling is bit-identical whatever device runs the network.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from contracts.spaces import ActionSpec
+from policy.distributions import distribution
+from policy.encoders import EncoderPlan, ObsEncoder
 from policy.normalizer import ObsNormalizer
 from policy.trunk import TrunkModule
 
+Inputs = Tensor | Mapping[str, Tensor]  # a plain observation [B, *obs], or the input fields
+
 
 def draw_noise(action: ActionSpec, batch: int, generator: torch.Generator) -> Tensor:
-    """Exploration noise on the CPU from a seeded generator (the same bits on any device):
-    uniforms [B] for discrete actions, standard normals [B, A] for continuous ones."""
-    if action.kind == "discrete":
-        return torch.rand(action.noise_shape(batch), generator=generator)
-    return torch.randn(action.noise_shape(batch), generator=generator)
+    """Exploration noise on the CPU from a seeded generator (the same bits on any device), shaped
+    as `action.noise_shape(batch)`: uniforms for choices and bits, standard normals for Box."""
+    return distribution(action.kind).draw_noise(action, batch, generator)
+
+
+def as_fields(x: Inputs) -> Mapping[str, Tensor]:
+    """Input fields of a plain observation tensor ({"obs": x}) or the fields themselves."""
+    return {"obs": x} if isinstance(x, Tensor) else x
+
+
+def batch_size(x: Inputs) -> int:
+    return next(iter(as_fields(x).values())).shape[0]
 
 
 def init_linear(module: nn.Module, gain: float) -> None:
@@ -66,10 +81,16 @@ class ActorCritic(nn.Module):
         init_log_std: float = 0.0,
         normalize_obs: bool = True,
         normalize_reward: bool = False,
+        plan: EncoderPlan | None = None,
     ) -> None:
         super().__init__()
         self.action = action
-        self.normalizer = ObsNormalizer((obs_dim,), enabled=normalize_obs)
+        self.dist = distribution(action.kind)
+        # A tree observation is encoded leaf by leaf (`plan`); the normalizer then covers its flat
+        # leaves only, and the trunk reads the encoder's features (obs_dim must be its out_dim).
+        self.encoder: ObsEncoder | None = ObsEncoder(plan) if plan is not None else None
+        norm_dim = plan.flat_dim if plan is not None else obs_dim
+        self.normalizer = ObsNormalizer((max(norm_dim, 1),), enabled=normalize_obs and norm_dim > 0)
         # Running statistics of the discounted return (reward scaling), shipped with the weights;
         # only present when used, so other policies' state dicts stay as they were.
         self.return_stats: ObsNormalizer | None = ObsNormalizer((1,)) if normalize_reward else None
@@ -79,7 +100,7 @@ class ActorCritic(nn.Module):
             self.v_trunk = make_trunk()
         self.shared_trunk = shared_trunk
         out_dim = self.pi_trunk.out_dim
-        self.pi_head = nn.Linear(out_dim, action.size)
+        self.pi_head = nn.Linear(out_dim, action.param_size)
         init_linear(self.pi_head, 0.01)
         self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
         if self.v_head is not None:
@@ -100,7 +121,19 @@ class ActorCritic(nn.Module):
             if trunk is not None:
                 trunk.checkpointing = enabled
 
-    def _features(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _features(self, inputs: Inputs) -> tuple[Tensor, Tensor | None]:
+        fields = as_fields(inputs)
+        if self.encoder is not None:
+            x = self.encoder(fields, self.normalizer).to(self.pi_head.weight.dtype)
+        else:
+            x = self._plain_input(fields["obs"])
+        pi = self.pi_trunk(x)
+        if self.v_head is None:
+            return pi, None
+        v_feat = pi if self.v_trunk is None else self.v_trunk(x)
+        return pi, self.v_head(v_feat).squeeze(-1).float()
+
+    def _plain_input(self, obs: Tensor) -> Tensor:
         if self.normalizer.enabled:
             # The normalizer computes in float32 whatever the model dtype; its output takes the weights'.
             x = self.normalizer(obs.reshape(obs.shape[0], -1).float()).to(self.pi_head.weight.dtype)
@@ -108,68 +141,54 @@ class ActorCritic(nn.Module):
             # Raw observations reach the trunk in their own shape: floats in the weights' dtype,
             # integers (token ids) as they are, for the trunk to read its own way.
             x = obs.to(self.pi_head.weight.dtype) if obs.is_floating_point() else obs
-        pi = self.pi_trunk(x)
-        if self.v_head is None:
-            return pi, None
-        v_feat = pi if self.v_trunk is None else self.v_trunk(x)
-        return pi, self.v_head(v_feat).squeeze(-1).float()
+        return x
 
-    def distribution_params(self, obs: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Logits [B, n] (discrete) or mean [B, A] (continuous), and the value [B] or None."""
-        feat, value = self._features(obs)
+    def distribution_params(self, inputs: Inputs) -> tuple[Tensor, Tensor | None]:
+        """Action params [B, param_size] (logits, bit logits or means) and the value [B] or None."""
+        feat, value = self._features(inputs)
         return self.pi_head(feat), value
 
-    def _log_prob_entropy(self, params: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
-        # Log-probs in float32 even under autocast: ratios of exp(logp) are what PPO clips.
-        params = params.float()
-        if self.action.kind == "discrete":
-            logp_all = torch.log_softmax(params, dim=-1)
-            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-            return logp, entropy
-        log_std = self.log_std.float().expand_as(params)
-        z = (actions.float() - params) / log_std.exp()
-        logp = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-        entropy = (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
-        return logp, entropy
+    @property
+    def _log_std(self) -> Tensor | None:
+        return self.log_std if self.action.kind == "continuous" else None
 
-    def evaluate(self, obs: Tensor, actions: Tensor) -> PolicyOutput:
-        """Log-prob, entropy and value of given actions: obs [B, obs_dim], actions [B, *act]."""
-        params, value = self.distribution_params(obs)
-        logp, entropy = self._log_prob_entropy(params, actions)
+    def log_prob_entropy(self, params: Tensor, actions: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropies [B], float32 even under autocast."""
+        return self.dist.log_prob_entropy(self.action, params, actions, mask, self._log_std)
+
+    def evaluate(self, inputs: Inputs, actions: Tensor) -> PolicyOutput:
+        """Log-prob, entropy and value of given actions: inputs [B, ...], actions [B, *act]."""
+        params, value = self.distribution_params(inputs)
+        logp, entropy = self.log_prob_entropy(params, actions, as_fields(inputs).get("action_mask"))
         return PolicyOutput(logp, entropy, value)
 
-    def sample_actions(self, params: Tensor, noise: Tensor) -> Tensor:
-        """Actions from distribution params and caller noise (uniform [B] or normal [B, A])."""
-        params = params.float()
-        noise = noise.to(params.device)
-        if self.action.kind == "discrete":
-            # Inverse-CDF sampling; clamp guards the u ~ 1 edge against rounding in cumsum.
-            cdf = torch.softmax(params, dim=-1).cumsum(-1)
-            return (cdf < noise.unsqueeze(-1)).sum(-1).clamp_(max=self.action.size - 1)
-        return params + self.log_std.float().exp() * noise
+    def sample_actions(self, params: Tensor, noise: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Actions from distribution params and caller noise (`ActionSpec.noise_shape`)."""
+        return self.dist.sample(self.action, params, noise, mask, self._log_std)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample with caller noise: obs [B, obs_dim] -> (actions [B, *act], logp [B], value [B]).
+    def act(self, inputs: Inputs, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample with caller noise: inputs [B, ...] -> (actions [B, *act], logp [B], value [B]).
 
         value is zeros for a critic-free policy.
         """
-        params, value = self.distribution_params(obs)
-        actions = self.sample_actions(params, noise)
-        logp, _ = self._log_prob_entropy(params, actions)
+        params, value = self.distribution_params(inputs)
+        mask = as_fields(inputs).get("action_mask")
+        actions = self.sample_actions(params, noise, mask)
+        logp, _ = self.log_prob_entropy(params, actions, mask)
         if value is None:
-            value = torch.zeros(obs.shape[0], device=obs.device)
+            value = torch.zeros(params.shape[0], device=params.device)
         return actions, logp, value
 
     @torch.no_grad()
-    def value(self, obs: Tensor) -> Tensor:
+    def value(self, inputs: Inputs) -> Tensor:
         """V(obs) [B]; zeros without a critic."""
-        _, value = self._features(obs)
-        return torch.zeros(obs.shape[0], device=obs.device) if value is None else value
+        _, value = self._features(inputs)
+        return torch.zeros(batch_size(inputs), device=self.pi_head.weight.device) if value is None else value
 
     @torch.no_grad()
-    def deterministic(self, obs: Tensor) -> Tensor:
-        """Greedy action (argmax, or the Gaussian mean) [B, *act]."""
-        params, _ = self.distribution_params(obs)
-        return params.argmax(-1) if self.action.kind == "discrete" else params.float()
+    def deterministic(self, inputs: Inputs) -> Tensor:
+        """Greedy action (the most likely allowed choice per component, bits with p > 0.5, or the
+        Gaussian mean) [B, *act]."""
+        params, _ = self.distribution_params(inputs)
+        return self.dist.deterministic(self.action, params, as_fields(inputs).get("action_mask"))

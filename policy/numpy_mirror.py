@@ -16,8 +16,17 @@ import torch
 
 from contracts.config import ModelConfig
 from contracts.spaces import ActionSpec
+from policy.distributions import distribution
+from policy.encoders import EncoderPlan, flat_obs, np_encode_others
 from policy.models import ActorCritic, model_kind
 from policy.normalizer import CLIP
+
+Fields = Mapping[str, np.ndarray]
+Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [B, *act], logp [B], value [B]
+
+
+def _fields(x: Fields | np.ndarray) -> Fields:
+    return {"obs": x} if isinstance(x, np.ndarray) else x
 
 
 def _activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -42,15 +51,26 @@ def _block_diag(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 class NumpyPolicy:
-    """The ActorCritic forward in float32 numpy (MLP trunks only).
+    """The ActorCritic forward in float32 numpy (MLP trunks over a plain observation, or over a
+    tree's encoders where every one has a numpy mirror), then the action distribution's numpy
+    sampling (`policy/distributions/`).
 
     The policy and value trunks run fused, one matmul per layer: the first layers side by side,
     the deeper ones block-diagonal, and one head producing [logits or mean | value]. For a batch
     of 8 observations a matmul costs its call overhead, so fewer, wider ones are faster.
     """
 
-    def __init__(self, action: ActionSpec, activation: str, shared_trunk: bool, normalize_obs: bool) -> None:
+    def __init__(
+        self,
+        action: ActionSpec,
+        activation: str,
+        shared_trunk: bool,
+        normalize_obs: bool,
+        plan: EncoderPlan | None = None,
+    ) -> None:
         self.action = action
+        self.dist = distribution(action.kind)
+        self.plan = plan
         self.act_fn = _activation(activation)
         self.shared_trunk = shared_trunk
         self.normalize_obs = normalize_obs
@@ -85,42 +105,46 @@ class NumpyPolicy:
             head_b = np.concatenate([head_b, arr["v_head.bias"]])
         self.layers = [(np.ascontiguousarray(w), b.copy()) for w, b in layers]
         self.head = (np.ascontiguousarray(head_w), head_b.copy())
-        self.log_std = arr.get("log_std", np.zeros(self.action.size, dtype=np.float32))
+        self.log_std = arr.get("log_std") if self.action.kind == "continuous" else None
         self.mean = arr["normalizer.mean"]
         self.inv_scale = 1.0 / np.sqrt(arr["normalizer.var_sum"] / arr["normalizer.steps"])
 
-    def _forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(distribution params [B, n], value [B])."""
-        x = obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
-        if self.normalize_obs:
-            # minimum/maximum: two ufunc calls, cheaper than np.clip's wrapper on tiny batches
-            x = np.minimum(np.maximum((x - self.mean) * self.inv_scale, -CLIP), CLIP)
+    def _normalize(self, x: np.ndarray) -> np.ndarray:
+        if not self.normalize_obs:
+            return x
+        # minimum/maximum: two ufunc calls, cheaper than np.clip's wrapper on tiny batches
+        return np.minimum(np.maximum((x - self.mean) * self.inv_scale, -CLIP), CLIP)
+
+    def _input(self, fields: Fields) -> np.ndarray:
+        """The trunk's input [B, D]: the normalized observation, or a tree's encoded features."""
+        if self.plan is None:
+            obs = fields["obs"]
+            return self._normalize(obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False))
+        batch = next(iter(fields.values())).shape[0]
+        flat = flat_obs(self.plan, fields, batch)
+        parts = [] if flat is None else [self._normalize(flat)]
+        parts += np_encode_others(self.plan, fields, batch)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+
+    def _forward(self, inputs: Fields | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(distribution params [B, param_size], value [B])."""
+        x = self._input(_fields(inputs))
         for w, b in self.layers:
             x = self.act_fn(x @ w + b)
         out = x @ self.head[0] + self.head[1]
-        n = self.action.size
-        value = out[:, n] if self.has_value else np.zeros(obs.shape[0], dtype=np.float32)
+        n = self.action.param_size
+        value = out[:, n] if self.has_value else np.zeros(x.shape[0], dtype=np.float32)
         return out[:, :n], value
 
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
         """(actions [B, *act], logp [B], value [B]) with caller noise, as ActorCritic.act."""
-        params, value = self._forward(obs)
-        if self.action.kind == "discrete":
-            z = params - params.max(axis=-1, keepdims=True)
-            e = np.exp(z)
-            total = e.sum(axis=-1)
-            # Inverse-CDF sampling as torch's: count the CDF entries below u (scaled by the sum).
-            below = np.cumsum(e, axis=-1) < (noise * total)[:, None]
-            actions = np.minimum(below.sum(axis=-1), self.action.size - 1)
-            logp = z[np.arange(len(actions)), actions] - np.log(total)
-            return actions, logp.astype(np.float32), value
-        std = np.exp(self.log_std)
-        actions = (params + std * noise).astype(np.float32)
-        logp = (-0.5 * noise**2 - self.log_std - 0.5 * np.log(2 * np.pi)).sum(axis=-1)
-        return actions, logp.astype(np.float32), value
+        params, value = self._forward(inputs)
+        mask = _fields(inputs).get("action_mask")
+        actions, logp = self.dist.np_act(self.action, params, noise, mask, self.log_std)
+        return actions, logp, value
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self._forward(obs)[1]
+    def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
+        return self._forward(inputs)[1]
 
 
 class TorchCpuPolicy:
@@ -135,19 +159,22 @@ class TorchCpuPolicy:
             {k: v if torch.is_tensor(v) else torch.tensor(v) for k, v in state.items()}
         )
 
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        actions, logp, value = self.policy.act(torch.from_numpy(obs), torch.from_numpy(noise))
+    def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
+        fields = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in _fields(inputs).items()}
+        actions, logp, value = self.policy.act(fields, torch.from_numpy(noise))
         return actions.numpy(), logp.numpy(), value.numpy()
 
-    def value(self, obs: np.ndarray) -> np.ndarray:
-        return self.policy.value(torch.from_numpy(obs)).numpy()
+    def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
+        fields = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in _fields(inputs).items()}
+        return self.policy.value(fields).numpy()
 
 
 def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:
     """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs), else
     the torch policy."""
-    if not model_kind(model.kind).numpy_mirror:
+    plan = policy.encoder.plan if policy.encoder is not None else None
+    if not model_kind(model.kind).numpy_mirror or (plan is not None and not plan.numpy_mirror):
         return TorchCpuPolicy(policy)
-    fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, model.normalize_obs)
+    fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, policy.normalizer.enabled, plan)
     fast.load(policy.state_dict())
     return fast

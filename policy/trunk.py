@@ -39,10 +39,13 @@ class ModelKind:
         return []
 
     def env_problem(self, cfg: RelayConfig, env: EnvSpec) -> str | None:
-        """Why this kind cannot read the env's observations, or None when it can."""
+        """Why this kind cannot read the env's observations, or None when it can (by default any
+        plain Box, and trees through the encoders)."""
         return None
 
-    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec) -> Callable[[], TrunkModule]:
+    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
         """A callable building one trunk: observations [B, obs_dim] (normalized) or [B, *obs_shape]
-        (raw) -> features [B, out_dim], with `out_dim` and `checkpointing` attributes."""
+        (raw), or a tree observation's encoded features [B, in_dim], -> features [B, out_dim],
+        with `out_dim` and `checkpointing` attributes. `in_dim` is the width of what it reads
+        flat (env.obs_dim for a plain Box)."""
         raise NotImplementedError

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from contracts.segment import Segment
+from rollout_workers.observations import Fields, select_rows
 from rollout_workers.sampler_core import SamplerCore
 
 
@@ -57,14 +58,14 @@ class ContinuingSampler(SamplerCore):
             if step.ok is not None:  # rare: some envs returned NaN/inf; their step is dropped
                 next_obs = self._reset_bad_envs(seg, t, ~step.ok, next_obs)
             self._obs = next_obs
-        seg["last_value"] = self.fast.value(self._obs.astype(self.layout.env.storage_dtype, copy=False))
+        seg["last_value"] = self.fast.value(self._obs)
         return self._finish(seg, *episodes)
 
     def _bootstrap(self, truncated: np.ndarray, info: dict[str, Any]) -> np.ndarray:
         """V(final obs) for the envs whose episode was truncated in this step; 0 elsewhere [N]."""
         out = np.zeros(truncated.shape[0], dtype=np.float32)
         idx = np.flatnonzero(truncated)
-        final = np.stack([info["final_obs"][i] for i in idx]).astype(self.layout.env.storage_dtype)
+        final = self.reader.stack([self.reader.read_one(info["final_obs"][i]) for i in idx])
         out[idx] = self.fast.value(final)
         return out
 
@@ -98,7 +99,7 @@ class ContinuingSampler(SamplerCore):
         self._ep_return[envs] = 0.0
         self._ep_len[envs] = 0
 
-    def _reset_bad_envs(self, seg: Segment, t: int, bad: np.ndarray, next_obs: np.ndarray) -> np.ndarray:
+    def _reset_bad_envs(self, seg: Segment, t: int, bad: np.ndarray, next_obs: Fields) -> Fields:
         self._cut_before(seg, t, bad)
         reset_obs = self.envs.reset(options={"reset_mask": bad})
-        return np.where(bad.reshape(-1, *([1] * (next_obs.ndim - 1))), reset_obs, next_obs)
+        return select_rows(next_obs, bad, reset_obs)

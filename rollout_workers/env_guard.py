@@ -15,17 +15,19 @@ import gymnasium as gym
 import numpy as np
 
 from contracts.segment import ENV_FAULT_KINDS
+from rollout_workers.observations import Fields, ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Step:
-    """One vector step of N envs: obs [N, *obs], reward, terminated, truncated [N], info.
+    """One vector step of N envs: obs (the policy's input fields, each [N, ...]), reward,
+    terminated, truncated [N], info.
     ok: None when every env's observation and reward are finite (the fast path), else bool [N];
     where it is False the reward is 0 and the flags are cleared."""
 
-    obs: np.ndarray
+    obs: Fields
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
@@ -41,6 +43,7 @@ class GuardedVectorEnv:
         self._make = make
         self.worker_index = worker_index
         self.env = make()
+        self.reader: ObsReader | None = None  # set once the spec is known (`read_with`)
         self.total_faults = 0  # over this sampler's life (seeds of rebuilt envs derive from it)
         self._faults = dict.fromkeys(ENV_FAULT_KINDS, 0)
 
@@ -52,8 +55,18 @@ class GuardedVectorEnv:
     def single_action_space(self) -> gym.Space:
         return self.env.single_action_space
 
-    def reset(self, **kwargs: Any) -> np.ndarray:
-        return self.env.reset(**kwargs)[0]
+    def read_with(self, reader: ObsReader) -> None:
+        """Return observations as `reader`'s fields from now on."""
+        self.reader = reader
+
+    def reset_info(self, seed: int) -> dict[str, Any]:
+        """The info of one seeded reset of every env (what an info mask source is read from)."""
+        return self.env.reset(seed=seed)[1]
+
+    def reset(self, **kwargs: Any) -> Fields:
+        assert self.reader is not None, "read_with first"
+        obs, info = self.env.reset(**kwargs)
+        return self.reader.read(obs, info)
 
     def _count(self, kind: str, n: int) -> None:
         self._faults[kind] += n
@@ -76,15 +89,19 @@ class GuardedVectorEnv:
                 self.env.close()
             self.env = self._make()
             return None
-        if np.isfinite(reward).all() and np.isfinite(obs).all():
-            return Step(obs, reward, terminated, truncated, info)
+        assert self.reader is not None, "read_with first"
+        fields = self.reader.read(obs, info)
+        good_obs = finite_rows(fields)
+        if good_obs is None and np.isfinite(reward).all():
+            return Step(fields, reward, terminated, truncated, info)
         good_reward = np.isfinite(reward)
-        good_obs = np.isfinite(obs.reshape(len(reward), -1)).all(axis=1)
+        if good_obs is None:
+            good_obs = np.ones(len(reward), dtype=bool)
         self._count("nonfinite_obs", int((~good_obs).sum()))
         self._count("nonfinite_reward", int((~good_reward).sum()))
         ok = good_obs & good_reward
         log.warning("worker %d: %d env(s) returned non-finite values", self.worker_index, int((~ok).sum()))
-        return Step(obs, np.where(ok, reward, 0.0), terminated & ok, truncated & ok, info, ok)
+        return Step(fields, np.where(ok, reward, 0.0), terminated & ok, truncated & ok, info, ok)
 
     def close(self) -> None:
         self.env.close()

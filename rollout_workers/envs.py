@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from contracts.config import EnvConfig
-from contracts.spaces import ActionSpec, EnvSpec
+from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
 from rollout_workers.preprocess import preprocessor
 
 
@@ -140,31 +140,182 @@ def check_env_id(env_id: str) -> None:
         raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
 
 
+def _starts(start: np.ndarray) -> tuple[int, ...]:
+    """The spaces' first choices, or () where every one is 0 (the common case reads as before)."""
+    flat = tuple(int(v) for v in np.asarray(start).reshape(-1))
+    return flat if any(flat) else ()
+
+
 def action_spec(space: gym.Space) -> ActionSpec:
+    """The ActionSpec of an env's (single) action space; EnvSpecError for what relay cannot act in."""
     if isinstance(space, gym.spaces.Discrete):
-        return ActionSpec("discrete", int(space.n))
-    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 and space.shape[0] > 0:
-        return ActionSpec("continuous", int(space.shape[0]))
+        return ActionSpec("discrete", int(space.n), start=_starts(np.asarray([space.start])))
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.size:
+        nvec = tuple(int(n) for n in space.nvec.reshape(-1))
+        shape = tuple(space.shape) if len(space.shape) > 1 else ()
+        return ActionSpec("multi_discrete", sum(nvec), nvec, _starts(space.start), shape)
+    if isinstance(space, gym.spaces.MultiBinary) and int(np.prod(space.shape)) > 0:
+        size = int(np.prod(space.shape))
+        return ActionSpec("multi_binary", size, env_shape=tuple(space.shape) if len(space.shape) > 1 else ())
+    if isinstance(space, gym.spaces.Box) and space.shape and int(np.prod(space.shape)) > 0:
+        if not np.issubdtype(space.dtype, np.floating):
+            raise EnvSpecError(f"unsupported action space {space}: a Box of actions must hold floats")
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise EnvSpecError(
+                f"unsupported action space {space}: relay clips Gaussian actions to the Box's bounds, "
+                "and these are infinite (wrap the env to rescale its actions to finite bounds)"
+            )
+        size = int(np.prod(space.shape))
+        return ActionSpec("continuous", size, env_shape=tuple(space.shape) if len(space.shape) > 1 else ())
     raise EnvSpecError(
-        f"unsupported action space {space}: relay handles Discrete and 1-D Box (of at least one number)"
+        f"unsupported action space {space}: relay handles Discrete, MultiDiscrete, MultiBinary and "
+        "Box (of at least one number)"
     )
 
 
-def env_spec(obs: gym.Space, act: gym.Space) -> EnvSpec:
-    """The EnvSpec of an env's (single) observation and action spaces."""
-    if isinstance(obs, gym.spaces.Box) and obs.shape and int(np.prod(obs.shape)) == 0:
-        raise EnvSpecError(f"observation space {obs} holds no numbers: there is nothing to learn from")
+def _leaf(space: gym.Space, path: str) -> ObsLeaf:
+    where = f"observation {path!r}" if path else "the observation"
+    if isinstance(space, gym.spaces.Box):
+        if int(np.prod(space.shape)) == 0:
+            raise EnvSpecError(f"{where} ({space}) holds no numbers: there is nothing to learn from")
+        low, high = float(np.min(space.low)), float(np.max(space.high))
+        return ObsLeaf(path, "box", tuple(int(d) for d in space.shape), str(space.dtype), low, high)
+    if isinstance(space, gym.spaces.Discrete):
+        start = int(space.start)
+        return ObsLeaf(
+            path, "discrete", (), "int64", start, start + int(space.n) - 1, (int(space.n),), (start,)
+        )
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.size:
+        nvec = tuple(int(n) for n in space.nvec.reshape(-1))
+        starts = tuple(int(v) for v in np.asarray(space.start).reshape(-1))
+        return ObsLeaf(path, "multi_discrete", tuple(space.shape), "int64", nvec=nvec, start=starts)
+    if isinstance(space, gym.spaces.MultiBinary) and int(np.prod(space.shape)) > 0:
+        return ObsLeaf(path, "multi_binary", tuple(int(d) for d in space.shape), "int8", 0.0, 1.0)
+    raise EnvSpecError(
+        f"unsupported space for {where}: {space}; relay reads Box, Discrete, MultiDiscrete, "
+        "MultiBinary, and Dict/Tuple of these"
+    )
+
+
+def _walk(space: gym.Space, path: str, notes: list[str], out: list[ObsLeaf]) -> None:
+    """Every leaf of `space` below `path`, in the space's own order (Dict keys as gymnasium sorts them)."""
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        for key, sub in items:
+            key = str(key)
+            if not key or PATH_SEP in key:
+                raise EnvSpecError(
+                    f"observation key {key!r} under {path or 'the root'}: keys may not be empty "
+                    f"or hold {PATH_SEP!r}"
+                )
+            sub_path = f"{path}{PATH_SEP}{key}" if path else key
+            if isinstance(sub, gym.spaces.Text):
+                notes.append(f"observation {sub_path!r} is text ({sub}): skipped (env.obs_keys chooses keys)")
+                continue
+            _walk(sub, sub_path, notes, out)
+        return
+    out.append(_leaf(space, path))
+    if len(out) > MAX_LEAVES:
+        raise EnvSpecError(f"the observation has more than {MAX_LEAVES} leaves")
+
+
+def _select_keys(obs: gym.Space, keys: list[str] | None, drop: str | None) -> gym.Space:
+    """The Dict observation restricted to `keys` (all when None), without `drop` (the mask key)."""
+    if not isinstance(obs, gym.spaces.Dict):
+        if keys is not None:
+            raise EnvSpecError(f"env.obs_keys is set but the observation is not a Dict ({obs})")
+        return obs
+    missing = [k for k in keys or () if k not in obs.spaces]
+    if missing:
+        have = ", ".join(map(str, obs.spaces))
+        raise EnvSpecError(f"env.obs_keys: the observation has no key {missing[0]!r} (it has {have})")
+    chosen = {k: v for k, v in obs.spaces.items() if (keys is None or k in keys) and k != drop}
+    if not chosen:
+        raise EnvSpecError("no observation key is left for the policy to read")
+    return gym.spaces.Dict(chosen)
+
+
+def mask_source(
+    ec: EnvConfig | None, obs: gym.Space, act: gym.Space, reset_info: dict[str, Any] | None
+) -> str | None:
+    """Where the env's action masks come from ("obs:<key>" or "info:<key>"), or None."""
+    setting = ec.action_mask if ec is not None else "none"
+    if setting == "none":
+        return None
+    maskable = isinstance(act, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+    if setting == "auto":
+        if isinstance(obs, gym.spaces.Dict) and "action_mask" in obs.spaces and maskable:
+            return "obs:action_mask"
+        return "info:action_mask" if maskable and reset_info and "action_mask" in reset_info else None
+    if not maskable:
+        raise EnvSpecError(
+            f"env.action_mask={setting}: masks apply to Discrete and MultiDiscrete actions, not {act}"
+        )
+    kind, _, key = setting.partition(":")
+    if kind == "obs" and not (isinstance(obs, gym.spaces.Dict) and key in obs.spaces):
+        raise EnvSpecError(f"env.action_mask={setting}: the observation has no key {key!r}")
+    return setting
+
+
+def needs_reset_info(ec: EnvConfig | None, act: gym.Space) -> bool:
+    """Whether resolving the mask source needs one reset's info (auto, or info:<key>, on choices)."""
+    return (
+        ec is not None
+        and ec.action_mask != "none"
+        and not ec.action_mask.startswith("obs:")
+        and isinstance(act, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+    )
+
+
+def env_spec(
+    obs: gym.Space,
+    act: gym.Space,
+    ec: EnvConfig | None = None,
+    reset_info: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> EnvSpec:
+    """The EnvSpec of an env's (single) observation and action spaces: a plain Box stays one Box,
+    anything else becomes leaves. `ec` brings env.obs_keys and env.action_mask; `reset_info`, an
+    info dict of a reset, resolves info masks; `notes` collects what was skipped (one line each)."""
+    action = action_spec(act)
+    mask = mask_source(ec, obs, act, reset_info)
+    if (
+        mask is not None
+        and mask.startswith("info:")
+        and reset_info is not None
+        and mask[5:] not in reset_info
+    ):
+        raise EnvSpecError(f"env.action_mask={mask}: the env's reset info has no {mask[5:]!r}")
+    drop = mask[4:] if mask is not None and mask.startswith("obs:") else None
+    if drop is not None:
+        assert isinstance(obs, gym.spaces.Dict)  # mask_source checked it
+        sub = obs[drop]
+        if (
+            not isinstance(sub, gym.spaces.Box | gym.spaces.MultiBinary)
+            or int(np.prod(sub.shape)) != action.param_size
+        ):
+            raise EnvSpecError(
+                f"env.action_mask=obs:{drop}: a mask is {action.param_size} flags for {action.describe()}, "
+                f"the observation's {drop!r} is {sub}"
+            )
+    obs = _select_keys(obs, ec.obs_keys if ec is not None else None, drop)
     if isinstance(obs, gym.spaces.Box):
+        if int(np.prod(obs.shape)) == 0:
+            raise EnvSpecError(f"observation space {obs} holds no numbers: there is nothing to learn from")
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
-    elif isinstance(obs, gym.spaces.Discrete):
-        low, high = float(obs.start), float(int(obs.start) + int(obs.n) - 1)
-    else:
-        raise EnvSpecError(f"unsupported observation space {obs}: relay handles Box and Discrete")
-    return EnvSpec(tuple(int(d) for d in obs.shape or ()), action_spec(act), str(obs.dtype), low, high)
+        return EnvSpec(tuple(int(d) for d in obs.shape), action, str(obs.dtype), low, high, action_mask=mask)
+    if isinstance(obs, gym.spaces.Text):
+        raise EnvSpecError(f"unsupported observation space {obs}: relay does not read text observations")
+    leaves: list[ObsLeaf] = []
+    _walk(obs, "", notes if notes is not None else [], leaves)
+    if not leaves:
+        raise EnvSpecError(f"observation space {obs} has no leaf relay reads")
+    return EnvSpec((), action, leaves=tuple(leaves), action_mask=mask)
 
 
-def probe_env_spec(ec: EnvConfig) -> EnvSpec:
-    """Build one env, read its spec, close it. Whatever the env does wrong is one line."""
+def probe_env_spec(ec: EnvConfig, notes: list[str] | None = None) -> EnvSpec:
+    """Build one env, read its spec (one reset where masks may come from its info), close it.
+    Whatever the env does wrong is one line; what was skipped goes to `notes`."""
     check_env_id(ec.id)
     try:
         env = make_env_fn(ec)()
@@ -178,7 +329,12 @@ def probe_env_spec(ec: EnvConfig) -> EnvSpec:
         if not isinstance(env, gym.Env):
             made = type(env).__name__
             raise EnvSpecError(f"env.id={ec.id!r} cannot be built (it made a {made}, not an env)")
-        return env_spec(env.observation_space, env.action_space)
+        info = env.reset(seed=ec.seed)[1] if needs_reset_info(ec, env.action_space) else None
+        return env_spec(env.observation_space, env.action_space, ec, info, notes)
+    except EnvSpecError:
+        raise
+    except Exception as err:  # a reset that raises
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be reset ({_one_line(err)})") from None
     finally:
         with contextlib.suppress(Exception):  # a broken env may fail to close too
             env.close()

@@ -13,11 +13,13 @@ from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
 from contracts.segment import Segment, SegmentLayout
 from policy.actor_critic import draw_noise
+from policy.encoders import encoder_plan, normalizer_input
 from policy.models import build_policy
 from policy.normalizer import Moments
 from policy.numpy_mirror import cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
-from rollout_workers.envs import env_seeds, env_spec
+from rollout_workers.envs import env_seeds, env_spec, needs_reset_info
+from rollout_workers.observations import Fields, ObsReader
 from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
 
@@ -37,11 +39,16 @@ class SamplerCore:
         self.cfg = cfg
         self.worker_index = worker_index
         self.envs = GuardedVectorEnv(lambda: make_vector_env(cfg.env, autoreset=self.autoreset), worker_index)
-        self.spec = env_spec(self.envs.single_observation_space, self.envs.single_action_space)
+        obs_space, space = self.envs.single_observation_space, self.envs.single_action_space
+        info = self.envs.reset_info(cfg.env.seed) if needs_reset_info(cfg.env, space) else None
+        self.spec = env_spec(obs_space, space, cfg.env, info)
+        self.reader = ObsReader(self.spec, cfg.env.num_envs)
+        self.envs.read_with(self.reader)
+        self.plan = encoder_plan(self.spec, cfg.model.encoders) if self.spec.structured else None
         self.layout = SegmentLayout(cfg.rollout.rollout_len, cfg.env.num_envs, self.spec, traits.grouped)
-        space = self.envs.single_action_space
         self._low = getattr(space, "low", None)
         self._high = getattr(space, "high", None)
+        self._env_dtype = space.dtype
         self.reports_episodes = preprocessor(cfg.env.preprocess).reports_episodes
         # [T, N] discounted returns of the segment's steps, for reward scaling's statistics.
         self._returns = (
@@ -76,10 +83,18 @@ class SamplerCore:
         self.version = version
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
-        if self.spec.action.kind == "continuous" and self._low is not None:
-            # The env gets the clipped action; the segment keeps the sampled one so log-probs match.
-            return np.clip(actions, self._low, self._high)
-        return actions
+        """The policy's actions [N, *act] as the env takes them: Box actions clipped to its bounds
+        and in its shape, choices moved to the space's `start`, bits in its shape and dtype. The
+        segment keeps the sampled ones, so log-probs match."""
+        spec, n = self.spec.action, actions.shape[0]
+        if spec.kind == "continuous":
+            actions = actions.reshape(n, *(spec.env_shape or spec.shape))
+            return np.clip(actions, self._low, self._high) if self._low is not None else actions
+        if spec.start:
+            actions = actions + spec.offsets
+        if spec.env_shape:
+            actions = actions.reshape(n, *spec.env_shape)
+        return actions.astype(self._env_dtype, copy=False)
 
     def _draw_segment_noise(self) -> np.ndarray:
         """Noise for every step of a segment, [T, N] or [T, N, A], in one draw.
@@ -90,11 +105,12 @@ class SamplerCore:
         flat = draw_noise(self.spec.action, T * N, self.noise).numpy()
         return flat.reshape(T, N, *flat.shape[1:])
 
-    def _act_and_record(self, seg: Segment, t: int, obs: np.ndarray, noise: np.ndarray) -> Acted:
-        """Act on obs [N, *obs] and record step t; before stepping, which overwrites obs's buffer."""
-        obs = obs.astype(self.layout.env.storage_dtype, copy=False)
+    def _act_and_record(self, seg: Segment, t: int, obs: Fields, noise: np.ndarray) -> Acted:
+        """Act on the input fields (each [N, ...]) and record step t; before stepping, which
+        overwrites their buffers."""
         act = self.fast.act(obs, noise)
-        seg["obs"][t] = obs
+        for name, arr in obs.items():
+            seg.arrays[name][t] = arr
         seg["actions"][t] = act[0]
         seg["logp"][t] = act[1]
         seg["values"][t] = act[2]
@@ -109,8 +125,9 @@ class SamplerCore:
         seg.env_faults = self.envs.take_faults()
         valid = seg["mask"].reshape(-1) > 0
         if self.cfg.model.normalize_obs and valid.any():
-            flat = torch.from_numpy(seg["obs"].reshape(-1, *self.spec.obs_shape)[valid])
-            seg.obs_moments = Moments.of(flat).to_numpy()
+            normalized = normalizer_input(self.spec, self.plan, seg.arrays, valid.shape[0])
+            if normalized is not None:
+                seg.obs_moments = Moments.of(torch.from_numpy(normalized[valid])).to_numpy()
         if self._returns is not None and valid.any():
             seg.return_moments = Moments.of(torch.from_numpy(self._returns.reshape(-1, 1)[valid])).to_numpy()
         return seg

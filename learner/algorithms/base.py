@@ -12,22 +12,31 @@ from torch import Tensor
 
 from contracts.algorithm import AlgorithmTraits
 from contracts.config import LearnerConfig, RelayConfig
+from contracts.segment import is_policy_input
 from learner.device import DeviceContext
 from policy.actor_critic import ActorCritic
 
 Batch = dict[str, Tensor]
 
 
+def policy_inputs(data: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The fields a policy reads (observation leaves, the action mask) of time-major round data
+    [T, K*N, ...], flattened to [B = T*K*N, ...]."""
+    return {k: v.flatten(0, 1) for k, v in data.items() if is_policy_input(k)}
+
+
 @torch.no_grad()
 def evaluate_in_chunks(
-    model: ActorCritic, obs: Tensor, actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
+    model: ActorCritic, inputs: dict[str, Tensor], actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
 ) -> tuple[Tensor, Tensor | None]:
-    """(log-probs [B], values [B] or None) of `model` over a whole batch, in minibatch-sized chunks
-    (memory stays that of a minibatch), under the same autocast as the update's forward passes."""
+    """(log-probs [B], values [B] or None) of `model` over a whole batch of input fields [B, ...],
+    in minibatch-sized chunks (memory stays that of a minibatch), under the same autocast as the
+    update's forward passes."""
     logps, values = [], []
     with dev.autocast(cfg.use_amp, cfg.amp_dtype):
-        for start in range(0, obs.shape[0], cfg.batch_size):
-            out = model.evaluate(obs[start : start + cfg.batch_size], actions[start : start + cfg.batch_size])
+        for start in range(0, actions.shape[0], cfg.batch_size):
+            chunk = {k: v[start : start + cfg.batch_size] for k, v in inputs.items()}
+            out = model.evaluate(chunk, actions[start : start + cfg.batch_size])
             logps.append(out.logp)
             if out.value is not None:
                 values.append(out.value.float())

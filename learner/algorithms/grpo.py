@@ -10,7 +10,7 @@ from torch import Tensor
 
 from contracts.config import LearnerConfig, RelayConfig
 from learner import losses
-from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks
+from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from learner.device import DeviceContext
 from policy.actor_critic import ActorCritic
 
@@ -44,17 +44,16 @@ class GRPO(Algorithm):
         outcome = data["outcome"].view(-1, lc.group_size)  # [groups, G]; groups never span segments
         adv, std = losses.group_relative_advantages(outcome, lc.group_eps)
         mask = data["mask"]
+        inputs = policy_inputs(data)
         batch = {
-            "obs": data["obs"].flatten(0, 1),
+            **inputs,
             "actions": data["actions"].flatten(0, 1),
             "logp": data["logp"].flatten(),
             "advantages": (adv.reshape(1, -1) * mask).flatten(),
             "mask": mask.flatten(),
         }
         # The frozen reference's log-probs, once per update rather than once per epoch.
-        batch["ref_logp"] = evaluate_in_chunks(self.reference, batch["obs"], batch["actions"], lc, self.dev)[
-            0
-        ]
+        batch["ref_logp"] = evaluate_in_chunks(self.reference, inputs, batch["actions"], lc, self.dev)[0]
         stats = {
             "group_reward_std": float(std.mean()),
             "zero_std_group_fraction": float((std == 0).float().mean()),
@@ -65,7 +64,7 @@ class GRPO(Algorithm):
     def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy."""
         cfg = self.cfg
-        out = model.evaluate(b["obs"], b["actions"])
+        out = model.evaluate(b, b["actions"])
         mask = b["mask"]
         pg = losses.clipped_surrogate(out.logp, b["logp"], b["advantages"], cfg.clip_ratio, mask)
         kl = losses.kl_to_reference(out.logp, b["ref_logp"], mask)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from learner import losses
-from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks
+from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from learner.gae import compute_gae
 from learner.vtrace import compute_vtrace
 from policy.actor_critic import ActorCritic
@@ -29,8 +29,9 @@ class PPO(Algorithm):
     grouped = False
 
     def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:
-        """Advantages and returns over the round's [T, K*N] steps, flattened: obs, actions, logp,
-        values, advantages, returns, mask, each [B = T*K*N, ...]."""
+        """Advantages and returns over the round's [T, K*N] steps, flattened: the policy's input
+        fields (obs leaves, action_mask), actions, logp, values, advantages, returns, mask, each
+        [B = T*K*N, ...]."""
         lc = self.cfg
         rewards = self._learning_rewards(data["rewards"])
         ends = (
@@ -40,11 +41,12 @@ class PPO(Algorithm):
             data["last_value"],
             data["mask"],
         )
-        batch = {"obs": data["obs"].flatten(0, 1), "actions": data["actions"].flatten(0, 1)}
+        batch = {**policy_inputs(data), "actions": data["actions"].flatten(0, 1)}
+        inputs = policy_inputs(data)
         values = data["values"]
         if lc.off_policy_correction == "vtrace":
             target_logp, target_values = evaluate_in_chunks(
-                self.model, batch["obs"], batch["actions"], lc, self.dev
+                self.model, inputs, batch["actions"], lc, self.dev
             )
             assert target_values is not None
             shape = data["values"].shape
@@ -64,7 +66,7 @@ class PPO(Algorithm):
             adv, ret = compute_gae(rewards, values, *ends, lc.gamma, lc.gae_lambda)
         logp = data["logp"].flatten()
         if lc.off_policy_correction == "decoupled":
-            prox_logp, _ = evaluate_in_chunks(self.model, batch["obs"], batch["actions"], lc, self.dev)
+            prox_logp, _ = evaluate_in_chunks(self.model, inputs, batch["actions"], lc, self.dev)
             batch["is_weight"] = (prox_logp - logp).exp().clamp(max=MAX_IS_WEIGHT)
             logp = prox_logp  # the clip's centre
         batch.update(
@@ -89,7 +91,7 @@ class PPO(Algorithm):
     def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate + value_coef * value loss - entropy_coef * entropy."""
         cfg = self.cfg
-        out = model.evaluate(b["obs"], b["actions"])
+        out = model.evaluate(b, b["actions"])
         mask = b["mask"]
         adv = (
             losses.normalize_advantages(b["advantages"], mask)

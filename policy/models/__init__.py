@@ -12,6 +12,7 @@ import torch
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
 from policy.actor_critic import ActorCritic
+from policy.encoders import encoder_plan
 from policy.models.cnn import CnnKind
 from policy.models.mlp import MlpKind
 from policy.models.transformer import TransformerKind
@@ -32,11 +33,16 @@ def model_kind(name: str) -> ModelKind:
 
 
 def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
-    """The policy network the config describes, for `env`; `critic=False` builds no value network."""
+    """The policy network the config describes, for `env`; `critic=False` builds no value network.
+    A tree observation gets an encoder per leaf (`policy/encoders/`); ValueError (one line) where
+    the config's encoders cannot read the env's leaves."""
+    plan = encoder_plan(env, cfg.model.encoders) if env.structured else None
+    in_dim = plan.out_dim if plan is not None else env.obs_dim
     return ActorCritic(
-        obs_dim=env.obs_dim,
+        obs_dim=in_dim,
         action=env.action,
-        make_trunk=model_kind(cfg.model.kind).trunk_factory(cfg, env),
+        make_trunk=model_kind(cfg.model.kind).trunk_factory(cfg, env, in_dim),
+        plan=plan,
         shared_trunk=cfg.model.shared_trunk,
         critic=critic,
         init_log_std=cfg.model.init_log_std,

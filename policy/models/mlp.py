@@ -55,6 +55,6 @@ def mlp_policy(
 class MlpKind(ModelKind):
     numpy_mirror = True
 
-    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec) -> Callable[[], TrunkModule]:
+    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
         hidden, activation = list(cfg.model.hidden_sizes), cfg.model.activation
-        return lambda: Trunk(env.obs_dim, hidden, activation)
+        return lambda: Trunk(in_dim, hidden, activation)

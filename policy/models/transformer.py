@@ -130,7 +130,8 @@ class TransformerKind(ModelKind):
         except ValueError as err:
             return str(err)
         ok = (
-            len(env.obs_shape) == 1
+            not env.structured
+            and len(env.obs_shape) == 1
             and np.issubdtype(np.dtype(env.obs_dtype), np.integer)
             and env.obs_low >= -1
             and env.obs_high < vocab
@@ -142,6 +143,6 @@ class TransformerKind(ModelKind):
             f"but {cfg.env.id} observes {env.describe_obs()}"
         )
 
-    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec) -> Callable[[], TrunkModule]:
+    def trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
         tc, vocab = cfg.model.transformer, token_vocab(cfg, env.action)
         return lambda: TokenTransformer(env.obs_dim, vocab, tc.d_model, tc.heads, tc.layers, tc.ff_mult)

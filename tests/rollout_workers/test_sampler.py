@@ -90,7 +90,9 @@ def test_env_helpers():
     import gymnasium as gym
 
     with pytest.raises(EnvSpecError, match="unsupported action space"):
-        action_spec(gym.spaces.MultiBinary(3))
+        action_spec(gym.spaces.Text(5))
+    with pytest.raises(EnvSpecError, match="infinite"):
+        action_spec(gym.spaces.Box(-np.inf, np.inf, (2,)))
 
 
 def test_user_factory_env_ids():
