@@ -84,7 +84,14 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     )
 
 
-EXTRA_FOR = {"mujoco": "mujoco", "ale": "atari", "opencv": "atari", "cv2": "atari", "envpool": "envpool"}
+EXTRA_FOR = {
+    "mujoco": "mujoco",
+    "ale": "atari",
+    "opencv": "atari",
+    "cv2": "atari",
+    "envpool": "envpool",
+    "minigrid": "minigrid",
+}
 
 
 def extra_hint(what: str, err: BaseException | str) -> str:
@@ -107,6 +114,31 @@ def register_ale() -> None:
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no version banner per env
 
 
+def register_minigrid() -> None:
+    """Make gymnasium's registry know the `MiniGrid-...` and `BabyAI-...` ids (minigrid registers
+    them on import)."""
+    try:
+        import minigrid
+    except ImportError:
+        raise EnvSpecError(extra_hint("the MiniGrid-... env ids", "minigrid is not installed")) from None
+    gym.register_envs(minigrid)
+
+
+# Env id prefixes whose package registers them on import (an optional extra each).
+ENV_FAMILIES: dict[str, Callable[[], None]] = {
+    "ALE/": register_ale,
+    "MiniGrid-": register_minigrid,
+    "BabyAI-": register_minigrid,
+}
+
+
+def register_family(env_id: str) -> None:
+    """Import the package that registers `env_id`'s family, if it has one (ALE/..., MiniGrid-...)."""
+    for prefix, register in ENV_FAMILIES.items():
+        if env_id.startswith(prefix):
+            register()
+
+
 def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
     env_id, max_episode_steps, kwargs = ec.id, ec.max_episode_steps, dict(ec.kwargs)
@@ -116,8 +148,7 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
         for top, folder in folders:
             _add_finder(top, folder)
-        if env_id.startswith("ALE/"):
-            register_ale()
+        register_family(env_id)
         factory = _resolve_factory(env_id) if ":" in env_id else None
         if factory is None and prep.make is not None:
             return prep.make(env_id, max_episode_steps, kwargs)
@@ -134,8 +165,7 @@ def check_env_id(env_id: str) -> None:
     if ":" in env_id:
         _resolve_factory(env_id)
         return
-    if env_id.startswith("ALE/"):
-        register_ale()
+    register_family(env_id)
     if env_id not in gym.registry:
         raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
 
@@ -197,6 +227,12 @@ def _leaf(space: gym.Space, path: str) -> ObsLeaf:
     )
 
 
+def is_text(space: gym.Space) -> bool:
+    """Text spaces, and the text-like ones envs define (MiniGrid's MissionSpace: strings, dtype <U)."""
+    dtype = getattr(space, "dtype", None)
+    return isinstance(space, gym.spaces.Text) or (dtype is not None and np.dtype(dtype).kind == "U")
+
+
 def _walk(space: gym.Space, path: str, notes: list[str], out: list[ObsLeaf]) -> None:
     """Every leaf of `space` below `path`, in the space's own order (Dict keys as gymnasium sorts them)."""
     if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
@@ -209,8 +245,11 @@ def _walk(space: gym.Space, path: str, notes: list[str], out: list[ObsLeaf]) -> 
                     f"or hold {PATH_SEP!r}"
                 )
             sub_path = f"{path}{PATH_SEP}{key}" if path else key
-            if isinstance(sub, gym.spaces.Text):
-                notes.append(f"observation {sub_path!r} is text ({sub}): skipped (env.obs_keys chooses keys)")
+            if is_text(sub):
+                notes.append(
+                    f"observation {sub_path!r} is text ({type(sub).__name__}): skipped "
+                    "(env.obs_keys chooses keys)"
+                )
                 continue
             _walk(sub, sub_path, notes, out)
         return
@@ -304,7 +343,7 @@ def env_spec(
             raise EnvSpecError(f"observation space {obs} holds no numbers: there is nothing to learn from")
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
         return EnvSpec(tuple(int(d) for d in obs.shape), action, str(obs.dtype), low, high, action_mask=mask)
-    if isinstance(obs, gym.spaces.Text):
+    if is_text(obs):
         raise EnvSpecError(f"unsupported observation space {obs}: relay does not read text observations")
     leaves: list[ObsLeaf] = []
     _walk(obs, "", notes if notes is not None else [], leaves)

@@ -11,7 +11,7 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
 # work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
-# ale_py and envpool are optional extras; services.serving brings Ray Serve, the serve extra,
+# ale_py, envpool and minigrid are optional extras; services.serving brings Ray Serve, the serve extra,
 # for `relay serve` alone).
 LAZY_OK = (
     "services.serving",
@@ -23,6 +23,7 @@ LAZY_OK = (
     "torch_npu",
     "ale_py",
     "envpool",
+    "minigrid",
 )
 
 

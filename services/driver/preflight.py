@@ -12,12 +12,14 @@ Nothing here writes a file or starts Ray.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import check_device, parse_device_spec
+from policy.encoders import encoder_plan
 from policy.models import MODEL_KINDS, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
@@ -60,13 +62,26 @@ def check_config(cfg: RelayConfig) -> None:
 
 def check_env(cfg: RelayConfig) -> EnvSpec:
     """Build one env and check the model can read it; returns its spec (PreflightError otherwise)."""
+    notes: list[str] = []
     try:
-        env = probe_env_spec(cfg.env)
+        env = probe_env_spec(cfg.env, notes)
     except EnvSpecError as err:
         raise PreflightError(str(err)) from None
     problem = model_kind(cfg.model.kind).env_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
+    if cfg.model.encoders and not env.structured:
+        raise PreflightError(
+            f"model.encoders chooses encoders for the leaves of a Dict/Tuple (or Discrete) observation; "
+            f"{cfg.env.id} observes {env.describe_obs()}"
+        )
+    if env.structured:
+        try:
+            encoder_plan(env, cfg.model.encoders)
+        except ValueError as err:
+            raise PreflightError(str(err)) from None
+    for note in notes:
+        print(f"relay: {note}", file=sys.stderr)
     return env
 
 
