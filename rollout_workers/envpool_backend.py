@@ -75,6 +75,21 @@ def config_problems(cfg: RelayConfig) -> list[str]:
     return problems
 
 
+def _map(fn: Any, *trees: Any) -> Any:
+    """fn over the leaves of observation trees (EnvPool batches Dict observations as dicts of
+    arrays, leaf by leaf; a plain Box is one array)."""
+    if isinstance(trees[0], dict):
+        return {k: _map(fn, *(t[k] for t in trees)) for k in trees[0]}
+    return fn(*trees)
+
+
+def _set_rows(dst: Any, ids: np.ndarray, src: Any) -> None:
+    def put(d: np.ndarray, s: np.ndarray) -> None:
+        d[ids] = s
+
+    _map(put, dst, src)
+
+
 class EnvPoolVectorEnv(gym.vector.VectorEnv):
     """N EnvPool envs with gymnasium's SAME_STEP semantics (or none: `autoreset=False`).
 
@@ -97,8 +112,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self._ids = np.arange(num_envs, dtype=np.int32)
         self._game_return = np.zeros(num_envs, dtype=np.float64)
         self._game_length = np.zeros(num_envs, dtype=np.int64)
-        obs_space = self.single_observation_space
-        self._last_obs = np.zeros((num_envs, *(obs_space.shape or ())), dtype=obs_space.dtype)
+        self._last_obs = gym.vector.utils.create_empty_array(
+            self.single_observation_space, num_envs, np.zeros
+        )
 
     def _build(self, seed: int) -> Any:
         options: dict[str, Any] = dict(ATARI_OPTIONS) if self.atari else {}
@@ -115,9 +131,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         mask = (options or {}).get("reset_mask")
         if mask is not None:  # reset some envs: the others keep their observations
-            obs = self._last_obs.copy()
+            obs = _map(np.copy, self._last_obs)
             ids = np.flatnonzero(mask).astype(np.int32)
-            obs[ids] = self._reset_ids(ids)
+            _set_rows(obs, ids, self._reset_ids(ids))
             self._last_obs = obs
             return obs, {}
         if seed is not None:
@@ -134,7 +150,8 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         obs, info = self._pool.reset(ids)
         self._game_return[ids] = 0.0
         self._game_length[ids] = 0
-        return obs[np.argsort(info["env_id"])]  # rows by env id: the order of `ids` (ascending)
+        order = np.argsort(info["env_id"])  # rows by env id: the order of `ids` (ascending)
+        return _map(lambda a: a[order], obs)
 
     def _continue(self, ids: np.ndarray) -> np.ndarray:
         """EnvPool's autoreset step for the envs `ids` that just ended (the action is ignored):
@@ -142,7 +159,8 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         space = self.single_action_space
         noop = np.zeros((len(ids), *(space.shape or ())), dtype=space.dtype)
         obs, *_, info = self._pool.step(noop, ids)
-        return obs[np.argsort(info["env_id"])]
+        order = np.argsort(info["env_id"])
+        return _map(lambda a: a[order], obs)
 
     def step(
         self, actions: np.ndarray
@@ -154,9 +172,9 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
             ids = np.flatnonzero(done).astype(np.int32)
             final = np.empty(self.num_envs, dtype=object)
             for i in ids:
-                final[i] = obs[i].copy()
-            obs = obs.copy()
-            obs[ids] = self._continue(ids)
+                final[i] = _map(lambda a, i=i: a[i].copy(), obs)
+            obs = _map(np.copy, obs)
+            _set_rows(obs, ids, self._continue(ids))
             infos["final_obs"], infos["_final_obs"] = final, done.copy()
         self._last_obs = obs
         return obs, reward.astype(np.float64), terminated, truncated, infos
