@@ -62,11 +62,11 @@ def _floor(path: Path, calls: int = 3000) -> tuple[float, float]:
     session = ort.InferenceSession(onnx_bytes(handle), providers=["CPUExecutionProvider"])
     x = handle.as_input(np.zeros((1, *handle.obs_shape)))
     for _ in range(200):
-        session.run(None, {"obs": x})
+        session.run(None, x)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        session.run(None, {"obs": x})
+        session.run(None, x)
         times.append(time.perf_counter() - t0)
     return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
 

@@ -95,6 +95,13 @@ class ActionSpec:
         start = self.start or (0,) * count
         return np.asarray(start[0] if self.kind == "discrete" else start, dtype=np.int64)
 
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Policy actions [B, *shape] (choices from 0, flat vectors) as the env's space holds them:
+        choices moved to `start`, vectors and bits in `env_shape` (no clipping here)."""
+        if self.start:
+            actions = actions + self.offsets
+        return actions.reshape(actions.shape[0], *self.env_shape) if self.env_shape else actions
+
     def describe(self) -> str:
         """'Discrete(6)', 'MultiDiscrete([3 2])', 'MultiBinary(4)', 'Box of 3 floats'."""
         if self.kind == "discrete":

@@ -352,6 +352,17 @@ def env_spec(
     return EnvSpec((), action, leaves=tuple(leaves), action_mask=mask)
 
 
+def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.ndarray:
+    """A policy's actions [N, *spec.shape] as the env's vector space takes them: Box actions
+    clipped to its bounds and in its shape, choices moved to the space's `start`, bits in its
+    shape and dtype. (Segments keep the sampled ones, so log-probs match.)"""
+    actions = spec.to_env(actions)
+    if spec.kind == "continuous":
+        low, high = getattr(space, "low", None), getattr(space, "high", None)
+        return np.clip(actions, low, high) if low is not None else actions
+    return actions.astype(space.dtype, copy=False)
+
+
 def probe_env_spec(ec: EnvConfig, notes: list[str] | None = None) -> EnvSpec:
     """Build one env, read its spec (one reset where masks may come from its info), close it.
     Whatever the env does wrong is one line; what was skipped goes to `notes`."""

@@ -18,7 +18,7 @@ from policy.models import build_policy
 from policy.normalizer import Moments
 from policy.numpy_mirror import cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
-from rollout_workers.envs import env_seeds, env_spec, needs_reset_info
+from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
 from rollout_workers.observations import Fields, ObsReader
 from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
@@ -46,9 +46,6 @@ class SamplerCore:
         self.envs.read_with(self.reader)
         self.plan = encoder_plan(self.spec, cfg.model.encoders) if self.spec.structured else None
         self.layout = SegmentLayout(cfg.rollout.rollout_len, cfg.env.num_envs, self.spec, traits.grouped)
-        self._low = getattr(space, "low", None)
-        self._high = getattr(space, "high", None)
-        self._env_dtype = space.dtype
         self.reports_episodes = preprocessor(cfg.env.preprocess).reports_episodes
         # [T, N] discounted returns of the segment's steps, for reward scaling's statistics.
         self._returns = (
@@ -83,18 +80,7 @@ class SamplerCore:
         self.version = version
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
-        """The policy's actions [N, *act] as the env takes them: Box actions clipped to its bounds
-        and in its shape, choices moved to the space's `start`, bits in its shape and dtype. The
-        segment keeps the sampled ones, so log-probs match."""
-        spec, n = self.spec.action, actions.shape[0]
-        if spec.kind == "continuous":
-            actions = actions.reshape(n, *(spec.env_shape or spec.shape))
-            return np.clip(actions, self._low, self._high) if self._low is not None else actions
-        if spec.start:
-            actions = actions + spec.offsets
-        if spec.env_shape:
-            actions = actions.reshape(n, *spec.env_shape)
-        return actions.astype(self._env_dtype, copy=False)
+        return env_actions(self.spec.action, self.envs.single_action_space, actions)
 
     def _draw_segment_noise(self) -> np.ndarray:
         """Noise for every step of a segment, [T, N] or [T, N, A], in one draw.

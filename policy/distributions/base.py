@@ -58,6 +58,11 @@ class ActionDistribution:
         """The greedy action [B, *act]."""
         raise NotImplementedError
 
+    def summary(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
+        """What precision checks compare, float32 [B, param_size]: the probabilities of every
+        choice (0 where masked) or bit, or the Gaussian's mean."""
+        raise NotImplementedError
+
     def np_act(
         self,
         spec: ActionSpec,

@@ -31,6 +31,9 @@ class Bernoulli(ActionDistribution):
     def deterministic(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
         return (params.float() > 0).long()
 
+    def summary(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
+        return torch.sigmoid(params.float())
+
     def np_act(
         self,
         spec: ActionSpec,

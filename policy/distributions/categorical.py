@@ -83,6 +83,9 @@ class Categorical(ActionDistribution):
     def deterministic(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
         return greedy_categorical(params, mask)
 
+    def summary(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
+        return torch.softmax(masked_logits(params, mask), dim=-1)
+
     def np_act(
         self,
         spec: ActionSpec,

@@ -37,6 +37,9 @@ class DiagGaussian(ActionDistribution):
     def deterministic(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
         return params.float()
 
+    def summary(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
+        return params.float()
+
     def np_act(
         self,
         spec: ActionSpec,

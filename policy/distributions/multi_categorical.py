@@ -14,6 +14,7 @@ from policy.distributions.base import ActionDistribution
 from policy.distributions.categorical import (
     categorical_logp_entropy,
     greedy_categorical,
+    masked_logits,
     np_sample_categorical,
     sample_categorical,
 )
@@ -42,6 +43,10 @@ class MultiCategorical(ActionDistribution):
 
     def deterministic(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
         return torch.stack([greedy_categorical(p, m) for p, m in _parts(spec, params, mask)], dim=-1)
+
+    def summary(self, spec: ActionSpec, params: Tensor, mask: Tensor | None) -> Tensor:
+        parts = _parts(spec, params, mask)
+        return torch.cat([torch.softmax(masked_logits(p, m), dim=-1) for p, m in parts], dim=-1)
 
     def np_act(
         self,

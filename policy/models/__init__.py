@@ -73,6 +73,12 @@ def action_outputs(weights: Mapping[str, torch.Tensor]) -> int | None:
     return None if head is None else int(head.shape[0])
 
 
+def acting_optional(model: ActorCritic) -> tuple[str, ...]:
+    """Prefixes of the model's state-dict keys that an exported (acting-only) graph may lack: the
+    reward statistics, and a normalizer the policy does not use."""
+    return ("return_stats.",) + (() if model.normalizer.enabled else ("normalizer.",))
+
+
 def weights_mismatch(
     want: Mapping[str, torch.Tensor],
     have: Mapping[str, object],
@@ -106,6 +112,7 @@ __all__ = [
     "MODEL_KINDS",
     "ActorCritic",
     "ModelKind",
+    "acting_optional",
     "action_outputs",
     "build_policy",
     "has_critic_weights",

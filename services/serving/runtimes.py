@@ -1,10 +1,11 @@
 """What answers `POST /act`: a policy handle run by torch or by onnxruntime, on a device.
 
-Both take observations [B, *obs_shape], a per-row `deterministic` flag and caller noise [B] or
-[B, A] (drawn on the CPU from each request's seed, as `relay verify`'s fingerprint does), and
-return actions [B, *act]. Deterministic rows get the greedy action (argmax, or the Gaussian mean
-after the source's action transform); the others are sampled with their noise, so a request with a
-seed is answered bit for bit the same on every call.
+Both take the policy's input fields (observation leaves and the action mask, each [B, ...]), a
+per-row `deterministic` flag and caller noise (`ActionSpec.noise_shape`, drawn on the CPU from each
+request's seed, as `relay verify`'s fingerprint does), and return the env's actions [B, *env
+action shape]. Deterministic rows get the greedy action (the most likely allowed choice, bits with
+p > 0.5, or the Gaussian mean after the source's action transform); the others are sampled with
+their noise, so a request with a seed is answered bit for bit the same on every call.
 
 The onnxruntime runtime runs relay's export of the handle (`services/tools/export.py`): the
 handle was checked against its original file when it was loaded, and the export against the
@@ -21,7 +22,7 @@ import torch
 
 from learner.device import DeviceContext, DeviceError, resolve_device
 from services.tools.export import TOLERANCE, max_abs_error, onnx_bytes
-from services.tools.handle import PolicyHandle
+from services.tools.handle import Fields, PolicyHandle, fields_to_numpy, fields_to_torch
 
 ORT_PROVIDERS = {
     "cuda": "CUDAExecutionProvider",
@@ -42,17 +43,17 @@ class TorchRuntime:
         self.device = str(self.dev)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        x = torch.from_numpy(self.handle.as_input(obs)).to(self.dev.device)
+    def act(self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        x = {k: v.to(self.dev.device) for k, v in fields_to_torch(self.handle.as_input(obs)).items()}
+        mask = x.get("action_mask")
         params, _ = self.model.distribution_params(x)
+        sampled = self.model.sample_actions(params, torch.from_numpy(noise).to(self.dev.device), mask)
+        greedy = self.model.dist.deterministic(self.model.action, params, mask)
+        rows = torch.from_numpy(deterministic).to(self.dev.device).reshape(-1, *[1] * (sampled.dim() - 1))
+        chosen = torch.where(rows, greedy.to(sampled.dtype), sampled)
         if self.handle.continuous:
-            greedy = params.float()
-            sampled = self.model.sample_actions(params, torch.from_numpy(noise).to(self.dev.device))
-            rows = torch.from_numpy(deterministic).to(self.dev.device).unsqueeze(-1)
-            return self.handle.action_transform(torch.where(rows, greedy, sampled)).cpu().numpy()
-        sampled = self.model.sample_actions(params, torch.from_numpy(noise).to(self.dev.device))
-        rows = torch.from_numpy(deterministic).to(self.dev.device)
-        return torch.where(rows, params.argmax(-1), sampled).cpu().numpy()
+            chosen = self.handle.action_transform(chosen)
+        return self.handle.env.action.to_env(chosen.cpu().numpy())
 
 
 def ort_providers(device: str) -> list[str]:
@@ -86,7 +87,7 @@ class OrtRuntime:
 
         self.handle = handle
         data = onnx_bytes(handle)
-        obs = handle.synthetic_obs(256, torch.Generator().manual_seed(0)).numpy()
+        obs = fields_to_numpy(handle.synthetic_obs(256, torch.Generator().manual_seed(0)))
         err = max_abs_error(handle, data, obs)
         if not err <= TOLERANCE:
             raise RuntimeError(f"the ONNX export differs from the policy by {err:.3g}; not serving it")
@@ -95,18 +96,22 @@ class OrtRuntime:
         self.device = providers[0].removesuffix("ExecutionProvider").lower()
         self.outputs = [o.name for o in self.session.get_outputs()]
 
-    def act(self, obs: np.ndarray, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        got = dict(zip(self.outputs, self.session.run(None, {"obs": self.handle.as_input(obs)}), strict=True))
+    def act(self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        x = self.handle.as_input(obs)
+        got = dict(zip(self.outputs, self.session.run(None, x), strict=True))
+        spec = self.handle.env.action
         if self.handle.continuous:
             sampled = got["mean"] + got["std"] * noise
             sampled = self.handle.action_transform(torch.from_numpy(sampled.astype(np.float32))).numpy()
-            return np.where(deterministic[:, None], got["action"], sampled)
-        logits = got["logits"].astype(np.float64)
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        # Inverse-CDF sampling, as the torch policy's: the count of CDF entries below u.
-        sampled = np.minimum((np.cumsum(probs, axis=-1) < noise[:, None]).sum(axis=-1), probs.shape[-1] - 1)
-        return np.where(deterministic, got["action"], sampled)
+        else:
+            # The distribution's numpy sampling (the acting mirror's): inverse-CDF per component.
+            dist = self.handle.model.dist
+            sampled = dist.np_act(spec, got["logits"].astype(np.float32), noise, x.get("action_mask"), None)[
+                0
+            ]
+        sampled = spec.to_env(sampled)
+        rows = deterministic.reshape(-1, *[1] * (sampled.ndim - 1))
+        return np.where(rows, got["action"], sampled)
 
 
 RUNTIMES: dict[str, Any] = {"torch": TorchRuntime, "onnxruntime": OrtRuntime}

@@ -3,13 +3,16 @@ answer batches, follow a run's newest checkpoint. `services/serving/app.py` puts
 Serve's HTTP proxy and `@serve.batch`.
 
 A request is `{"obs": [[...], ...], "deterministic": true, "seed": 7}`: one observation or a
-batch of them; `deterministic` (default true) gives greedy actions, false samples with noise drawn
-on the CPU from `seed` (a random one when absent). A sampled request with a seed is answered by a
-forward pass of its own, so its bits do not depend on what else shared the batch (matrix kernels
-round differently at different batch sizes): the same request, the same bits, under any load.
-Whatever a client
-sends, the answer is JSON: 400 for a body that is not JSON, has no `obs`, the wrong shape, or NaN
-or inf anywhere; 413 past the size limit.
+batch of them (for a Dict/Tuple observation, an object of its leaves, `{"image": [...],
+"direction": 2}`, each one or a batch; Tuple positions as arrays), plus `"action_mask": [...]`
+where the env has masks (absent: every action allowed); `deterministic` (default true) gives
+greedy actions, false samples with noise drawn on the CPU from `seed` (a random one when absent).
+A sampled request with a seed is answered by a forward pass of its own, so its bits do not depend
+on what else shared the batch (matrix kernels round differently at different batch sizes): the
+same request, the same bits, under any load. Whatever a client
+sends, the answer is JSON: 400 for a body that is not JSON, has no `obs`, the wrong shape, a leaf
+missing or out of its range (naming the leaf's path), or NaN or inf anywhere; 413 past the size
+limit. Actions come back as the env takes them (choices from the space's start, in its shape).
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from contracts.spaces import PATH_SEP, ObsLeaf
 from learner.device import resolve_device
 from policy.actor_critic import draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
-from services.tools.handle import PolicyHandle, PolicyLoadError
+from services.tools.handle import Fields, PolicyHandle, PolicyLoadError, concat_fields, rows_of
 from services.tools.load import load_policy
 from services.tools.verify import fingerprint
 
@@ -44,12 +48,21 @@ class BadRequest(ValueError):
 
 @dataclass
 class ActRequest:
-    """One client's observations [k, *obs_shape], greedy or sampled, and its seed."""
+    """One client's input fields (observation leaves, action mask; each [k, ...]), greedy or
+    sampled, and its seed."""
 
-    obs: np.ndarray
+    obs: Fields  # (a bare array is a plain observation batch, {"obs": array})
     deterministic: bool = True
     seed: int = field(default_factory=lambda: secrets.randbelow(2**63))
     seeded: bool = False  # the client chose the seed: it wants these exact bits again
+
+    def __post_init__(self) -> None:
+        if isinstance(self.obs, np.ndarray):  # a plain observation batch
+            self.obs = {"obs": self.obs}
+
+    @property
+    def rows(self) -> int:
+        return rows_of(self.obs)
 
     @property
     def alone(self) -> bool:
@@ -73,25 +86,98 @@ def _read_json(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _observations(raw: Any, handle: PolicyHandle) -> np.ndarray:
-    """[k, *obs_shape] float64, finite, in range for an image policy."""
+def _rows(raw: Any, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """[k, *shape] float64 from one value of `shape` or k of them, finite; 400 naming `what`."""
     try:
-        obs = np.asarray(raw, dtype=np.float64)
-    except OverflowError:  # an integer past float64's range (JSON integers have no bound)
-        raise BadRequest(400, '"obs" holds a number too large for float64') from None
-    except (TypeError, ValueError):
-        raise BadRequest(400, '"obs" is not an array of numbers (ragged rows?)') from None
-    shape = handle.obs_shape
-    if obs.shape == shape:
-        obs = obs[None]
-    if obs.shape[1:] != shape or not 1 <= obs.shape[0] <= MAX_ROWS:
+        arr = np.asarray(raw, dtype=np.float64)
+    except OverflowError:
+        raise BadRequest(400, f"{what} holds a number too large for float64") from None
+    except (ValueError, TypeError):
+        raise BadRequest(400, f"{what} is not an array of numbers (ragged rows?)") from None
+    if arr.shape == shape:
+        arr = arr[None]
+    if arr.shape[1:] != shape or not 1 <= arr.shape[0] <= MAX_ROWS:
         expected = f"{list(shape)} or [k, {', '.join(map(str, shape))}], k <= {MAX_ROWS}"
-        raise BadRequest(400, f'"obs" has shape {list(obs.shape)}; expected {expected}')
-    if not np.isfinite(obs).all():
-        raise BadRequest(400, '"obs" holds NaN or inf')
-    if handle.env.storage_dtype == np.uint8 and (obs.min() < 0 or obs.max() > 255 or (obs % 1).any()):
-        raise BadRequest(400, '"obs" of an image policy are whole numbers in [0, 255]')
-    return obs
+        raise BadRequest(400, f"{what} has shape {list(arr.shape)}; expected {expected}")
+    if not np.isfinite(arr).all():
+        raise BadRequest(400, f"{what} holds NaN or inf")
+    return arr
+
+
+def _whole(arr: np.ndarray, what: str, low: np.ndarray | float, high: np.ndarray | float) -> None:
+    if (arr < low).any() or (arr > high).any() or (arr % 1).any():
+        raise BadRequest(400, f"{what} holds whole numbers in [{_show(low)}, {_show(high)}]")
+
+
+def _show(bound: np.ndarray | float) -> str:
+    values = np.unique(np.asarray(bound))
+    return str(int(values[0])) if len(values) == 1 else "per component: " + str(np.asarray(bound).tolist())
+
+
+def _at(tree: Any, path: str, what: str) -> Any:
+    """The value at a leaf path of a JSON tree (objects by key, Tuples as arrays by index)."""
+    node = tree
+    for key in path.split(PATH_SEP):
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            raise BadRequest(400, f"{what} is missing")
+    return node
+
+
+def _leaf(raw: Any, leaf: ObsLeaf, what: str) -> np.ndarray:
+    """One leaf's rows, checked against its kind; choices come back from 0, as the policy reads them."""
+    arr = _rows(raw, what, leaf.shape)
+    if leaf.kind in ("discrete", "multi_discrete"):
+        start = np.asarray(leaf.start or (0,) * len(leaf.nvec), dtype=np.float64).reshape(leaf.shape)
+        top = start + np.asarray(leaf.nvec, dtype=np.float64).reshape(leaf.shape) - 1
+        _whole(arr, what, start, top)
+        return arr - start
+    if leaf.kind == "multi_binary":
+        _whole(arr, what, 0, 1)
+    elif leaf.dtype == "uint8" and leaf.kind == "box":
+        _whole(arr, what, 0, 255)
+    return arr
+
+
+def _inputs(data: dict[str, Any], handle: PolicyHandle) -> Fields:
+    """The request's input fields: "obs" (an array, or for a tree a JSON object per leaf path) and
+    "action_mask" (absent: every action allowed), each [k, ...] with one k."""
+    env = handle.env
+    if not env.structured:
+        obs = _rows(data["obs"], '"obs"', handle.obs_shape)
+        if env.storage_dtype == np.uint8 and (obs.min() < 0 or obs.max() > 255 or (obs % 1).any()):
+            raise BadRequest(400, '"obs" of an image policy are whole numbers in [0, 255]')
+        fields = {"obs": obs}
+    else:
+        if env.leaves[0].path and not isinstance(data["obs"], dict | list):
+            paths = ", ".join(repr(leaf.path) for leaf in env.leaves[:8])
+            raise BadRequest(400, f'"obs" is an object of the observation\'s leaves ({paths})')
+        fields = {
+            leaf.field: _leaf(_at(data["obs"], leaf.path, f'"{leaf.field}"'), leaf, f'"{leaf.field}"')
+            if leaf.path
+            else _leaf(data["obs"], leaf, '"obs"')
+            for leaf in env.leaves
+        }
+    rows = {len(a) for a in fields.values()}
+    if len(rows) > 1:
+        raise BadRequest(400, f'the leaves of "obs" hold different numbers of rows ({sorted(rows)})')
+    k = rows.pop()
+    if env.action_mask is not None:
+        raw = data.get("action_mask")
+        if raw is None:
+            fields["action_mask"] = np.ones((k, env.action.param_size))
+        else:
+            mask = _rows(raw, '"action_mask"', (env.action.param_size,))
+            _whole(mask, '"action_mask"', 0, 1)
+            if len(mask) != k:
+                raise BadRequest(400, f'"action_mask" has {len(mask)} rows, "obs" {k}')
+            fields["action_mask"] = mask
+    elif "action_mask" in data:
+        raise BadRequest(400, '"action_mask" given, but this policy\'s env has no action masks')
+    return handle.as_input(fields)
 
 
 def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
@@ -100,7 +186,7 @@ def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
     deterministic = data.get("deterministic", True)
     if not isinstance(deterministic, bool):
         raise BadRequest(400, '"deterministic" is true or false')
-    request = ActRequest(_observations(data["obs"], handle), deterministic)
+    request = ActRequest(_inputs(data, handle), deterministic)
     if "seed" in data:
         seed = data["seed"]
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
@@ -116,11 +202,11 @@ class IncompatibleCheckpoint(ValueError):
 def interface_change(now: PolicyHandle, new: PolicyHandle) -> str | None:
     """Why `new` cannot answer the requests `now` answers (other observations or actions, another
     model shape), or None: clients were told the served interface and send what it reads."""
-    if (now.env.obs_shape, now.env.storage_dtype, now.env.action) != (
-        new.env.obs_shape,
-        new.env.storage_dtype,
-        new.env.action,
-    ):
+
+    def interface(h: PolicyHandle) -> tuple[Any, ...]:
+        return (h.env.obs_shape, h.env.storage_dtype, h.env.leaves, h.env.action, h.env.action_mask)
+
+    if interface(now) != interface(new):
         return (
             f"it reads {new.env.describe_obs()} and acts {new.env.action.to_dict()}, the served policy "
             f"reads {now.env.describe_obs()} and acts {now.env.action.to_dict()}"
@@ -208,6 +294,8 @@ class PolicyService:
             "weights_version": served.version,
             "obs_shape": list(env.obs_shape),
             "obs_dtype": str(env.storage_dtype),
+            "obs_leaves": [leaf.to_dict() for leaf in env.leaves],
+            "action_mask": env.action_mask is not None,
             "action": env.action.to_dict(),
             "fingerprint": served.fingerprint,
             "runtime": served.runtime.name,
@@ -227,24 +315,22 @@ class PolicyService:
                 answers[id(r)] = {
                     "actions": actions.tolist(),
                     "weights_version": served.version,
-                    "batch_rows": sum(len(g.obs) for g in group),
+                    "batch_rows": sum(g.rows for g in group),
                     "batch_requests": len(group),
                 }
         return [answers[id(r)] for r in requests]
 
     def _forward(self, served: Served, requests: list[ActRequest]) -> list[np.ndarray]:
-        obs = np.concatenate([r.obs for r in requests])
-        deterministic = np.concatenate([np.full(len(r.obs), r.deterministic) for r in requests])
+        obs = concat_fields([r.obs for r in requests])
+        deterministic = np.concatenate([np.full(r.rows, r.deterministic) for r in requests])
         noise = np.concatenate(
             [
-                draw_noise(
-                    served.handle.model.action, len(r.obs), torch.Generator().manual_seed(r.seed)
-                ).numpy()
+                draw_noise(served.handle.model.action, r.rows, torch.Generator().manual_seed(r.seed)).numpy()
                 for r in requests
             ]
         )
         actions = served.runtime.act(obs, deterministic, noise)
-        return np.split(actions, np.cumsum([len(r.obs) for r in requests])[:-1])
+        return np.split(actions, np.cumsum([r.rows for r in requests])[:-1])
 
 
 def finite_json(payload: Any) -> bytes:

@@ -1,7 +1,9 @@
 """`relay export CKPT --format onnx`: the deterministic policy with the normalizer folded in.
 
 Graph (opset 17, dynamic batch axis): input `obs` [batch, *obs_shape] float32 (uint8 for image
-policies); outputs `action` plus `mean` and `std` (continuous) or `logits` (discrete). The
+policies), or for a Dict/Tuple observation one input per leaf (`obs/<path>`, each in its dtype:
+uint8 images, int64 choices), plus `action_mask` [batch, param_size] bool where the env has masks;
+outputs `action` (what the env takes) plus `mean` and `std` (continuous) or `logits` (the others). The
 normalizer's statistics stay float32 tensors in the graph. The export is checked against
 onnxruntime on CPU (2,000 random observations, or 1,000 random and 1,000 recorded in the env the
 user names with `--env`; max abs error <= 1e-5; every output finite); a failing file is never
@@ -26,8 +28,12 @@ from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     DeterministicPolicy,
+    Fields,
     PolicyHandle,
+    fields_to_numpy,
+    fields_to_torch,
     output_names,
+    rows_of,
 )
 from services.tools.load import recorded_observations
 
@@ -48,16 +54,17 @@ class ExportReport:
 def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
     module = DeterministicPolicy(handle).eval()
     names = output_names(handle)
+    example = fields_to_torch(handle.as_input(fields_to_numpy(handle.synthetic_obs(2, torch.Generator()))))
     buf = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(
             module,
-            (torch.from_numpy(handle.as_input(np.zeros((1, *handle.obs_shape)))),),
+            tuple(example[name] for name in handle.input_names),
             buf,  # type: ignore[arg-type]  # a file-like object is documented and works
-            input_names=["obs"],
+            input_names=handle.input_names,
             output_names=names,
-            dynamic_axes={name: {0: "batch"} for name in ["obs", *names]},
+            dynamic_axes={name: {0: "batch"} for name in [*handle.input_names, *names]},
             opset_version=opset,
             # Keep the statistics as named float32 initializers (import and audits read them).
             do_constant_folding=False,
@@ -78,21 +85,23 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
     return proto.SerializeToString()
 
 
-def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: np.ndarray) -> float:
-    """The largest |onnxruntime - torch| over every output on `obs` [B, *obs_shape]; a policy whose
+def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: Fields) -> float:
+    """The largest |onnxruntime - torch| over every output on input fields [B, ...]; a policy whose
     outputs are not all finite fails here (NaN would drop out of a max and pass the check)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     x = handle.as_input(obs)
-    got = session.run(None, {"obs": x})
+    got = session.run(None, x)
     with torch.no_grad():
-        want = [w.numpy() for w in DeterministicPolicy(handle)(torch.from_numpy(x))]
+        inputs = fields_to_torch(x)
+        want = [w.numpy() for w in DeterministicPolicy(handle)(*(inputs[n] for n in handle.input_names))]
+    rows = rows_of(x)
     for name, g, w in zip(output_names(handle), got, want, strict=True):
         bad = sum(int(np.sum(~np.isfinite(a.astype(np.float64)))) for a in (g, w))
         if bad:
             raise ExportCheckFailed(
-                f"the policy's {name!r} is not finite ({bad} NaN/inf values on {len(x)} observations); "
+                f"the policy's {name!r} is not finite ({bad} NaN/inf values on {rows} observations); "
                 "nothing written"
             )
     diffs = (np.abs(g.astype(np.float64) - w.astype(np.float64)) for g, w in zip(got, want, strict=True))
@@ -108,13 +117,16 @@ def export_onnx(
     data = onnx_bytes(handle)
     gen = torch.Generator().manual_seed(seed)
     if env_id is None:
-        batches = [handle.synthetic_obs(2000, gen).numpy()]
+        batches = [fields_to_numpy(handle.synthetic_obs(2000, gen))]
     else:
-        batches = [handle.synthetic_obs(1000, gen).numpy(), recorded_observations(handle, env_id, 1000, seed)]
+        batches = [
+            fields_to_numpy(handle.synthetic_obs(1000, gen)),
+            recorded_observations(handle, env_id, 1000, seed),
+        ]
     err = max(max_abs_error(handle, data, b) for b in batches)
     if not err <= TOLERANCE:
         raise ExportCheckFailed(
             f"onnxruntime differs from torch by {err:.3g} (> {TOLERANCE}); nothing written"
         )
     write_new(out, data, replace)
-    return ExportReport(out, err, sum(len(b) for b in batches))
+    return ExportReport(out, err, sum(rows_of(b) for b in batches))

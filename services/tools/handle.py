@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from contracts.config import RelayConfig
-from contracts.spaces import EnvSpec
+from contracts.spaces import EnvSpec, ObsLeaf
 from policy.models import ActorCritic
 
+Fields = dict[str, np.ndarray]  # the policy's input fields by name ("obs", "obs/<path>", "action_mask")
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
 RELAY_ENV_KEY = "relay_env"  # ONNX metadata: the env spec (observation shape, dtype, bounds; actions)
 
@@ -47,9 +48,20 @@ class PolicyHandle:
     def obs_shape(self) -> tuple[int, ...]:
         return self.env.obs_shape
 
-    def as_input(self, obs: np.ndarray) -> np.ndarray:
-        """Observations [B, *obs_shape] in the dtype the policy reads (uint8 frames, else float32)."""
-        return np.asarray(obs).astype(self.env.storage_dtype, copy=False)
+    @property
+    def input_names(self) -> list[str]:
+        """The policy's inputs, in order: "obs" (a plain Box), or "obs/<path>" per leaf of a tree,
+        then "action_mask" where the env has masks. The exported graph's inputs are these."""
+        names = [leaf.field for leaf in self.env.obs_leaves]
+        return names + (["action_mask"] if self.env.action_mask is not None else [])
+
+    def as_input(self, obs: Fields | np.ndarray) -> Fields:
+        """Input fields (a bare array is a plain observation) in the dtypes the policy reads:
+        uint8 frames, int64 choices, bool masks, float32 else. KeyError names a missing input."""
+        fields = {"obs": obs} if isinstance(obs, np.ndarray) else obs
+        dtypes = {leaf.field: leaf.storage_dtype for leaf in self.env.obs_leaves}
+        dtypes["action_mask"] = np.dtype(np.bool_)
+        return {name: np.asarray(fields[name]).astype(dtypes[name], copy=False) for name in self.input_names}
 
     def check_fits(self, batch: int) -> None:
         """PolicyLoadError, before anything is allocated, when `batch` observations (and the
@@ -63,39 +75,97 @@ class PolicyHandle:
                 f"{need / 2**30:.1f} GB; this machine has {free / 2**30:.1f} GB free"
             )
 
-    def synthetic_obs(self, batch: int, generator: torch.Generator) -> Tensor:
-        """[batch, *obs_shape] inputs the policy accepts: standard normals; uint8 noise frames for
+    def synthetic_obs(self, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """Input fields [batch, ...] the policy accepts: standard normals; uint8 noise frames for
         an image policy; for a token policy random contexts (ids in its vocabulary, a random
-        number of slots filled, -1 after)."""
+        number of slots filled, -1 after); for a tree, each leaf its own way (choices in range,
+        bits); masks allowing each choice with probability 0.7."""
         self.check_fits(batch)
-        if self.env.storage_dtype == np.uint8:
-            return torch.randint(0, 256, (batch, *self.obs_shape), generator=generator, dtype=torch.uint8)
-        return self.model.synthetic_obs(batch, self.obs_shape, generator)
+        if not self.env.structured:
+            if self.env.storage_dtype == np.uint8:
+                obs = torch.randint(0, 256, (batch, *self.obs_shape), generator=generator, dtype=torch.uint8)
+            else:
+                obs = self.model.synthetic_obs(batch, self.obs_shape, generator)
+            out = {"obs": obs}
+        else:
+            out = {leaf.field: synthetic_leaf(leaf, batch, generator) for leaf in self.env.obs_leaves}
+        if self.env.action_mask is not None:
+            out["action_mask"] = torch.rand(batch, self.env.action.param_size, generator=generator) < 0.7
+        return out
 
     @property
     def continuous(self) -> bool:
         return self.model.action.kind == "continuous"
 
 
-class DeterministicPolicy(nn.Module):
-    """The exported graph: obs [B, *obs_shape] (float32, or uint8 frames) -> (action, ...), with the
-    normalizer (or the CNN's /255) folded in.
+def synthetic_leaf(leaf: ObsLeaf, batch: int, generator: torch.Generator) -> Tensor:
+    """[batch, *leaf.shape] values a leaf can hold, in its storage dtype."""
+    shape = (batch, *leaf.shape)
+    if leaf.kind in ("discrete", "multi_discrete"):
+        nvec = torch.tensor(leaf.nvec, dtype=torch.float64).reshape(leaf.shape)
+        return (torch.rand(shape, generator=generator, dtype=torch.float64) * nvec).long()
+    if leaf.kind == "multi_binary" or leaf.dtype == "uint8":
+        high = 2 if leaf.kind == "multi_binary" else 256
+        return torch.randint(0, high, shape, generator=generator, dtype=torch.uint8)
+    return torch.randn(shape, generator=generator)
 
-    Continuous actions: outputs `action` (the mean after the source's action transform), `mean`
-    and `std` [B, A]. Discrete: `action` (argmax, int64 [B]) and `logits` [B, n].
+
+def fields_to_numpy(fields: dict[str, Tensor]) -> Fields:
+    return {k: v.numpy() for k, v in fields.items()}
+
+
+def fields_to_torch(fields: Fields) -> dict[str, Tensor]:
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in fields.items()}
+
+
+def concat_fields(batches: list[Fields]) -> Fields:
+    """Batches of input fields, one after the other."""
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def rows_of(fields: Fields) -> int:
+    return len(next(iter(fields.values())))
+
+
+class DeterministicPolicy(nn.Module):
+    """The exported graph: the policy's inputs (`PolicyHandle.input_names`: observation leaves
+    in their dtypes, the action mask) -> (action, ...), with the normalizer (or the CNN's /255) and
+    the encoders folded in.
+
+    `action` is what the env takes, [B, *env action shape]: the greedy allowed choice per component
+    from the space's start (int64), bits with p > 0.5 (int64), or the mean after the source's action
+    transform (float32). Continuous actions add `mean` and `std` [B, A]; the others `logits`
+    [B, param_size] (as the head outputs them, unmasked).
     """
+
+    offsets: Tensor | None  # the env's first choice per component, where it is not 0
 
     def __init__(self, handle: PolicyHandle) -> None:
         super().__init__()
         self.model = handle.model
         self.transform = handle.action_transform
+        self.names = handle.input_names
+        spec = handle.env.action
+        self.env_shape = spec.env_shape
+        self.register_buffer(
+            "offsets", torch.from_numpy(spec.offsets) if spec.start else None, persistent=False
+        )
 
-    def forward(self, obs: Tensor) -> tuple[Tensor, ...]:
-        params, _ = self.model.distribution_params(obs)
-        if self.model.action.kind == "discrete":
-            return params.argmax(-1), params
-        std = self.model.log_std.exp().expand_as(params)
-        return self.transform(params), params, std
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        fields = dict(zip(self.names, inputs, strict=True))
+        params, _ = self.model.distribution_params(fields)
+        if self.model.action.kind == "continuous":
+            std = self.model.log_std.exp().expand_as(params)
+            action = self.transform(params)
+            if self.env_shape:
+                action = action.reshape(-1, *self.env_shape)
+            return action, params, std
+        action = self.model.dist.deterministic(self.model.action, params, fields.get("action_mask"))
+        if self.offsets is not None:
+            action = action + self.offsets
+        if self.env_shape:
+            action = action.reshape(-1, *self.env_shape)
+        return action, params
 
 
 def output_names(handle: PolicyHandle) -> list[str]:

@@ -13,17 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import EnvConfig
 from policy.actor_critic import draw_noise
 from policy.models import infer_env_spec
-from rollout_workers.envs import EnvSpecError, check_env_id
+from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
+from rollout_workers.observations import ObsReader
 from rollout_workers.vector_backends import make_vector_env
 from services.driver.checkpoints import read_data
-from services.tools.handle import PolicyHandle, PolicyLoadError
+from services.tools.handle import (
+    Fields,
+    PolicyHandle,
+    PolicyLoadError,
+    concat_fields,
+    fields_to_torch,
+    rows_of,
+)
 from services.tools.mlagents import mlagents_policy_from_state_dict
 from services.tools.onnx_import import import_onnx_policy
 from services.tools.relay_policy import relay_policy
@@ -67,8 +74,9 @@ def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
 
 
 @torch.no_grad()
-def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> np.ndarray:
-    """[count, obs_dim] observations met by the policy acting in `env_id`, which the user named."""
+def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> Fields:
+    """Input fields of `count` observations met by the policy acting in `env_id`, which the user
+    named (its leaves and masks must be the policy's)."""
     ec = _named_env(handle, env_id)
     try:
         check_env_id(ec.id)
@@ -77,21 +85,30 @@ def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, 
         raise PolicyLoadError(str(err)) from None
     except Exception as err:
         raise PolicyLoadError(f"--env {env_id}: cannot be built ({type(err).__name__}: {err})") from None
-    shape = tuple(env.single_observation_space.shape or ())
-    if shape != handle.env.obs_shape:
+    try:
+        return _record(handle, env, env_id, count, seed)
+    finally:
         env.close()
-        raise PolicyLoadError(f"--env {env_id} observes {shape}, the policy reads {handle.env.obs_shape}")
+
+
+def _record(handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, count: int, seed: int) -> Fields:
+    obs, info = env.reset(seed=seed)
+    try:
+        named = env_spec(env.single_observation_space, env.single_action_space, None, info)
+    except EnvSpecError as err:
+        raise PolicyLoadError(f"--env {env_id}: {err}") from None
+    if [(f.field, f.shape) for f in named.obs_leaves] != [(f.field, f.shape) for f in handle.env.obs_leaves]:
+        raise PolicyLoadError(
+            f"--env {env_id} observes {named.describe_obs()}, the policy reads {handle.env.describe_obs()}"
+        )
+    reader = ObsReader(handle.env, env.num_envs)
     gen = torch.Generator().manual_seed(seed)
-    obs, _ = env.reset(seed=seed)
-    out: list[np.ndarray] = []
-    while sum(o.shape[0] for o in out) < count:
-        out.append(handle.as_input(obs))
-        x = torch.from_numpy(out[-1])
-        actions, _, _ = handle.model.act(x, draw_noise(handle.model.action, len(obs), gen))
-        a = actions.numpy()
-        space = env.single_action_space
-        if isinstance(space, gym.spaces.Box):
-            a = np.clip(a, space.low, space.high)
-        obs, *_ = env.step(a)
-    env.close()
-    return np.concatenate(out)[:count]
+    out: list[Fields] = []
+    while sum(rows_of(o) for o in out) < count:
+        out.append(handle.as_input(reader.read(obs, info)))
+        noise = draw_noise(handle.model.action, env.num_envs, gen)
+        actions, _, _ = handle.model.act(fields_to_torch(out[-1]), noise)
+        obs, _, _, _, info = env.step(
+            env_actions(handle.env.action, env.single_action_space, actions.numpy())
+        )
+    return {k: v[:count] for k, v in concat_fields(out).items()}

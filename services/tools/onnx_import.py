@@ -23,8 +23,12 @@ from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     DeterministicPolicy,
+    Fields,
     PolicyHandle,
     PolicyLoadError,
+    fields_to_numpy,
+    fields_to_torch,
+    rows_of,
 )
 from services.tools.mlagents import DETERMINISTIC, MASKS_INPUT, is_mlagents_graph, mlagents_policy_from_graph
 from services.tools.onnx_graph import GraphError, OnnxGraph
@@ -51,27 +55,34 @@ IMPORT_TOLERANCE = 1e-5
 CHECK_ROWS = 1024
 
 
-def cross_check(handle: PolicyHandle, data: bytes, feeds: dict[str, np.ndarray], output: str) -> float:
-    """Max abs difference between the handle's deterministic actions and `output` of onnxruntime
-    running the original graph on `feeds` (the observations first)."""
+def cross_check(
+    handle: PolicyHandle, data: bytes, feeds: dict[str, np.ndarray], output: str, inputs: Fields
+) -> float:
+    """Max abs difference between the handle's deterministic actions on its input fields `inputs`
+    and `output` of onnxruntime running the original graph on `feeds` (the same observations)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     want = session.run([output], feeds)[0]
-    obs = next(iter(feeds.values()))
+    x = fields_to_torch(handle.as_input(inputs))
     with torch.no_grad():
-        got = DeterministicPolicy(handle)(torch.from_numpy(handle.as_input(obs)))[0].numpy()
+        got = DeterministicPolicy(handle)(*(x[n] for n in handle.input_names))[0].numpy()
     if want.size != got.size:
         return float("inf")
     return float(np.abs(want.reshape(got.shape).astype(np.float64) - got.astype(np.float64)).max())
 
 
-def _check_obs(handle: PolicyHandle) -> np.ndarray:
-    """Inputs the policy accepts; with a normalizer, half of them scaled by 100 (to reach its clamp)."""
-    obs = handle.synthetic_obs(CHECK_ROWS, torch.Generator().manual_seed(0)).numpy()
-    if handle.model.normalizer.enabled and obs.dtype != np.uint8:
-        obs[: CHECK_ROWS // 2] *= 100
-    return obs
+def _check_obs(handle: PolicyHandle) -> Fields:
+    """Input fields the policy accepts; with a normalizer, half of the rows of every float field
+    scaled by 100 (to reach its clamp)."""
+    fields = handle.as_input(
+        fields_to_numpy(handle.synthetic_obs(CHECK_ROWS, torch.Generator().manual_seed(0)))
+    )
+    if handle.model.normalizer.enabled:
+        for arr in fields.values():
+            if arr.dtype.kind == "f":
+                arr[: CHECK_ROWS // 2] *= 100
+    return fields
 
 
 def import_onnx_policy(path: Path) -> PolicyHandle:
@@ -91,17 +102,17 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
         raise PolicyLoadError(f"{path}: {err}") from None
     if is_mlagents_graph(graph):
         handle = mlagents_policy_from_graph(graph, f"ML-Agents ONNX {path.name}")
-        obs = _check_obs(handle)
-        feeds = {next(i for i in graph.inputs if i.startswith("obs_")): obs}
+        inputs = _check_obs(handle)
+        feeds = {next(i for i in graph.inputs if i.startswith("obs_")): inputs["obs"]}
         if MASKS_INPUT in graph.inputs:
-            feeds[MASKS_INPUT] = np.ones((len(obs), handle.model.action.size), np.float32)
+            feeds[MASKS_INPUT] = np.ones((rows_of(inputs), handle.model.action.param_size), np.float32)
         output = DETERMINISTIC[handle.model.action.kind]
     else:
         handle = _relay_export(proto, graph, path)
-        obs = _check_obs(handle)
-        feeds, output = {"obs": handle.as_input(obs)}, "action"
+        inputs = _check_obs(handle)
+        feeds, output = dict(inputs), "action"
     try:
-        diff = cross_check(handle, data, feeds, output)
+        diff = cross_check(handle, data, feeds, output, inputs)
     except Exception as exc:  # onnxruntime refusing the file is the file's fault
         raise PolicyLoadError(f"{handle.source}: onnxruntime cannot run it ({type(exc).__name__})") from None
     if not diff <= IMPORT_TOLERANCE:

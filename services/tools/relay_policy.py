@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
-from policy.models import build_policy, has_critic_weights, model_kind, weights_mismatch
+from policy.models import acting_optional, build_policy, has_critic_weights, model_kind, weights_mismatch
 from services.tools.handle import PolicyHandle, PolicyLoadError
 
 
@@ -31,13 +31,12 @@ def relay_policy(
         # Shapes first, on the meta device (nothing allocated): a spec read from a file may name
         # sizes its weights do not back (obs_shape [4194304] in a 24 KB file), refused right here.
         with torch.device("meta"):
-            shapes = build_policy(cfg, env, critic=critic).state_dict()
+            meta_model = build_policy(cfg, env, critic=critic)
+            shapes = meta_model.state_dict()
     except (ValueError, RuntimeError, NotImplementedError) as err:
         raise PolicyLoadError(f"{source}: its config and env spec do not make a policy ({err})") from None
     # An exported graph holds what acting reads: no reward statistics, no unused normalizer.
-    optional = (
-        ("return_stats.",) + (("normalizer.",) if not cfg.model.normalize_obs else ()) if acting_only else ()
-    )
+    optional = acting_optional(meta_model) if acting_only else ()
     problem = weights_mismatch(shapes, weights, optional, allow_extra=acting_only)
     if problem:
         raise PolicyLoadError(f"{source}: its weights do not fit its config ({problem})")

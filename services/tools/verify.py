@@ -29,7 +29,14 @@ from torch import Tensor
 from learner.device import AMP_DTYPES, DeviceContext, resolve_device
 from policy.actor_critic import ActorCritic, draw_noise
 from services.tools.export import onnx_bytes
-from services.tools.handle import PolicyHandle
+from services.tools.handle import (
+    Fields,
+    PolicyHandle,
+    concat_fields,
+    fields_to_numpy,
+    fields_to_torch,
+    rows_of,
+)
 from services.tools.load import recorded_observations
 
 DTYPES = {"float32": torch.float32, **AMP_DTYPES}
@@ -44,12 +51,18 @@ class PrecisionRow:
 
 
 @torch.no_grad()
-def policy_outputs(handle: PolicyHandle, model: ActorCritic, obs: Tensor) -> Tensor:
-    """What precision is judged on: transformed mean actions, or action probabilities. [B, A] fp32."""
+def policy_outputs(handle: PolicyHandle, model: ActorCritic, obs: dict[str, Tensor]) -> Tensor:
+    """What precision is judged on, [B, P] fp32: transformed mean actions, the (allowed) action
+    probabilities per component, or each bit's probability."""
     params, _ = model.distribution_params(obs)
     if handle.continuous:
         return handle.action_transform(params.float())
-    return torch.softmax(params.float(), dim=-1)
+    return model.dist.summary(model.action, params, obs.get("action_mask"))
+
+
+def _to(fields: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Fields on `device`; float ones in `dtype` (frames, choices and masks keep theirs)."""
+    return {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in fields.items()}
 
 
 def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> ActorCritic:
@@ -63,18 +76,17 @@ def precision_table(
     handle: PolicyHandle,
     dev: DeviceContext,
     dtypes: list[str],
-    obs: np.ndarray,
+    obs: Fields,
     min_cosine: float = 0.999,
     max_abs: float = 0.01,
 ) -> list[PrecisionRow]:
-    x = torch.from_numpy(handle.as_input(obs))
+    x = fields_to_torch(handle.as_input(obs))
     reference = policy_outputs(handle, handle.model.float().cpu(), x).double()
     rows = []
     for name in dtypes:
         dtype = DTYPES[name]
         # Frames stay uint8 (the model scales them); float inputs take the dtype under test.
-        inputs = x.to(dev.device, dtype) if x.is_floating_point() else x.to(dev.device)
-        got = policy_outputs(handle, _on(handle, dev, dtype), inputs).cpu().double()
+        got = policy_outputs(handle, _on(handle, dev, dtype), _to(x, dev.device, dtype)).cpu().double()
         cos = float(torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0))
         err = float((got - reference).abs().max())
         rows.append(PrecisionRow(name, cos, err, cos >= min_cosine and err <= max_abs))
@@ -90,10 +102,10 @@ def fingerprint(
     model = _on(handle, dev, torch.float32)
     digest = hashlib.sha256()
     for _ in range(steps):
-        obs = handle.synthetic_obs(batch, gen)
+        obs = _to(handle.synthetic_obs(batch, gen), dev.device, torch.float32)
         noise = draw_noise(handle.model.action, batch, gen)
-        params, _ = model.distribution_params(obs.to(dev.device))
-        actions = model.sample_actions(params, noise.to(dev.device)).cpu()
+        params, _ = model.distribution_params(obs)
+        actions = model.sample_actions(params, noise.to(dev.device), obs.get("action_mask")).cpu()
         if handle.continuous:
             actions = torch.round(handle.action_transform(actions) * 1e4).to(torch.int64)
         digest.update(actions.numpy().astype(np.int64).tobytes())
@@ -115,11 +127,11 @@ def _percentiles(samples: list[float]) -> tuple[float, float, float]:
     return q[49], q[94], q[98]
 
 
-def torch_latency(handle: PolicyHandle, dev: DeviceContext, obs: np.ndarray, runs: int = 200) -> Latency:
-    """Latency of the torch policy on `dev` on one batch obs [B, obs_dim]."""
+def torch_latency(handle: PolicyHandle, dev: DeviceContext, obs: Fields, runs: int = 200) -> Latency:
+    """Latency of the torch policy on `dev` on one batch of input fields [B, ...]."""
     model = _on(handle, dev, torch.float32)
-    x = torch.from_numpy(obs).to(dev.device)
-    batch = len(obs)
+    x = _to(fields_to_torch(obs), dev.device, torch.float32)
+    batch = rows_of(obs)
 
     def call() -> float:
         dev.synchronize()
@@ -136,13 +148,13 @@ def torch_latency(handle: PolicyHandle, dev: DeviceContext, obs: np.ndarray, run
     return Latency(f"torch {dev}", batch, cold, p50, p95, p99)
 
 
-def ort_latency(model_bytes: bytes, obs: np.ndarray, runs: int = 200) -> Latency:
-    """Latency of onnxruntime on one batch obs [B, obs_dim]."""
+def ort_latency(model_bytes: bytes, obs: Fields, runs: int = 200) -> Latency:
+    """Latency of onnxruntime on one batch of input fields [B, ...] (the graph's inputs)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    x = {"obs": obs}
-    batch = len(obs)
+    x = dict(obs)
+    batch = rows_of(obs)
 
     def call() -> float:
         t0 = time.perf_counter()
@@ -167,10 +179,10 @@ class VerifyOptions:
     env_id: str | None = None  # record observations in this env too (named on the command line)
 
 
-def verification_observations(handle: PolicyHandle, seed: int, env_id: str | None) -> np.ndarray:
-    obs = handle.synthetic_obs(100, torch.Generator().manual_seed(seed)).numpy()
+def verification_observations(handle: PolicyHandle, seed: int, env_id: str | None) -> Fields:
+    obs = handle.as_input(fields_to_numpy(handle.synthetic_obs(100, torch.Generator().manual_seed(seed))))
     if env_id is not None:
-        obs = np.concatenate([obs, recorded_observations(handle, env_id, 100, seed)])
+        obs = concat_fields([obs, recorded_observations(handle, env_id, 100, seed)])
     return obs
 
 
@@ -180,7 +192,7 @@ def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
     obs = verification_observations(handle, opts.seed, opts.env_id)
     rows = precision_table(handle, dev, opts.dtypes, obs, opts.min_cosine, opts.max_abs)
     lines = [
-        f"model: {handle.source}  obs_dim={handle.obs_dim}  device={dev}  observations={len(obs)}",
+        f"model: {handle.source}  obs_dim={handle.obs_dim}  device={dev}  observations={rows_of(obs)}",
         "",
         f"precision vs cpu float32 (pass: cosine >= {opts.min_cosine}, max abs <= {opts.max_abs})",
         f"{'dtype':>9} | {'cosine':>10} | {'max abs':>10} | result",
@@ -202,7 +214,8 @@ def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
         "-" * 66,
     ]
     for batch in (1, opts.batch):
-        x = handle.synthetic_obs(batch, torch.Generator().manual_seed(0)).numpy()  # both runtimes
+        # the same inputs for both runtimes
+        x = handle.as_input(fields_to_numpy(handle.synthetic_obs(batch, torch.Generator().manual_seed(0))))
         for lat in (torch_latency(handle, dev, x), ort_latency(model_bytes, x)):
             lines.append(
                 f"{lat.runtime:>16} | {lat.batch:>5} | {lat.cold_ms:8.3f} | {lat.p50_ms:8.3f} | "

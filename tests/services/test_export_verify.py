@@ -56,7 +56,7 @@ def test_export_writes_a_checked_onnx_with_documented_names(checkpoint, tmp_path
         assert all(i.data_type == onnx.TensorProto.FLOAT for i in graph.initializer if "normalizer" in i.name)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for batch in (1, 37):  # dynamic batch axis
-        obs = handle.synthetic_obs(batch, torch.Generator().manual_seed(batch)).numpy()
+        obs = handle.synthetic_obs(batch, torch.Generator().manual_seed(batch))["obs"].numpy()
         got = session.run(None, {"obs": obs})
         with torch.no_grad():
             want = DeterministicPolicy(handle)(torch.from_numpy(obs))

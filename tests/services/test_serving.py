@@ -94,7 +94,7 @@ def test_any_body_is_a_request_or_a_400(body):
     except BadRequest as err:
         assert err.status == 400
     else:
-        assert request.obs.shape[1:] == (4,) and np.isfinite(request.obs).all()
+        assert request.obs["obs"].shape[1:] == (4,) and np.isfinite(request.obs["obs"]).all()
 
 
 HANDLE = None
@@ -119,7 +119,7 @@ def test_a_batch_answers_each_request_as_alone(pendulum_ckpt):
     assert [a["batch_requests"] for a in together] == [4, 4, 4, 4, 1]
     for request, answer in zip(requests, together, strict=True):
         alone = np.array(service.act([request])[0]["actions"])
-        assert np.array(answer["actions"]).shape == alone.shape == (len(request.obs), 1)
+        assert np.array(answer["actions"]).shape == alone.shape == (request.rows, 1)
         # Kernels round differently at other batch sizes (an ulp); seeded requests never share.
         np.testing.assert_allclose(np.array(answer["actions"]), alone, atol=1e-6, rtol=0)
     assert together[-1]["actions"] == service.act(requests[-1:])[0]["actions"]
