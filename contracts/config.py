@@ -237,6 +237,12 @@ class LearnerConfig(_Section):
     grad_accum_steps: int = Field(
         1, ge=1, le=65_536, description="Micro-batches accumulated per optimizer step."
     )
+    minibatch: Literal["steps", "sequences"] = Field(
+        "steps",
+        description="What minibatches are drawn over: steps (flat, shuffled env steps) or sequences "
+        "(whole [T] columns of env steps, time-major, for policies that read a sequence; "
+        "learner.batch_size / grad_accum_steps must then be a multiple of rollout.rollout_len).",
+    )
     grad_checkpointing: bool = Field(False, description="Recompute the MLP trunk in backward to save memory.")
     use_amp: bool = Field(False, description="Autocast the forward/backward on the learner device.")
     amp_dtype: Literal["bfloat16", "float16"] = Field(
@@ -409,6 +415,12 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append(
             f"learner.batch_size={lrn.batch_size} is not divisible by "
             f"learner.grad_accum_steps={lrn.grad_accum_steps}"
+        )
+    elif lrn.minibatch == "sequences" and (lrn.batch_size // lrn.grad_accum_steps) % cfg.rollout.rollout_len:
+        problems.append(
+            f"learner.minibatch=sequences draws whole [T={cfg.rollout.rollout_len}] sequences: "
+            f"learner.batch_size={lrn.batch_size} / learner.grad_accum_steps={lrn.grad_accum_steps} "
+            f"must be a multiple of rollout.rollout_len={cfg.rollout.rollout_len}"
         )
     if lrn.num_learners > 1 and (cfg.rollout.num_workers == 0 or cfg.rollout.num_workers % lrn.num_learners):
         problems.append(

@@ -198,6 +198,7 @@ class Learner:
                 self.dev,
                 self.scaler,
                 self.generator,
+                self.cfg.rollout.rollout_len if self.cfg.learner.minibatch == "sequences" else None,
             )
         self.phases["update_s"] += timings["update_s"]
         # Normalizer statistics change only between updates, so the stats that ship with version v

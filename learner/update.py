@@ -57,6 +57,27 @@ def _optimizer_step(
     return grad_norm, False
 
 
+def minibatch_order(
+    size: int, seq_len: int | None, device: torch.device, generator: torch.Generator | None
+) -> Tensor:
+    """A permutation of the flat batch's B rows for one epoch. Flat (`seq_len` None): shuffled
+    steps. Sequences: the batch is time-major [T = seq_len, E] flattened (row t * E + e), so the
+    order is the E columns shuffled, one after another, each its T steps in time order: any slice
+    of a multiple of T rows is whole sequences (`sequence_view` makes it [T, k])."""
+    if seq_len is None:
+        return torch.randperm(size, device=device, generator=generator)
+    columns = size // seq_len
+    cols = torch.randperm(columns, device=device, generator=generator)
+    # [E, T]: row c is column cols[c]'s rows t * E + cols[c], t = 0 .. T-1
+    return (torch.arange(seq_len, device=device).unsqueeze(0) * columns + cols.unsqueeze(1)).flatten()
+
+
+def sequence_view(t: Tensor, seq_len: int) -> Tensor:
+    """Rows of a sequence minibatch [k * T, ...] (columns one after another, each in time order) as
+    time-major [T, k, ...]."""
+    return t.reshape(-1, seq_len, *t.shape[1:]).transpose(0, 1)
+
+
 def run_update(
     model: ActorCritic,
     optimizer: torch.optim.Optimizer,
@@ -66,11 +87,14 @@ def run_update(
     dev: DeviceContext,
     scaler: object | None = None,
     generator: torch.Generator | None = None,
+    seq_len: int | None = None,
 ) -> UpdateResult:
     """Epochs x minibatches of `loss_fn` over a flat batch whose fields are [B, ...] on dev.
 
     B must be a multiple of cfg.batch_size (the config validates it), so every minibatch has the
-    same shape. Statistics accumulate on the device and are read once at the end (one host sync).
+    same shape. With `seq_len` (learner.minibatch=sequences) the batch is time-major [T, E]
+    flattened and minibatches are whole columns (`minibatch_order`). Statistics accumulate on the
+    device and are read once at the end (one host sync).
     """
     size = batch["mask"].shape[0]
     num_minibatches = size // cfg.batch_size
@@ -81,7 +105,7 @@ def run_update(
     result = UpdateResult()
     grad_norms: list[Tensor] = []
     for _ in range(cfg.epochs):
-        perm = torch.randperm(size, device=dev.device, generator=generator)
+        perm = minibatch_order(size, seq_len, dev.device, generator)
         epoch_kl = torch.zeros((), device=dev.device)
         for mb in range(num_minibatches):
             optimizer.zero_grad(set_to_none=True)

@@ -123,8 +123,6 @@ def mlagents_policy_from_state_dict(sd: dict[str, Any], source: str) -> PolicyHa
     mu_w = _find(sd, "_continuous_distribution.mu.weight", required=not branches)
     if branches and mu_w is not None:
         raise PolicyLoadError(f"{source}: hybrid (continuous + discrete) actions are not supported")
-    if len(branches) > 1:
-        raise PolicyLoadError(f"{source}: {len(branches)} discrete branches; relay policies have one")
     mean = _find(sd, "normalizer.running_mean", required=False)
     normalizer = None
     if mean is not None:
@@ -132,7 +130,7 @@ def mlagents_policy_from_state_dict(sd: dict[str, Any], source: str) -> PolicyHa
         steps = _tensor(_find(sd, "normalizer.normalization_steps")).double()
         normalizer = (_tensor(mean).numpy(), torch.sqrt(var / steps).float().numpy())
     if branches:
-        head, action, log_sigma = branches[0], ActionSpec("discrete", branches[0][0].shape[0]), None
+        head, action, log_sigma = _branch_head([(w, b) for w, b in branches]), _branch_action(branches), None
     else:
         head = (_tensor(mu_w).numpy(), _tensor(_find(sd, "_continuous_distribution.mu.bias")).numpy())
         action = ActionSpec("continuous", head[0].shape[0])
@@ -317,18 +315,44 @@ def _log_sigma(graph: OnnxGraph, size: int) -> np.ndarray:
     return found[0]
 
 
-def _discrete(graph: OnnxGraph, obs: str, masks: str | None, into: ImportedMlp) -> str:
-    """Fill the categorical head (one branch); return the head's input tensor."""
-    t = _skip_pass_through(graph, DETERMINISTIC["discrete"])
+def _branch_head(heads: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """ML-Agents' branches (a Linear each, all on the body's output) as one head: their rows stacked
+    in branch order, which is how relay's MultiDiscrete logits are laid out."""
+    return np.concatenate([w for w, _ in heads]), np.concatenate([b for _, b in heads])
+
+
+def _branch_action(heads: list[tuple[np.ndarray, np.ndarray]]) -> ActionSpec:
+    sizes = tuple(int(w.shape[0]) for w, _ in heads)
+    if len(sizes) == 1:
+        return ActionSpec("discrete", sizes[0])
+    return ActionSpec("multi_discrete", sum(sizes), nvec=sizes)
+
+
+def _branch_argmaxes(graph: OnnxGraph, t: str) -> list[Node]:
+    """The ArgMax of each branch, in the order the deterministic actions concatenate them."""
     node = graph.producer.get(t)
-    argmaxes = [n for n in graph.upstream_ops(t) if n.op == "ArgMax"]
-    if node is None or not argmaxes:
+    inputs = node.inputs if node is not None and node.op == "Concat" else [t]
+    found = []
+    for name in inputs:
+        argmax = graph.producer.get(_skip_pass_through(graph, name))
+        if argmax is None or argmax.op != "ArgMax":
+            raise GraphError("deterministic_discrete_actions is not argmaxes over logits")
+        found.append(argmax)
+    return found
+
+
+def _discrete(graph: OnnxGraph, obs: str, masks: str | None, into: ImportedMlp) -> str:
+    """Fill the categorical head (one branch, or several: a MultiDiscrete head); return the head's
+    input tensor (every branch reads the same one)."""
+    t = _skip_pass_through(graph, DETERMINISTIC["discrete"])
+    if graph.producer.get(t) is None:
         raise GraphError("deterministic_discrete_actions is not an argmax over logits")
-    if len(argmaxes) > 1:
-        raise GraphError(f"{len(argmaxes)} discrete action branches; relay's discrete policies have one")
-    x, w, b = _head(graph, argmaxes[0].inputs[0], obs, masks)
-    into.head, into.action = (w, b), ActionSpec("discrete", w.shape[0])
-    return x
+    heads = [_head(graph, argmax.inputs[0], obs, masks) for argmax in _branch_argmaxes(graph, t)]
+    if len({x for x, _, _ in heads}) != 1:
+        raise GraphError("the discrete branches read different layers; relay's heads share one body")
+    into.head = _branch_head([(w, b) for _, w, b in heads])
+    into.action = _branch_action([(w, b) for _, w, b in heads])
+    return heads[0][0]
 
 
 def mlagents_policy_from_graph(graph: OnnxGraph, source: str) -> PolicyHandle:

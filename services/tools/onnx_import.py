@@ -106,7 +106,7 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
         feeds = {next(i for i in graph.inputs if i.startswith("obs_")): inputs["obs"]}
         if MASKS_INPUT in graph.inputs:
             feeds[MASKS_INPUT] = np.ones((rows_of(inputs), handle.model.action.param_size), np.float32)
-        output = DETERMINISTIC[handle.model.action.kind]
+        output = DETERMINISTIC["continuous" if handle.continuous else "discrete"]
     else:
         handle = _relay_export(proto, graph, path)
         inputs = _check_obs(handle)

@@ -72,3 +72,11 @@ def test_structured_spaces_on_ray_actors(local_ray, tmp_path):
     lines = _lines(run)
     assert lines[-1]["env_steps"] >= 20000 and lines[-1]["num_workers"] == 2
     assert lines[-1]["rejected_segments"] == 0 and lines[-1]["env_faults"] == 0
+
+
+def test_sequence_minibatches_train(tmp_path):
+    """learner.minibatch=sequences (whole [T] columns per minibatch) learns CartPole as flat steps do."""
+    run = tmp_path / "seq"
+    assert train_local("cartpole_ppo.yaml", run, "learner.minibatch=sequences", "stop.env_steps=20000") == 0
+    lines = _lines(run)
+    assert lines[-1]["episode_return_mean"] > 3 * lines[2]["episode_return_mean"], lines[-1]

@@ -110,3 +110,81 @@ def test_target_kl_stops_epochs_early():
         "clip_fraction",
         "grad_norm",
     }
+
+
+def _recording_update(seq_len, T=8, E=12, batch_size=24, accum=1):
+    """run_update over a time-major [T, E] batch whose fields name each row's t and e; the loss
+    records every micro-batch it is given."""
+    t = torch.arange(T).repeat_interleave(E)
+    e = torch.arange(E).repeat(T)
+    batch = {"t": t, "e": e, "mask": torch.ones(T * E)}
+    seen = []
+    weight = torch.nn.Parameter(torch.zeros(1))
+    model = torch.nn.Module()
+    model.w = weight
+
+    def loss_fn(_model, mb):
+        seen.append((mb["t"].clone(), mb["e"].clone()))
+        loss = (weight**2).sum() + 0 * mb["mask"].sum()
+        return loss, {"approx_kl": torch.zeros(())}
+
+    cfg = LearnerConfig(batch_size=batch_size, epochs=2, grad_accum_steps=accum)
+    run_update(
+        model, torch.optim.SGD([weight], lr=0.1), batch, loss_fn, cfg, resolve_device("cpu"), seq_len=seq_len
+    )
+    return seen
+
+
+def test_sequence_minibatches_are_whole_columns_in_time_order():
+    from learner.update import sequence_view
+
+    T, E = 8, 12
+    seen = _recording_update(seq_len=T, T=T, E=E, batch_size=24, accum=1)
+    assert len(seen) == 2 * (T * E // 24)
+    for epoch in (seen[:4], seen[4:]):
+        columns = []
+        for t, e in epoch:
+            tv, ev = sequence_view(t, T), sequence_view(e, T)  # [T, k]
+            assert tv.shape == (T, 3)
+            assert (tv == torch.arange(T).unsqueeze(1)).all()  # each column in time order
+            assert (ev == ev[0]).all()  # one env per column
+            columns += ev[0].tolist()
+        assert sorted(columns) == list(range(E))  # every column once per epoch
+    assert [e.tolist() for _, e in seen[:4]] != [e.tolist() for _, e in seen[4:]]  # reshuffled
+
+
+def test_flat_minibatches_stay_shuffled_steps():
+    seen = _recording_update(seq_len=None)
+    rows = torch.cat([t * 12 + e for t, e in seen[:4]])
+    assert sorted(rows.tolist()) == list(range(96))
+    t0, _ = seen[0]
+    assert not (t0 == t0[0]).all()
+
+
+def test_sequence_minibatches_need_whole_sequences():
+    from contracts.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"multiple of rollout\.rollout_len=32"):
+        build_config(
+            {},
+            [
+                "learner.minibatch=sequences",
+                "learner.batch_size=48",
+                "learner.buffer_size=1536",
+                "rollout.rollout_len=32",
+                "env.num_envs=6",
+                "rollout.num_workers=0",
+            ],
+        )
+    cfg = build_config(
+        {},
+        [
+            "learner.minibatch=sequences",
+            "learner.batch_size=64",
+            "rollout.rollout_len=32",
+            "learner.buffer_size=512",
+            "env.num_envs=8",
+            "rollout.num_workers=0",
+        ],
+    )
+    assert cfg.learner.minibatch == "sequences"
