@@ -112,3 +112,45 @@ def sampling_rate(
     for a in actors:
         ray.kill(a)
     return rate
+
+
+WINDOW = 20  # the mean return of the last 20 episodes: what relay's episode_return_mean reads
+
+
+def sb3_learn_until(
+    model: Any, target: float, max_wall: float, max_steps: int
+) -> tuple[bool, float, int, Any]:
+    """`model.learn` (an SB3 algorithm) until the mean return of its last 20 episodes reaches
+    `target`, or `max_wall` seconds from the first env step, or `max_steps`:
+    (solved, wall s, env steps, final mean return)."""
+    from collections import deque
+
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class StopAtTarget(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.returns: deque[float] = deque(maxlen=WINDOW)
+            self.t0: float | None = None
+            self.solved_at: tuple[float, int] | None = None
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(info["episode"]["r"])
+            wall = time.perf_counter() - (self.t0 or 0.0)
+            if len(self.returns) == WINDOW and sum(self.returns) / WINDOW >= target:
+                self.solved_at = (wall, self.num_timesteps)
+                return False
+            return wall < max_wall
+
+    cb = StopAtTarget()
+    t_start = time.perf_counter()
+    model.learn(total_timesteps=max_steps, callback=cb)
+    final = sum(cb.returns) / len(cb.returns) if cb.returns else None
+    if cb.solved_at:
+        return True, cb.solved_at[0], cb.solved_at[1], final
+    return False, time.perf_counter() - (cb.t0 or t_start), model.num_timesteps, final

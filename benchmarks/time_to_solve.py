@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table, train_relay
+from common import WINDOW, machine_header, sb3_learn_until, table, train_relay
 
 ROOT = Path(__file__).parents[1]
-WINDOW = 20
 
 
 @dataclass(frozen=True)
@@ -77,31 +75,9 @@ def run_relay(task: Task, max_wall: float, extra: list[str]) -> Outcome:
 
 def run_sb3(task: Task, max_wall: float) -> Outcome:
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     t_start = time.perf_counter()
-
-    class StopAtTarget(BaseCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.returns: deque[float] = deque(maxlen=WINDOW)
-            self.t0: float | None = None
-            self.solved_at: tuple[float, int] | None = None
-
-        def _on_training_start(self) -> None:
-            self.t0 = time.perf_counter()
-
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                if "episode" in info:
-                    self.returns.append(info["episode"]["r"])
-            wall = time.perf_counter() - (self.t0 or 0.0)
-            if len(self.returns) == WINDOW and sum(self.returns) / WINDOW >= task.target:
-                self.solved_at = (wall, self.num_timesteps)
-                return False
-            return wall < max_wall
-
     # rl-baselines3-zoo's tuned hyperparameters for these envs.
     if task.key == "cartpole":
         env = make_vec_env(task.env_id, n_envs=8, seed=0)
@@ -129,14 +105,9 @@ def run_sb3(task: Task, max_wall: float) -> Outcome:
             sde_sample_freq=4,
         )
     model = PPO("MlpPolicy", env, seed=0, device="cpu", verbose=0, **kw)
-    cb = StopAtTarget()
     startup = time.perf_counter() - t_start
-    model.learn(total_timesteps=task.max_steps, callback=cb)
-    wall = time.perf_counter() - (cb.t0 or t_start)
-    final = sum(cb.returns) / len(cb.returns) if cb.returns else None
-    if cb.solved_at:
-        return Outcome("sb3", task.key, True, cb.solved_at[0], cb.solved_at[1], startup, final)
-    return Outcome("sb3", task.key, False, wall, model.num_timesteps, startup, final)
+    solved, wall, steps, final = sb3_learn_until(model, task.target, max_wall, task.max_steps)
+    return Outcome("sb3", task.key, solved, wall, steps, startup, final)
 
 
 def _rllib_config(task: Task) -> Any:

@@ -106,11 +106,18 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
             f"{name} was trained with learner.algo={saved_algo}, the config says {cfg.learner.algo}"
         )
     saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
-    if (saved_env.obs_shape, saved_env.action) != (env.obs_shape, env.action):
+
+    def spaces(e: EnvSpec) -> tuple[object, ...]:
+        return (e.obs_shape, e.leaves, e.action, e.action_mask)
+
+    if spaces(saved_env) != spaces(env):
+
+        def said(e: EnvSpec) -> str:
+            masks = "with" if e.action_mask is not None else "without"
+            return f"{e.describe_obs()} and {e.action.describe()} actions {masks} action masks"
+
         raise ResumeError(
-            f"{name} was trained on observations {saved_env.obs_shape} and {saved_env.action.kind} actions "
-            f"of size {saved_env.action.size}; {cfg.env.id} has {env.obs_shape} and {env.action.kind} "
-            f"actions of size {env.action.size}"
+            f"{name} was trained on observations {said(saved_env)}; {cfg.env.id} has {said(env)}"
         )
     policy = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
     problem = weights_mismatch(policy.state_dict(), ckpt.learner["model"])

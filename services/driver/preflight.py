@@ -19,7 +19,7 @@ from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import check_device, parse_device_spec
-from policy.encoders import encoder_plan
+from policy.encoders import ENCODERS, encoder_plan
 from policy.models import MODEL_KINDS, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
@@ -31,6 +31,7 @@ CHOICES = {
     "model.kind": list(MODEL_KINDS),
     "env.vectorization": list(VECTOR_BACKENDS),
     "env.preprocess": list(PREPROCESSORS),
+    "model.encoders": list(ENCODERS),
 }
 GB = 1 << 30
 

@@ -80,3 +80,22 @@ def test_sequence_minibatches_train(tmp_path):
     assert train_local("cartpole_ppo.yaml", run, "learner.minibatch=sequences", "stop.env_steps=20000") == 0
     lines = _lines(run)
     assert lines[-1]["episode_return_mean"] > 3 * lines[2]["episode_return_mean"], lines[-1]
+
+
+def test_grpo_takes_the_same_spaces(tmp_path):
+    """GRPO's grouped layout on the Dict + MultiDiscrete env with its obs mask: it learns too."""
+    run = tmp_path / "grpo"
+    code = train_local(
+        "cartpole_grpo.yaml",
+        run,
+        f"env.id={PICK}",
+        "stop.episode_return_mean=null",
+        "stop.env_steps=30000",
+        "rollout.rollout_len=8",
+        "env.num_envs=32",
+        "learner.buffer_size=1024",
+        "learner.batch_size=256",
+    )
+    assert code == 0
+    lines = _lines(run)
+    assert lines[-1]["env_faults"] == 0 and lines[-1]["episode_return_mean"] > 4.0, lines[-1]
