@@ -93,13 +93,17 @@ def sampling_rate(
 ) -> float:
     """Env steps/s of `workers` RolloutWorker actors alone (Ray running; nobody learning): each
     keeps `in_flight` samples outstanding, segments stay in the object store."""
+    import os
+
     import ray
 
+    from learner.algorithms import algorithm_traits
     from rollout_workers.worker import RolloutWorker
 
     cpus = cfg.rollout.num_cpus_per_worker if num_cpus is None else num_cpus
     cls = ray.remote(RolloutWorker).options(num_cpus=cpus)
-    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
+    data, traits = cfg.model_dump(mode="json"), algorithm_traits(cfg)
+    actors = [cls.remote(data, traits, i, os.getcwd()) for i in range(workers)]
     ray.get([a.sample.remote(-1, []) for a in actors])  # warm: envs built, first weights
     pending = {a.sample.remote(-1, []): a for a in actors for _ in range(in_flight)}
     calls, t0 = 0, time.perf_counter()

@@ -23,13 +23,12 @@ import numpy as np
 import ray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, rllib_ppo_update, table, train_relay
+from common import machine_header, rllib_ppo_update, sampling_rate, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 from contracts.config import EnvConfig, build_config  # noqa: E402
 from rollout_workers.vector_backends import make_vector_env  # noqa: E402
-from rollout_workers.worker import RolloutWorker  # noqa: E402
 
 NUM_ENVS = 8
 
@@ -69,25 +68,8 @@ def sampling(workers: int, seconds: float) -> float:
             f"learner.buffer_size={workers * 128 * NUM_ENVS}",
         ],
     )
-    cls = ray.remote(RolloutWorker).options(num_cpus=1)
-    actors = [cls.remote(cfg.model_dump(mode="json"), i) for i in range(workers)]
-    # Version -1 is what a fresh worker holds: it samples with its initial weights, no fetch.
-    ref: list = []
-    ray.get([a.sample.remote(-1, ref) for a in actors])  # warm-up
     # Two calls in flight per worker, as in async mode: the worker never waits for the driver.
-    in_flight = {a.sample.remote(-1, ref): a for a in actors for _ in range(2)}
-    calls, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        done, _ = ray.wait(list(in_flight), num_returns=1, fetch_local=False)
-        actor = in_flight.pop(done[0])
-        calls += 1
-        # The driver does not unpack segments (in training it only forwards their refs to the
-        # learner); one is checked below: CartPole never masks a step, so a call is T x N steps.
-        last = done[0]
-        in_flight[actor.sample.remote(-1, ref)] = actor
-    elapsed = time.perf_counter() - t0
-    assert ray.get(last).env_steps == cfg.segment_steps
-    return calls * cfg.segment_steps / elapsed
+    return sampling_rate(cfg, workers, seconds, in_flight=2, num_cpus=1)
 
 
 def training(workers: int, seconds: float, mode: str) -> float:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from contracts.config import ConfigError, RelayConfig, build_config, config_leaves, load_config
 from services.cli import main
 
+STRUCTURED = "tests.rollout_workers.structured_envs"
 ROOT = Path(__file__).parents[2]
 CARTPOLE = str(ROOT / "configs/cartpole_ppo.yaml")
 
@@ -257,6 +258,28 @@ def _nested(depth: int) -> str:
         (["learner.ray_resources={NPU: -1}"], "not an amount Ray can reserve"),
         (["learner.ray_resources={NPU: 0}"], "not an amount Ray can reserve"),
         (["env.id=tests.rollout_workers.stuck_envs:make_empty_box"], "holds no numbers"),
+        ([f"env.id={STRUCTURED}:make_sequence_obs"], "unsupported space for the observation: Sequence"),
+        ([f"env.id={STRUCTURED}:make_graph_obs"], "unsupported space for the observation: Graph"),
+        ([f"env.id={STRUCTURED}:make_text_obs"], "does not read text observations"),
+        ([f"env.id={STRUCTURED}:make_unbounded_action"], "these are infinite"),
+        ([f"env.id={STRUCTURED}:make_dict_action"], "unsupported action space Dict"),
+        ([f"env.id={STRUCTURED}:make_slash_key"], "keys may not be empty or hold '/'"),
+        (["env.id=MiniGrid-DoorKey-5x5-v0", "env.obs_keys=[nope]"], "has no key 'nope'"),
+        (
+            ["env.id=MiniGrid-DoorKey-5x5-v0", "model.encoders={image: nature_cnn}"],
+            "nature_cnn reads uint8 images",
+        ),
+        (
+            ["env.id=MiniGrid-DoorKey-5x5-v0", "model.encoders={mission: flat}"],
+            "not a leaf of the observation",
+        ),
+        (["model.encoders={'': one_hot}"], "model.encoders chooses encoders for the leaves"),
+        (["env.id=Taxi-v4", "env.action_mask=obs:action_mask"], "the observation has no key 'action_mask'"),
+        (["env.action_mask=maybe"], "env.action_mask must be auto, none, obs:<key> or info:<key>"),
+        (
+            ["env.id=Pendulum-v1", "env.action_mask=info:action_mask"],
+            "masks apply to Discrete and MultiDiscrete",
+        ),
         (
             [
                 "rollout.num_workers=4096",

@@ -12,6 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.cli import main
 from services.driver.checkpoints import list_checkpoints
@@ -191,3 +193,39 @@ def test_bad_trees_are_400_naming_the_leaf(checkpoints, name, body, message):
     with pytest.raises(BadRequest) as err:
         parse_act(json.dumps(body).encode(), handle)
     assert err.value.status == 400 and message in str(err.value), str(err.value)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers(-3, 600) | st.text(max_size=4),
+    lambda c: (
+        st.lists(c, max_size=8)
+        | st.dictionaries(
+            st.sampled_from(["image", "direction", "target", "step", "pos", "0", "x"]), c, max_size=4
+        )
+    ),
+    max_leaves=30,
+)
+
+
+@pytest.mark.parametrize("name", ["minigrid", "pick", "matrix"])
+def test_any_tree_is_a_request_or_a_400(checkpoints, name):
+    """Whatever tree a client sends: checked input fields in range, or BadRequest(400)."""
+    handle = PolicyService(str(checkpoints[name])).handle
+
+    @settings(max_examples=150, deadline=None)
+    @given(obs=JSON_VALUES, mask=st.none() | JSON_VALUES)
+    def check(obs, mask):
+        body = {"obs": obs} if mask is None else {"obs": obs, "action_mask": mask}
+        try:
+            request = parse_act(json.dumps(body).encode(), handle)
+        except BadRequest as err:
+            assert err.status == 400 and "\n" not in str(err)
+            return
+        assert set(request.obs) == set(handle.input_names)
+        for leaf in handle.env.leaves:
+            arr = request.obs[leaf.field]
+            assert arr.shape[1:] == leaf.shape and arr.dtype == leaf.storage_dtype
+            if leaf.nvec:
+                assert (arr >= 0).all() and (arr < np.asarray(leaf.nvec).reshape(leaf.shape)).all()
+
+    check()
