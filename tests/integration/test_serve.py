@@ -247,3 +247,68 @@ def test_serve_run_accepts_the_shipped_config(run_dir, tmp_path):
 async def _post_once(url: str, payload: dict) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as session:
         return await _post(session, url, payload)
+
+
+def test_serve_application_answers_tree_observations_and_masks(tmp_path):
+    """A policy of a Dict observation with an obs mask and MultiDiscrete actions (from start 1 and
+    -1) behind real Ray Serve: JSON trees in, the env's actions out, masked choices never
+    answered, a bad leaf a 400 naming its path."""
+    import ray
+    from ray import serve
+
+    from services.serving.app import build
+
+    run = tmp_path / "pick"
+    sets = [
+        "env.id=tests.rollout_workers.structured_envs:PickEnv",
+        "env.num_envs=4",
+        "rollout.rollout_len=32",
+    ]
+    sets += [
+        "learner.buffer_size=128",
+        "learner.batch_size=64",
+        "stop.env_steps=256",
+        "stop.episode_return_mean=null",
+    ]
+    assert train_local("cartpole_ppo.yaml", run, *sets) == 0
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(
+            build({"model": str(list_checkpoints(run / "checkpoints")[-1]), "runtime": "onnxruntime"}),
+            name="relay",
+        )
+        url = f"http://127.0.0.1:{port}/act"
+        mask = [1, 1, 1, 0, 0, 1, 0]  # component 1 may only be its third choice (env value 1)
+        good = {
+            "obs": {"target": [0, 2], "step": [2, 9], "pos": [[0.1, 0.2], [-0.5, 0.5]]},
+            "action_mask": [mask, mask],
+        }
+
+        async def ask() -> list[tuple[int, dict]]:
+            async with aiohttp.ClientSession() as session:
+                return await asyncio.gather(
+                    *(
+                        _post(session, url, {**good, "deterministic": i % 2 == 0, "seed": i})
+                        for i in range(16)
+                    ),
+                    _post(session, url, {"obs": {"target": 3, "step": 2, "pos": [0, 0]}}),
+                )
+
+        *answers, (bad_status, bad_body) = asyncio.run(ask())
+        assert all(status == 200 for status, _ in answers)
+        for _, body in answers:
+            actions = np.array(body["actions"])
+            assert actions.shape == (2, 2) and (actions[:, 1] == 1).all() and (actions[:, 0] >= 1).all()
+        assert bad_status == 400 and '"obs/target"' in bad_body["error"]
+        meta = json.loads(_get(f"http://127.0.0.1:{port}/metadata"))
+        assert meta["action_mask"] is True and {leaf["path"] for leaf in meta["obs_leaves"]} == {
+            "target",
+            "step",
+            "pos",
+        }
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    time.sleep(0.1)
