@@ -23,6 +23,7 @@ from rollout_workers.worker import create_rollout_workers, worker_resources
 from services.driver.cluster import wait_until_placed
 from services.driver.health import FleetHealth, actor_record
 from services.driver.loop import Backend, LearnerLost
+from services.driver.preflight import PreflightError
 from services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
 
@@ -100,6 +101,7 @@ class RayBackend:
             wait_until_placed(cfg, {"learner": self.learners})
             self.workers = create_rollout_workers(cfg, algorithm_traits(cfg))
             wait_until_placed(cfg, {"rollout worker": self.workers})
+            check_worker_spec(cfg, env_spec, self.workers[0])
         except BaseException:  # unplaceable, interrupted: no actor is left pending behind us
             self.close()
             raise
@@ -326,6 +328,24 @@ def _from_learner(refs: Any, timeout_s: float | None = None) -> Any:
         return [results[ref] for ref in refs]
     except ray.exceptions.RayActorError as err:
         raise LearnerLost(str(err).splitlines()[0]) from None
+
+
+def check_worker_spec(cfg: RelayConfig, env_spec: EnvSpec, worker: Any) -> None:
+    """PreflightError (one line, exit 2) when a rollout worker's env, built with the configured
+    backend, does not have the spaces the driver probed (and the learner was built for): EnvPool
+    can give an env other leaves than gymnasium does. A worker that failed to start is left to
+    the fleet's own accounting."""
+    try:
+        seen = ray.get(worker.env_spec.remote())
+    except ray.exceptions.RayError:
+        return
+    if seen != env_spec:
+        raise PreflightError(
+            f"env.vectorization={cfg.env.vectorization} gives {cfg.env.id} observations "
+            f"{seen.describe_obs()} and {seen.action.describe()} actions, gymnasium's env "
+            f"{env_spec.describe_obs()} and {env_spec.action.describe()}: choose the Dict keys both have "
+            "with env.obs_keys"
+        )
 
 
 def make_backend(cfg: RelayConfig, env_spec: EnvSpec) -> Backend:

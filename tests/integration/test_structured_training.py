@@ -63,15 +63,35 @@ def test_a_dict_multi_discrete_env_with_obs_masks_learns_and_resumes(tmp_path):
 
 
 @pytest.mark.ray
-def test_structured_spaces_on_ray_actors(local_ray, tmp_path):
+@pytest.mark.parametrize(
+    "config, sets",
+    [
+        ("taxi_ppo.yaml", []),  # Discrete observations, info masks, sync vector envs
+        # Dict, EnvPool (whose MiniGrid gives the mission as bytes: the keys both backends share)
+        ("minigrid_doorkey_ppo.yaml", ["env.vectorization=envpool", "env.obs_keys=[image,direction]"]),
+    ],
+)
+def test_structured_spaces_on_ray_actors(local_ray, tmp_path, config, sets):
     run = tmp_path / "ray"
     code = train_in_process(
-        "taxi_ppo.yaml", run, "rollout.num_workers=2", "env.num_envs=8", "stop.env_steps=20000"
+        config, run, "rollout.num_workers=2", "env.num_envs=8", "stop.env_steps=20000", *sets
     )
     assert code == 0
     lines = _lines(run)
     assert lines[-1]["env_steps"] >= 20000 and lines[-1]["num_workers"] == 2
     assert lines[-1]["rejected_segments"] == 0 and lines[-1]["env_faults"] == 0
+
+
+@pytest.mark.ray
+def test_a_worker_env_with_other_leaves_than_the_probe_is_one_line(local_ray, tmp_path, capsys):
+    """EnvPool's MiniGrid has a `mission` leaf (bytes) gymnasium's lacks (text): refused at start,
+    exit 2, with the way out."""
+    code = train_in_process(
+        "minigrid_doorkey_ppo.yaml", tmp_path / "run", "env.vectorization=envpool", "env.num_envs=8"
+    )
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "mission" in err[-1] and "env.obs_keys" in err[-1]
 
 
 def test_sequence_minibatches_train(tmp_path):
