@@ -2,11 +2,12 @@
 observations) and Taxi (action masks), env steps and wall to a target.
 
     pip install -e ".[cpu,bench,minigrid]"
-    python benchmarks/spaces.py [--only minigrid5,minigrid8,taxi] [--max-wall 900]
+    python benchmarks/spaces.py [--only minigrid5,minigrid8,taxi] [--max-wall 900] [--sb3 zoo,image]
 
 MiniGrid-DoorKey-5x5-v0 and -8x8-v0 to a mean return of 0.9: relay on the Dict observation as the
-env gives it (configs/minigrid_doorkey_ppo.yaml, configs/minigrid_doorkey8_ppo.yaml), SB3 PPO the
-way rl-baselines3-zoo runs MiniGrid (FlatObsWrapper, MlpPolicy, its tuned DoorKey-5x5 settings).
+env gives it (configs/minigrid_doorkey_ppo.yaml, configs/minigrid_doorkey8_ppo.yaml); SB3 PPO the
+way rl-baselines3-zoo runs MiniGrid (FlatObsWrapper, MlpPolicy, its settings) and on the image
+alone (ImgObsWrapper) with relay's settings.
 Taxi-v4 to a mean return >= 0 (random play is about -770): relay with the env's masks
 (configs/taxi_ppo.yaml, env.action_mask=auto), relay without them (env.action_mask=none), and
 sb3-contrib's MaskablePPO with the same masks. Every system runs in this process's machine one
@@ -68,6 +69,40 @@ def run_relay(task: Task, config: str, max_wall: float, extra: list[str], name: 
     )
 
 
+def run_sb3_minigrid_image(task: Task, max_wall: float) -> Outcome:
+    """SB3 PPO on the image alone (ImgObsWrapper, MlpPolicy: the 7x7x3 view flattened) with relay's
+    settings of the shipped config: 16 envs x 128 steps, 4 epochs of 256, lr 5e-4, entropy 0.01,
+    [128, 128] tanh trunks, observations normalized (VecNormalize)."""
+    import gymnasium as gym
+    import minigrid
+    from minigrid.wrappers import ImgObsWrapper
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    gym.register_envs(minigrid)
+    env = VecNormalize(
+        make_vec_env(task.env_id, n_envs=16, seed=0, wrapper_class=ImgObsWrapper), norm_reward=False
+    )
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=128,
+        batch_size=256,
+        n_epochs=4,
+        learning_rate=5e-4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        ent_coef=0.01,
+        policy_kwargs={"net_arch": [128, 128]},
+        seed=0,
+        device="cpu",
+        verbose=0,
+    )
+    solved, wall, steps, final = sb3_learn_until(model, task.target, max_wall, task.max_steps)
+    return Outcome(task.key, "sb3 PPO (ImgObsWrapper, relay's settings)", solved, wall, steps, final)
+
+
 def run_sb3_minigrid(task: Task, max_wall: float) -> Outcome:
     import gymnasium as gym
     import minigrid
@@ -77,7 +112,8 @@ def run_sb3_minigrid(task: Task, max_wall: float) -> Outcome:
     from stable_baselines3.common.vec_env import VecNormalize
 
     gym.register_envs(minigrid)
-    # rl-baselines3-zoo's hyperparameters for MiniGrid-DoorKey-5x5-v0 (hyperparams/ppo.yml).
+    # rl-baselines3-zoo's MiniGrid settings (hyperparams/ppo.yml): FlatObsWrapper (the view and
+    # the mission one-hot per character), VecNormalize, 8 envs x 128 steps, 10 epochs of 64.
     env = make_vec_env(task.env_id, n_envs=8, seed=0, wrapper_class=FlatObsWrapper)
     env = VecNormalize(env, norm_reward=False)
     model = PPO(
@@ -137,6 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="minigrid5,minigrid8,taxi")
     parser.add_argument("--max-wall", type=float, default=900.0)
+    parser.add_argument("--sb3", default="zoo,image", help="MiniGrid's SB3 setups: zoo, image")
     args = parser.parse_args()
     outcomes: list[Outcome] = []
     for key in args.only.split(","):
@@ -150,7 +187,10 @@ def main() -> None:
                 else "configs/minigrid_doorkey8_ppo.yaml"
             )
             outcomes.append(run_relay(task, config, args.max_wall, [], "relay (Dict observation)"))
-            outcomes.append(run_sb3_minigrid(task, args.max_wall))
+            if "zoo" in args.sb3:
+                outcomes.append(run_sb3_minigrid(task, args.max_wall))
+            if "image" in args.sb3:
+                outcomes.append(run_sb3_minigrid_image(task, args.max_wall))
         else:
             outcomes.append(
                 run_relay(task, "configs/taxi_ppo.yaml", args.max_wall, [], "relay, masks (auto)")

@@ -4,7 +4,7 @@ wall time, Atari throughput against RLlib and SB3, and Breakout learning.
     pip install -e ".[cpu,bench]"      # bench: RLlib, Stable-Baselines3 (the dev extras bring the envs)
     python benchmarks/workloads.py ceilings [--seconds 5]
     python benchmarks/workloads.py mujoco [--envs hopper,halfcheetah] [--seeds 0,1,2] [--steps 1000000]
-    python benchmarks/workloads.py atari-throughput [--seconds 30]
+    python benchmarks/workloads.py atari-throughput [--seconds 30] [--others rllib,sb3]
     python benchmarks/workloads.py atari-learning [--wall 1800] [--device cpu|cuda|npu]
 
 Each section prints its table; every system runs alone, one after another, on this machine.
@@ -355,12 +355,12 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
     return model.num_timesteps / (time.perf_counter() - budget.t0), curve
 
 
-def atari_throughput(seconds: float) -> None:
+def atari_throughput(seconds: float, others: list[str]) -> None:
     sampling = _relay_sampling(seconds)
     learner_sps, threads, phases = _update_breakdown()
     training = _relay_training(seconds)
-    rllib = _rllib_atari(seconds)
-    sb3, _ = _sb3_atari(seconds)
+    rllib = _rllib_atari(seconds) if "rllib" in others else None
+    sb3 = _sb3_atari(seconds)[0] if "sb3" in others else None
     print(machine_header(f"Breakout throughput, W = 2 x 8 envs, {seconds:.0f} s each, env (agent) steps/s"))
     rows = [
         ["relay sampling (CNN acting, envpool)", sampling],
@@ -368,8 +368,10 @@ def atari_throughput(seconds: float) -> None:
         ["RLlib PPO", rllib],
         ["SB3 PPO CnnPolicy", sb3],
     ]
-    print(table(["system", "steps/s"], rows))
-    print(f"relay end to end / RLlib = {training / rllib:.2f}x, / SB3 = {training / sb3:.2f}x")
+    print(table(["system", "steps/s"], [r for r in rows if r[1] is not None]))
+    ratios = [f"/ {name} = {training / v:.2f}x" for name, v in (("RLlib", rllib), ("SB3", sb3)) if v]
+    if ratios:
+        print("relay end to end " + ", ".join(ratios))
     print(
         f"relay learner alone ({threads} torch threads, learner.num_cpus): "
         f"{learner_sps:,.0f} samples/s (4 epochs of 512-sample minibatches); "
@@ -415,6 +417,7 @@ def main() -> None:
     parser.add_argument("--wall", type=float, default=1800.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--relay-set", action="append", default=[], help="extra --set for relay runs")
+    parser.add_argument("--others", default="rllib,sb3", help="atari-throughput: the other systems to run")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if args.section == "ceilings":
@@ -422,7 +425,7 @@ def main() -> None:
     elif args.section == "mujoco":
         mujoco(args.envs.split(","), [int(s) for s in args.seeds.split(",")], args.steps, args.relay_set)
     elif args.section == "atari-throughput":
-        atari_throughput(args.seconds)
+        atari_throughput(args.seconds, [o for o in args.others.split(",") if o])
     else:
         atari_learning(args.wall, args.device)
 

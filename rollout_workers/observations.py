@@ -44,11 +44,13 @@ class ObsReader:
         self.leaves = spec.obs_leaves
         self.mask_kind, _, self.mask_key = (spec.action_mask or "").partition(":")
         self.mask = np.ones((num_envs, spec.action.param_size), dtype=bool)
+        self._dtype = spec.storage_dtype
 
     def read(self, obs: Any, info: dict[str, Any] | None = None) -> Fields:
         """The input fields of a batch of N observations (Dict leaves batched by the vector env)."""
         if not self.spec.structured:
-            out = {"obs": np.asarray(obs).astype(self.spec.storage_dtype, copy=False)}
+            arr = obs if isinstance(obs, np.ndarray) else np.asarray(obs)
+            out = {"obs": arr if arr.dtype == self._dtype else arr.astype(self._dtype)}
         else:
             out = {leaf.field: _leaf_array(leaf, _at(obs, leaf.path)) for leaf in self.leaves}
         if self.mask_kind:

@@ -63,7 +63,7 @@ def np_sample_categorical(
     # Inverse-CDF sampling as torch's: count the CDF entries below u (scaled by the sum).
     below = np.cumsum(e, axis=-1) < (noise * total)[:, None]
     n = logits.shape[-1]
-    last = np.full(len(z), n - 1) if mask is None else np.where(mask, np.arange(n), -1).max(axis=-1)
+    last = n - 1 if mask is None else np.where(mask, np.arange(n), -1).max(axis=-1)
     actions = np.minimum(below.sum(axis=-1), last)
     logp = z[np.arange(len(actions)), actions] - np.log(total)
     return actions, logp.astype(np.float32)
