@@ -72,7 +72,8 @@ def run_relay(task: Task, config: str, max_wall: float, extra: list[str], name: 
 def run_sb3_minigrid_image(task: Task, max_wall: float) -> Outcome:
     """SB3 PPO on the image alone (ImgObsWrapper, MlpPolicy: the 7x7x3 view flattened) with relay's
     settings of the shipped config: 16 envs x 128 steps, 4 epochs of 256, lr 5e-4, entropy 0.01,
-    [128, 128] tanh trunks, observations normalized (VecNormalize)."""
+    [128, 128] trunks. No VecNormalize: on these images (mostly constant pixels) it stalls SB3 at
+    a mean return of 0.00 (measured: 59,408 steps in 60 s, 0.00; without it 0.13 at 47,120)."""
     import gymnasium as gym
     import minigrid
     from minigrid.wrappers import ImgObsWrapper
