@@ -108,11 +108,6 @@ def obs_tree(fields: dict[str, Any]) -> Any:
     return tree
 
 
-def obs_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """The observation's fields of a flat field dict (and the action mask, which policies read too)."""
-    return {k: v for k, v in fields.items() if is_policy_input(k)}
-
-
 def is_policy_input(name: str) -> bool:
     """Whether a Segment field is one a policy reads: an observation leaf or the action mask."""
     return name == "obs" or name.startswith("obs" + PATH_SEP) or name == "action_mask"
