@@ -50,6 +50,13 @@ SEGMENT_FIELDS: tuple[SegmentField, ...] = (
 FIELD_NAMES = tuple(f.name for f in SEGMENT_FIELDS)
 PER_ENV_FIELDS = tuple(f.name for f in SEGMENT_FIELDS if f.shape == "N")
 ENV_FAULT_KINDS = ("raised", "nonfinite_obs", "nonfinite_reward")
+# A policy's input fields by Segment field name ("obs", "obs/<path>", "action_mask"), each [B, ...].
+Fields = dict[str, np.ndarray]
+
+
+def as_fields(x: Fields | np.ndarray) -> Fields:
+    """A bare array is a plain observation batch, {"obs": x}; fields stay as they are."""
+    return {"obs": x} if isinstance(x, np.ndarray) else x
 
 
 class SegmentRejected(ValueError):

@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from contracts.segment import Fields
 from contracts.spaces import ActionSpec
 from policy.distributions import distribution
 from policy.encoders import EncoderPlan, ObsEncoder
@@ -36,6 +38,15 @@ def draw_noise(action: ActionSpec, batch: int, generator: torch.Generator) -> Te
 def as_fields(x: Inputs) -> Mapping[str, Tensor]:
     """Input fields of a plain observation tensor ({"obs": x}) or the fields themselves."""
     return {"obs": x} if isinstance(x, Tensor) else x
+
+
+def fields_to_torch(fields: Mapping[str, np.ndarray]) -> dict[str, Tensor]:
+    """Input fields as CPU tensors (contiguous copies only where numpy's are not)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in fields.items()}
+
+
+def fields_to_numpy(fields: Mapping[str, Tensor]) -> Fields:
+    return {k: v.numpy() for k, v in fields.items()}
 
 
 def batch_size(x: Inputs) -> int:

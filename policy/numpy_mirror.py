@@ -15,18 +15,15 @@ import numpy as np
 import torch
 
 from contracts.config import ModelConfig
+from contracts.segment import Fields, as_fields
 from contracts.spaces import ActionSpec
+from policy.actor_critic import fields_to_torch
 from policy.distributions import distribution
 from policy.encoders import EncoderPlan, flat_obs, np_encode_others
 from policy.models import ActorCritic, model_kind
 from policy.normalizer import CLIP
 
-Fields = Mapping[str, np.ndarray]
 Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [B, *act], logp [B], value [B]
-
-
-def _fields(x: Fields | np.ndarray) -> Fields:
-    return {"obs": x} if isinstance(x, np.ndarray) else x
 
 
 def _activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -128,7 +125,7 @@ class NumpyPolicy:
 
     def _forward(self, inputs: Fields | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(distribution params [B, param_size], value [B])."""
-        x = self._input(_fields(inputs))
+        x = self._input(as_fields(inputs))
         for w, b in self.layers:
             x = self.act_fn(x @ w + b)
         out = x @ self.head[0] + self.head[1]
@@ -139,7 +136,7 @@ class NumpyPolicy:
     def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
         """(actions [B, *act], logp [B], value [B]) with caller noise, as ActorCritic.act."""
         params, value = self._forward(inputs)
-        mask = _fields(inputs).get("action_mask")
+        mask = as_fields(inputs).get("action_mask")
         actions, logp = self.dist.np_act(self.action, params, noise, mask, self.log_std)
         return actions, logp, value
 
@@ -160,13 +157,11 @@ class TorchCpuPolicy:
         )
 
     def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
-        fields = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in _fields(inputs).items()}
-        actions, logp, value = self.policy.act(fields, torch.from_numpy(noise))
+        actions, logp, value = self.policy.act(fields_to_torch(as_fields(inputs)), torch.from_numpy(noise))
         return actions.numpy(), logp.numpy(), value.numpy()
 
     def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
-        fields = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in _fields(inputs).items()}
-        return self.policy.value(fields).numpy()
+        return self.policy.value(fields_to_torch(as_fields(inputs))).numpy()
 
 
 def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:

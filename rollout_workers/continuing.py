@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Segment
-from rollout_workers.observations import Fields, select_rows
+from contracts.segment import Fields, Segment
+from rollout_workers.observations import select_rows
 from rollout_workers.sampler_core import SamplerCore
 
 

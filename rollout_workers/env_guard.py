@@ -14,8 +14,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from contracts.segment import ENV_FAULT_KINDS
-from rollout_workers.observations import Fields, ObsReader, finite_rows
+from contracts.segment import ENV_FAULT_KINDS, Fields
+from rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
 

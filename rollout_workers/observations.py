@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from contracts.segment import Fields
 from contracts.spaces import PATH_SEP, EnvSpec, ObsLeaf
-
-Fields = dict[str, np.ndarray]
 
 
 def _at(tree: Any, path: str) -> Any:

@@ -11,7 +11,7 @@ import torch
 
 from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
-from contracts.segment import Segment, SegmentLayout
+from contracts.segment import Fields, Segment, SegmentLayout
 from policy.actor_critic import draw_noise
 from policy.encoders import encoder_plan, normalizer_input
 from policy.models import build_policy
@@ -19,7 +19,7 @@ from policy.normalizer import Moments
 from policy.numpy_mirror import cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
-from rollout_workers.observations import Fields, ObsReader
+from rollout_workers.observations import ObsReader
 from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
 

@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from contracts.segment import Fields, as_fields
 from contracts.spaces import PATH_SEP, ObsLeaf
 from learner.device import resolve_device
 from policy.actor_critic import draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
-from services.tools.handle import Fields, PolicyHandle, PolicyLoadError, concat_fields, rows_of
+from services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of
 from services.tools.load import load_policy
 from services.tools.verify import fingerprint
 
@@ -57,8 +58,7 @@ class ActRequest:
     seeded: bool = False  # the client chose the seed: it wants these exact bits again
 
     def __post_init__(self) -> None:
-        if isinstance(self.obs, np.ndarray):  # a plain observation batch
-            self.obs = {"obs": self.obs}
+        self.obs = as_fields(self.obs)
 
     @property
     def rows(self) -> int:

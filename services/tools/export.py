@@ -23,15 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from contracts.segment import Fields
+from policy.actor_critic import fields_to_numpy, fields_to_torch
 from services.files import write_new
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     DeterministicPolicy,
-    Fields,
     PolicyHandle,
-    fields_to_numpy,
-    fields_to_torch,
     output_names,
     rows_of,
 )

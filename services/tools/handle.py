@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from contracts.config import RelayConfig
+from contracts.segment import Fields, as_fields
 from contracts.spaces import EnvSpec, ObsLeaf
 from policy.models import ActorCritic
 
-Fields = dict[str, np.ndarray]  # the policy's input fields by name ("obs", "obs/<path>", "action_mask")
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
 RELAY_ENV_KEY = "relay_env"  # ONNX metadata: the env spec (observation shape, dtype, bounds; actions)
 
@@ -58,7 +58,7 @@ class PolicyHandle:
     def as_input(self, obs: Fields | np.ndarray) -> Fields:
         """Input fields (a bare array is a plain observation) in the dtypes the policy reads:
         uint8 frames, int64 choices, bool masks, float32 else. KeyError names a missing input."""
-        fields = {"obs": obs} if isinstance(obs, np.ndarray) else obs
+        fields = as_fields(obs)
         dtypes = {leaf.field: leaf.storage_dtype for leaf in self.env.obs_leaves}
         dtypes["action_mask"] = np.dtype(np.bool_)
         return {name: np.asarray(fields[name]).astype(dtypes[name], copy=False) for name in self.input_names}
@@ -108,14 +108,6 @@ def synthetic_leaf(leaf: ObsLeaf, batch: int, generator: torch.Generator) -> Ten
         high = 2 if leaf.kind == "multi_binary" else 256
         return torch.randint(0, high, shape, generator=generator, dtype=torch.uint8)
     return torch.randn(shape, generator=generator)
-
-
-def fields_to_numpy(fields: dict[str, Tensor]) -> Fields:
-    return {k: v.numpy() for k, v in fields.items()}
-
-
-def fields_to_torch(fields: Fields) -> dict[str, Tensor]:
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in fields.items()}
 
 
 def concat_fields(batches: list[Fields]) -> Fields:

@@ -17,18 +17,17 @@ import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import EnvConfig
-from policy.actor_critic import draw_noise
+from contracts.segment import Fields
+from policy.actor_critic import draw_noise, fields_to_torch
 from policy.models import infer_env_spec
 from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
 from rollout_workers.observations import ObsReader
 from rollout_workers.vector_backends import make_vector_env
 from services.driver.checkpoints import read_data
 from services.tools.handle import (
-    Fields,
     PolicyHandle,
     PolicyLoadError,
     concat_fields,
-    fields_to_torch,
     rows_of,
 )
 from services.tools.mlagents import mlagents_policy_from_state_dict

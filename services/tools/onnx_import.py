@@ -17,17 +17,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from contracts.segment import Fields
 from contracts.spaces import ActionSpec, EnvSpec, SpecError
+from policy.actor_critic import fields_to_numpy, fields_to_torch
 from policy.models import action_outputs
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     DeterministicPolicy,
-    Fields,
     PolicyHandle,
     PolicyLoadError,
-    fields_to_numpy,
-    fields_to_torch,
     rows_of,
 )
 from services.tools.mlagents import DETERMINISTIC, MASKS_INPUT, is_mlagents_graph, mlagents_policy_from_graph

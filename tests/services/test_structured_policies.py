@@ -15,10 +15,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy.actor_critic import fields_to_numpy, fields_to_torch
 from services.cli import main
 from services.driver.checkpoints import list_checkpoints
 from services.serving.service import BadRequest, PolicyService, parse_act
-from services.tools.handle import DeterministicPolicy, fields_to_numpy, fields_to_torch
+from services.tools.handle import DeterministicPolicy
 from services.tools.load import load_policy
 from tests.helpers import train_local
 
