@@ -34,7 +34,7 @@ import ray
 from contracts.config import RelayConfig
 from learner.actor import learner_resources
 from rollout_workers.worker import worker_resources
-from services.driver.signals import Terminated
+from services.driver.signals import Terminated, raise_pending
 
 REPORT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
@@ -139,6 +139,7 @@ def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
             check_reachable(address)
             with _no_code_paths():
                 ray.init(address=address, logging_level=logging.WARNING)
+            raise_pending()
             return False
         # Ray >= 2.59 starts local clusters with token authentication on (unless RAY_AUTH_MODE says
         # otherwise) and warns that it did; relay documents it instead.
@@ -151,6 +152,7 @@ def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
                 logging_level=logging.WARNING,
                 _system_config=local_system_config(),
             )
+        raise_pending()  # a Ctrl-C that landed in one of Ray's at-fork callbacks was dropped there
         return True
     except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
         _end_children()

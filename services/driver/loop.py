@@ -28,7 +28,7 @@ from services.driver.memory import HostMemory
 from services.driver.notices import Notices
 from services.driver.progress import Progress
 from services.driver.run_dir import RunDir
-from services.driver.signals import stop_reason
+from services.driver.signals import raise_pending, stop_reason
 from services.driver.sinks import MetricsSinks, truncate_metrics
 
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
@@ -206,6 +206,7 @@ class TrainingLoop:
         lost: FleetLost | None = None
         try:
             while (reason := self._stop_reason()) is None:
+                raise_pending()  # a stop whose exception was dropped on its way (signals.py)
                 try:
                     self._round(writer, progress, clock, startup_s)
                 except LearnerLost as err:

@@ -2,6 +2,13 @@
 closed terminal or a dropped ssh session sends SIGHUP, and a run they stop must end as cleanly as
 one stopped at the keyboard (metrics flushed, final checkpoint written, actors shut down), with
 exit code 128 + the signal: 130 (Ctrl-C), 143 (SIGTERM), 129 (SIGHUP).
+
+A stop is never lost. Python drops an exception raised where it cannot propagate (an at-fork
+callback as Ray starts its processes: "Exception ignored in: <function _releaseLock>", a __del__, a
+weakref callback), so a signal that lands there would vanish, and a SIGTERM would be ignored for
+good since only the first one raises. The handler therefore also records the stop as pending until
+an except clause takes it (`stop_reason`), and `raise_pending` re-raises one that never arrived; the
+driver calls it once Ray has started and before every round.
 """
 
 from __future__ import annotations
@@ -34,15 +41,31 @@ class Terminated(KeyboardInterrupt):
         return STOP_SIGNALS.get(signal.Signals(self.signum), "terminated")
 
 
-# The stop signal the handler last saw. Ray's blocking calls turn any exception a signal handler
-# raises into a plain KeyboardInterrupt, so the type alone cannot tell SIGTERM from Ctrl-C.
+# The stop signals the handler saw, in order. Ray's blocking calls turn any exception a signal
+# handler raises into a plain KeyboardInterrupt, so the type alone cannot tell SIGTERM from Ctrl-C.
 _fired: list[int] = []
+# The signal whose exception no except clause has taken yet (see the module docstring).
+_pending: list[int] = []
+
+
+def _word(signum: int) -> str:
+    return STOP_SIGNALS.get(signal.Signals(signum), "interrupted")
 
 
 def stop_reason(err: KeyboardInterrupt) -> str:
+    """Why the run stops: 'interrupted', 'terminated' or 'hangup'. Called where the stop is caught,
+    which takes the pending stop."""
+    _pending.clear()
     if isinstance(err, Terminated):
         return err.reason
-    return STOP_SIGNALS.get(signal.Signals(_fired[-1]), "terminated") if _fired else "interrupted"
+    return _word(_fired[-1]) if _fired else "interrupted"
+
+
+def raise_pending() -> None:
+    """Raise the stop a signal asked for if its exception was dropped on the way; else nothing."""
+    if _pending:
+        signum = _pending[-1]
+        raise KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
 def exit_code(err: KeyboardInterrupt) -> int:
@@ -64,21 +87,28 @@ def _detach_from_closed_terminal() -> None:
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block, the first SIGTERM or SIGHUP raises Terminated; later ones are ignored, so
-    the clean stop it starts (a final checkpoint) is not cut short. Outside the main thread: no
-    change."""
+    the clean stop it starts (a final checkpoint) is not cut short. Ctrl-C raises KeyboardInterrupt
+    every time, as by default (a second one cuts the stop short, as users expect). Each is also
+    recorded for `raise_pending`. Outside the main thread: no change."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _fired.clear()
+    _pending.clear()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGHUP:
             _detach_from_closed_terminal()
-        if not _fired:
-            _fired.append(signum)
+        first = not any(sig in STOP_SIGNALS for sig in _fired)
+        _fired.append(signum)
+        if signum == signal.SIGINT:
+            _pending[:] = [signum]
+            raise KeyboardInterrupt()
+        if first:
+            _pending[:] = [signum]
             raise Terminated(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         yield
     finally:

@@ -2,12 +2,16 @@
 final checkpoint at the last metrics line, exit 143 (Ctrl-C: 130). Local mode here; the Ray
 mode, with its actors, is in tests/integration/test_clusters.py."""
 
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
 from services.driver.checkpoints import list_checkpoints, load_newest_valid
-from tests.helpers_proc import metrics_lines, start_train, wait_for
+from services.driver.signals import Terminated, raise_pending, sigterm_raises, stop_reason
+from tests.helpers_proc import ROOT, metrics_lines, start_train, wait_for
 
 LOCAL = ("rollout.num_workers=0", "learner.buffer_size=512", "checkpoint.interval=1000")
 
@@ -28,3 +32,55 @@ def test_a_signal_stops_the_run_cleanly_with_a_final_checkpoint(tmp_path, sig, c
     path, ckpt = load_newest_valid(run / "checkpoints")
     assert ckpt.counters.iteration == lines[-1]["iteration"] == len(lines)
     assert path.name == f"ckpt-{len(lines):08d}.pt"
+
+
+# A signal that lands in an at-fork callback (as when Ray starts its processes) has its exception
+# dropped by Python ("Exception ignored in: ..."); the stop must survive that.
+DROPPED_AT_FORK = """
+import os, signal, sys, time
+from services.driver.signals import raise_pending, sigterm_raises, stop_reason
+
+def land_here():  # the signal arrives while Python runs an at-fork callback
+    os.kill(os.getpid(), signal.{sig})
+    time.sleep(0.2)
+
+os.register_at_fork(after_in_parent=land_here)
+with sigterm_raises():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("survived the fork", flush=True)
+    try:
+        raise_pending()
+    except KeyboardInterrupt as err:
+        print("raised", type(err).__name__, stop_reason(err), flush=True)
+    raise_pending()  # taken: nothing left to raise
+    print("taken", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "sig, kind, word",
+    [("SIGINT", "KeyboardInterrupt", "interrupted"), ("SIGTERM", "Terminated", "terminated")],
+)
+def test_a_stop_whose_exception_python_dropped_is_raised_later(sig, kind, word):
+    proc = subprocess.run(
+        [sys.executable, "-c", DROPPED_AT_FORK.format(sig=sig)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" in proc.stderr  # the failure this guards against really happened
+    assert proc.stdout.splitlines() == ["survived the fork", f"raised {kind} {word}", "taken"]
+
+
+def test_later_sigterms_are_ignored_once_one_was_taken():
+    with sigterm_raises():
+        with pytest.raises(Terminated) as caught:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before kill returns to Python
+        assert stop_reason(caught.value) == "terminated"
+        os.kill(os.getpid(), signal.SIGTERM)  # the clean stop is under way: not cut short
+        raise_pending()  # and nothing is left pending
