@@ -8,7 +8,8 @@ callback as Ray starts its processes: "Exception ignored in: <function _releaseL
 weakref callback), so a signal that lands there would vanish, and a SIGTERM would be ignored for
 good since only the first one raises. The handler therefore also records the stop as pending until
 an except clause takes it (`stop_reason`), and `raise_pending` re-raises one that never arrived; the
-driver calls it once Ray has started and before every round.
+driver calls it once Ray has started and before every round. Python's report of the dropped
+exception (a traceback on stderr) is left out: the stop it would describe still happens.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 # The signals that stop a run cleanly besides Ctrl-C, and the word a stop is reported with.
@@ -108,9 +110,15 @@ def sigterm_raises() -> Iterator[None]:
             _pending[:] = [signum]
             raise Terminated(signum)
 
+    def unraisable(info: Any) -> None:
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            default_hook(info)
+
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    default_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = default_hook
         for sig, old in previous.items():
             signal.signal(sig, old)

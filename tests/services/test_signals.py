@@ -73,7 +73,9 @@ def test_a_stop_whose_exception_python_dropped_is_raised_later(sig, kind, word):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "Exception ignored" in proc.stderr  # the failure this guards against really happened
+    # The signal's exception was dropped (the failure this guards against), and quietly: Python's
+    # "Exception ignored in ..." traceback is not printed, the stop is raised instead.
+    assert proc.stderr == ""
     assert proc.stdout.splitlines() == ["survived the fork", f"raised {kind} {word}", "taken"]
 
 
