@@ -1,6 +1,8 @@
-"""The round result: what one round of segments did, from the learner through its actor and the
-backend to the driver. Every count in it is this round's alone (a delta); the driver owns the
-run's totals (`contracts.checkpoint.RunCounters`), so no counter has two owners.
+"""The round result: what one round of segments did. The learner writes it (one part per
+data-parallel replica); `RoundResult.merge` assembles the round the driver sees from the parts,
+the weights the learner actor published and the driver's own watchdog count, so no layer edits
+another's result. Every count in it is this round's alone (a delta); the driver owns the run's
+totals (`contracts.checkpoint.RunCounters`), so no counter has two owners.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ def add_faults(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
     return {k: int(total.get(k, 0)) + int(more.get(k, 0)) for k in ENV_FAULT_KINDS}
 
 
+@dataclass(frozen=True)
+class Publication:
+    """Weights the learner actor published: their version, [object ref] (inside a list so Ray
+    hands callers the reference, never the tensors) and the seconds the ray.put took."""
+
+    version: int
+    refs: list[Any]
+    seconds: float = 0.0
+
+
 @dataclass
 class RoundResult:
     """One round: episodes that finished, valid env steps, segments rejected or lost, worker
@@ -29,27 +41,35 @@ class RoundResult:
     reject_reason: str | None = None
     lost_segments: int = 0
     worker_restarts: int = 0
-    # Rollout workers the stuck-worker watchdog killed (set by the driver's backend).
+    # Rollout workers the stuck-worker watchdog killed (the driver's count, given to `merge`).
     stuck_workers: int = 0
     env_faults: dict[str, int] = field(default_factory=dict)
     amp_skipped_steps: int = 0
     metrics: dict[str, Any] | None = None
     # Seconds by phase in this round (wait_s, ingest_s, update_s, publish_s; contracts/metrics.py).
     phases: dict[str, float] = field(default_factory=dict)
-    # (version, [object ref]) of weights the update published; set by the learner actor.
-    published: tuple[int, list[Any]] | None = None
+    # The weights this round's update published (rank 0's; given to `merge`).
+    published: Publication | None = None
 
     @staticmethod
-    def merge(parts: list[RoundResult]) -> RoundResult:
-        """One round from every data-parallel learner's share: counts add up, rank 0 (the first)
-        reports the update's metrics and publishes the weights."""
+    def merge(
+        parts: list[RoundResult], published: Publication | None = None, stuck_workers: int = 0
+    ) -> RoundResult:
+        """One round from every data-parallel learner's share, the weights rank 0 published and
+        the rollout workers the driver's watchdog killed: counts add up, rank 0 (the first)
+        reports the update's metrics."""
         first = parts[0]
         # Replicas step in lockstep on averaged gradients, so they skip the same steps: rank 0's count.
         out = RoundResult(
-            metrics=first.metrics, published=first.published, amp_skipped_steps=first.amp_skipped_steps
+            metrics=first.metrics,
+            published=published,
+            amp_skipped_steps=first.amp_skipped_steps,
+            stuck_workers=stuck_workers,
         )
         # Phases: the slowest replica's (they run in parallel and wait for each other).
         out.phases = {k: max(p.phases.get(k, 0.0) for p in parts) for k in first.phases}
+        if published is not None:
+            out.phases["publish_s"] = published.seconds
         for part in parts:
             out.env_steps += part.env_steps
             out.episode_returns += part.episode_returns

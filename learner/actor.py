@@ -16,14 +16,13 @@ import ray
 import torch
 
 from contracts.config import RelayConfig
-from contracts.rounds import RoundResult
-from contracts.segment import Segment, SegmentRejected
+from contracts.rounds import Publication, RoundResult
 from contracts.spaces import EnvSpec
 from learner.device import accelerator_resources, ray_options
 from learner.distributed import init_group, world_size
-from learner.learner import Learner
+from learner.learner import Arrival, Arrivals, Learner
 
-Staged = tuple[Segment, dict[str, torch.Tensor] | None] | ray.exceptions.RayError
+Fetched = Arrival | ray.exceptions.RayError
 
 
 class LearnerActor:
@@ -35,9 +34,9 @@ class LearnerActor:
         # workers for cores, fewer leaves a CPU learner's reserved cores idle.
         torch.set_num_threads(cfg.learner.num_cpus)
         self.learner = Learner(cfg, env)
-        self._published: tuple[int, list[ray.ObjectRef]] | None = None
+        self._published: Publication | None = None
         # Segments of the next rounds, fetched and staged by a thread while the learner updates.
-        self._prefetched: dict[ray.ObjectRef, Staged] = {}
+        self._prefetched: dict[ray.ObjectRef, Fetched] = {}
         self._prefetcher: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
@@ -52,56 +51,52 @@ class LearnerActor:
         }
 
     @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
-    def publish(self) -> tuple[int, list[ray.ObjectRef]]:
+    def publish(self) -> Publication:
         return self._publish()
 
-    def _publish(self) -> tuple[int, list[ray.ObjectRef]]:
-        """The newest weights: (version, [ref]). One ray.put per version; workers fetch it themselves.
+    def _publish(self) -> Publication:
+        """The newest weights. One ray.put per version; workers fetch it themselves.
 
-        The ref travels inside a list so Ray hands callers the reference, never the tensors.
         Weights travel as numpy arrays: Ray stores and reads those without copying or pickling
         them (about 5x faster to fetch than torch tensors, for every worker on every version).
         """
-        if self._published is None or self._published[0] != self.learner.version:
+        if self._published is None or self._published.version != self.learner.version:
+            t0 = time.perf_counter()
             weights = {k: v.numpy() for k, v in self.learner.weights().items()}
-            self._published = (self.learner.version, [ray.put(weights)])
+            ref = ray.put(weights)
+            self._published = Publication(self.learner.version, [ref], time.perf_counter() - t0)
         return self._published
 
-    def _fetch(self, ref: ray.ObjectRef) -> Staged:
-        """A segment and its staged fields (None when the buffer will reject it), or the error that
-        lost it (its worker died)."""
+    def _fetch(self, ref: ray.ObjectRef) -> Fetched:
+        """A segment staged for the buffer (or rejected by it), or the error that lost it (its
+        worker died)."""
         try:
             segment = ray.get(ref)
         except ray.exceptions.RayError as err:
             return err
-        try:
-            return segment, self.learner.buffer.stage(segment)
-        except SegmentRejected:
-            return segment, None  # ingest rejects it again and says why
+        return self.learner.stage(segment)
 
     def _prefetch(self, refs: list[ray.ObjectRef]) -> None:
         for ref in refs:
             if ref not in self._prefetched:
                 self._prefetched[ref] = self._fetch(ref)
 
-    def _take(
-        self, refs: list[ray.ObjectRef]
-    ) -> tuple[list[Segment], list[dict[str, torch.Tensor] | None], int, float]:
-        """(segments, their staged fields, segments lost, seconds waited): what a prefetch got
-        ready, the rest fetched now."""
+    def _take(self, refs: list[ray.ObjectRef]) -> Arrivals:
+        """The round's segments: what a prefetch got ready, the rest fetched now; those lost
+        (reported by the driver, aggregated: a dead worker loses one per round) are counted."""
         t0 = time.perf_counter()
         if self._prefetcher is not None:
             self._prefetcher.join()
             self._prefetcher = None
-        segments, staged, lost = [], [], 0
+        arrivals = Arrivals([])
         for ref in refs:
             item = self._prefetched.pop(ref, None) or self._fetch(ref)
             if isinstance(item, ray.exceptions.RayError):
-                lost += 1  # reported by the driver, aggregated: a dead worker loses one per round
-                continue
-            segments.append(item[0])
-            staged.append(item[1])
-        return segments, staged, lost, time.perf_counter() - t0
+                arrivals.lost += 1
+            else:
+                arrivals.staged.append(item)
+        arrivals.wait_s = time.perf_counter() - t0
+        return arrivals
 
     def rendezvous(self) -> tuple[str, int]:
         """Address and a free port on this node for the learners' process group (rank 0 hosts it)."""
@@ -117,23 +112,18 @@ class LearnerActor:
     @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
     def train_round(
         self, segment_refs: list[ray.ObjectRef], progress: float, upcoming: list[ray.ObjectRef] | None = None
-    ) -> RoundResult:
+    ) -> tuple[RoundResult, Publication | None]:
         """Fetch the segments (dropping any whose worker died), ingest them, update when a round is
-        in. `upcoming`: segments of the next rounds, already done; a thread fetches and stages
-        them (object transfer, validation, page-locked host copies on an accelerator) while this
+        in; returns this replica's part of the round and the weights it published (after an update).
+        `upcoming`: segments of the next rounds, already done; a thread fetches and stages them
+        (object transfer, validation, page-locked host copies on an accelerator) while this
         round's update runs, so the next round starts with its data at hand."""
-        segments, staged, lost, waited = self._take(segment_refs)
+        arrivals = self._take(segment_refs)
         if upcoming:
             self._prefetcher = threading.Thread(target=self._prefetch, args=(upcoming,), daemon=True)
             self._prefetcher.start()
-        out = self.learner.train_round(segments, progress, lockstep=world_size() > 1, staged=staged)
-        out.lost_segments = lost
-        out.phases["wait_s"] = waited
-        if out.metrics is not None:
-            t0 = time.perf_counter()
-            out.published = self._publish()
-            out.phases["publish_s"] = time.perf_counter() - t0
-        return out
+        out = self.learner.train_arrivals(arrivals, progress, lockstep=world_size() > 1)
+        return out, (self._publish() if out.metrics is not None else None)
 
     @ray.method(enable_task_events=False)  # every checkpoint: no task record kept in the GCS
     def state_dict(self) -> dict[str, Any]:

@@ -50,10 +50,13 @@ class SegmentRingBuffer:
             staged[name] = src.pin_memory() if self.device.type != "cpu" else src
         return staged
 
-    def add(self, segment: Segment | dict[str, Tensor]) -> int:
-        """Copy one segment (or its staged fields) in at the ring pointer; returns its slot.
-        Raises SegmentRejected, leaving the buffer untouched."""
-        staged = segment if isinstance(segment, dict) else self.stage(segment)
+    def add(self, segment: Segment) -> int:
+        """Validate and copy one segment in at the ring pointer; returns its slot. Raises
+        SegmentRejected, leaving the buffer untouched."""
+        return self.put(self.stage(segment))
+
+    def put(self, staged: dict[str, Tensor]) -> int:
+        """Copy a segment's staged fields (from `stage`) in at the ring pointer; returns its slot."""
         slot = self.pointer
         for name, src in staged.items():
             dst = self.storage[name][slot]

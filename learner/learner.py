@@ -27,9 +27,29 @@ from learner.update import run_update
 from policy.models import ActorCritic, build_policy, weights_mismatch
 from policy.normalizer import Moments
 
-# Seconds the learner spends, by phase: copying segments in, updating. (The actor adds waiting for
-# segments and publishing weights; `contracts/metrics.py` names them all.)
+# Seconds the learner spends, by phase: copying segments in, updating. (Waiting for segments
+# arrives with them; publishing weights is the actor's; `contracts/metrics.py` names them all.)
 LEARNER_PHASES = ("ingest_s", "update_s")
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A segment as it reached the learner: its fields staged for the ring buffer, or why the
+    buffer refuses it (`rejected`; then `fields` is None)."""
+
+    segment: Segment
+    fields: dict[str, torch.Tensor] | None
+    rejected: str | None = None
+
+
+@dataclass
+class Arrivals:
+    """One round's input: the segments that arrived (staged), how many were lost on the way
+    (their rollout worker died) and the seconds spent waiting for them."""
+
+    staged: list[Arrival]
+    lost: int = 0
+    wait_s: float = 0.0
 
 
 def _peak_rss_bytes() -> int:
@@ -92,16 +112,22 @@ class Learner:
         self.phases = dict.fromkeys(LEARNER_PHASES, 0.0)  # seconds by phase since the last round
 
     # ---- data in -------------------------------------------------------------------------------
-    def ingest(self, segment: Segment, staged: dict[str, torch.Tensor] | None = None) -> str | None:
-        """Copy a segment (its fields staged already, when given) into the ring buffer; returns why
-        it was rejected, else None."""
-        t0 = time.perf_counter()
+    def stage(self, segment: Segment) -> Arrival:
+        """Validate a segment and stage its fields for the buffer (page-locked on an accelerator).
+        Touches no learner state: safe on a prefetch thread while an update runs."""
         try:
-            self.buffer.add(staged if staged is not None else segment)
+            return Arrival(segment, self.buffer.stage(segment))
         except SegmentRejected as err:
-            return str(err)
-        finally:
-            self.phases["ingest_s"] += time.perf_counter() - t0
+            return Arrival(segment, None, str(err))
+
+    def ingest(self, arrival: Arrival) -> str | None:
+        """Copy a staged segment into the ring buffer; returns why it was rejected, else None."""
+        if arrival.fields is None:
+            return arrival.rejected
+        t0 = time.perf_counter()
+        self.buffer.put(arrival.fields)
+        self.phases["ingest_s"] += time.perf_counter() - t0
+        segment = arrival.segment
         for pending, moments in (
             (self._pending, segment.obs_moments),
             (self._pending_returns, segment.return_moments),
@@ -120,20 +146,27 @@ class Learner:
         self._behaviour_versions.clear()
 
     def train_round(
-        self,
-        segments: Sequence[Segment],
-        progress: float = 0.0,
-        lockstep: bool = False,
-        staged: Sequence[dict[str, torch.Tensor] | None] | None = None,
+        self, segments: Sequence[Segment], progress: float = 0.0, lockstep: bool = False, wait_s: float = 0.0
     ) -> RoundResult:
-        """Ingest segments (with their fields staged ahead, when the caller did) and, once a full
-        round is in, update. The round's seconds by phase ride along in `phases`."""
-        out = RoundResult()
-        for i, seg in enumerate(segments):
+        """`train_arrivals` for segments at hand (local mode, tests): staged here, the staging
+        counted as ingest time."""
+        t0 = time.perf_counter()
+        staged = [self.stage(seg) for seg in segments]
+        self.phases["ingest_s"] += time.perf_counter() - t0
+        return self.train_arrivals(Arrivals(staged, wait_s=wait_s), progress, lockstep)
+
+    def train_arrivals(
+        self, arrivals: Arrivals, progress: float = 0.0, lockstep: bool = False
+    ) -> RoundResult:
+        """Ingest a round's staged segments and, once a full round is in, update. The round's
+        seconds by phase ride along in `phases`."""
+        out = RoundResult(lost_segments=arrivals.lost)
+        for arrival in arrivals.staged:
+            seg = arrival.segment
             out.worker_restarts += self._note_incarnation(seg)
             # Faults happened whether or not the segment is usable: count them first.
             out.env_faults = add_faults(out.env_faults, seg.env_faults)
-            reason = self.ingest(seg, staged[i] if staged else None)
+            reason = self.ingest(arrival)
             if reason is not None:
                 out.rejected_segments += 1
                 out.reject_reason = reason
@@ -151,7 +184,8 @@ class Learner:
         elif self.ready or (lockstep and self.buffer.size >= self.segments_per_update):
             update = self.update(progress)
             out.metrics, out.amp_skipped_steps = update.metrics, update.skipped_steps
-        out.phases, self.phases = self.phases, dict.fromkeys(LEARNER_PHASES, 0.0)
+        out.phases = {**self.phases, "wait_s": arrivals.wait_s}
+        self.phases = dict.fromkeys(LEARNER_PHASES, 0.0)
         return out
 
     def _note_incarnation(self, segment: Segment) -> bool:

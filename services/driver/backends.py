@@ -13,7 +13,7 @@ import ray
 from ray.autoscaler.sdk import request_resources
 
 from contracts.config import RelayConfig
-from contracts.rounds import RoundResult
+from contracts.rounds import Publication, RoundResult
 from contracts.spaces import EnvSpec
 from learner.actor import create_learner_actor, learner_resources
 from learner.algorithms import algorithm_traits
@@ -54,9 +54,7 @@ class LocalBackend:
         t0 = time.perf_counter()
         with self.stuck_reporter:
             segment = self.sampler.sample()  # the learner waits for it: one process does both
-        out = self.learner.train_round([segment], progress)
-        out.phases["wait_s"] = time.perf_counter() - t0 - sum(out.phases.values())
-        return out
+        return self.learner.train_round([segment], progress, wait_s=time.perf_counter() - t0)
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it
@@ -108,7 +106,7 @@ class RayBackend:
         self.learner = self.learners[0]  # rank 0 publishes weights and reports metrics
         if len(self.learners) > 1:
             self._join_group()
-        self.version, self.weights_ref = ray.get(self.learner.publish.remote())
+        self._take_weights(ray.get(self.learner.publish.remote()))
         self._in_flight: dict[Any, tuple[Any, int]] = {}  # ref -> (worker, submission number)
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
         self._submitted = 0
@@ -116,6 +114,10 @@ class RayBackend:
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
+
+    def _take_weights(self, published: Publication) -> None:
+        """Workers sample with these weights from now on (they fetch the ref themselves)."""
+        self.version, self.weights_ref = published.version, published.refs
 
     def _join_group(self) -> None:
         address, port = ray.get(self.learner.rendezvous.remote())
@@ -154,12 +156,14 @@ class RayBackend:
             lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)
         ]
         self.health.watch(calls, sampling)  # a stuck worker would hold the learner's fetch forever
-        out = RoundResult.merge(_from_learner(calls))
-        out.stuck_workers = self.health.take_stuck()
+        parts = _from_learner(calls)
+        out = RoundResult.merge(
+            [part for part, _ in parts], published=parts[0][1], stuck_workers=self.health.take_stuck()
+        )
         if out.lost_segments or out.stuck_workers:
             self._drop_dead_workers()
         if out.published is not None:
-            self.version, self.weights_ref = out.published
+            self._take_weights(out.published)
         if self.cfg.rollout.mode == "sync":
             # The next round starts sampling with the new weights now (policy lag stays 0), so
             # the driver's metrics and checkpoint writing overlap it instead of delaying it.
@@ -274,7 +278,7 @@ class RayBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
-        self.version, self.weights_ref = ray.get(self.learner.publish.remote())
+        self._take_weights(ray.get(self.learner.publish.remote()))
         self._next_round = None  # sampled with weights that are no longer current
 
     def restart_learner(self) -> None:
@@ -290,7 +294,7 @@ class RayBackend:
         self.learner = self.learners[0]
         if len(self.learners) > 1:
             self._join_group()
-        self.version, self.weights_ref = ray.get(self.learner.publish.remote())
+        self._take_weights(ray.get(self.learner.publish.remote()))
         self._next_round = None
 
     def reseed_workers(self, stream: int) -> None:

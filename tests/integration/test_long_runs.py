@@ -36,10 +36,10 @@ def test_hot_calls_leave_no_task_record_and_others_still_do(ray_with_state_api):
     env = check_env(cfg)
     learner = create_learner_actor(cfg, env)
     (worker,) = create_rollout_workers(cfg, algorithm_traits(cfg))
-    version, weights = ray.get(learner.publish.remote())
+    published = ray.get(learner.publish.remote())
     for _ in range(8):
-        ray.get(learner.train_round.remote([worker.sample.remote(version, weights)], 0.0))
-        version, weights = ray.get(learner.publish.remote())
+        ray.get(learner.train_round.remote([worker.sample.remote(published.version, published.refs)], 0.0))
+        published = ray.get(learner.publish.remote())
     ray.get([learner.describe.remote() for _ in range(3)])
 
     def recorded() -> set[str]:

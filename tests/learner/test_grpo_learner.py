@@ -48,7 +48,7 @@ def test_grpo_learner_has_no_value_network_and_fewer_parameters():
 
 def test_kl_to_reference_is_zero_at_the_start():
     _, sampler, learner = _learner("learner.epochs=1", "learner.lr=1e-12")
-    learner.ingest(sampler.sample())
+    learner.ingest(learner.stage(sampler.sample()))
     metrics = learner.update().metrics
     assert abs(metrics["kl_ref"]) < 1e-6
     assert "value_loss" not in metrics and "explained_variance" not in metrics
@@ -61,7 +61,7 @@ def test_zero_std_groups_get_no_gradient():
     seg = sampler.sample()
     seg["outcome"] = np.full_like(seg["outcome"], 0.4)
     before = [p.detach().clone() for p in learner.model.parameters()]
-    learner.ingest(seg)
+    learner.ingest(learner.stage(seg))
     metrics = learner.update().metrics
     assert metrics["zero_std_group_fraction"] == 1.0 and metrics["group_reward_std"] == 0.0
     for p, q in zip(learner.model.parameters(), before, strict=True):
@@ -72,7 +72,7 @@ def test_reference_refreshes_on_interval():
     _, sampler, learner = _learner("learner.ref_update_interval=2", "learner.lr=0.01")
     ref0 = [p.clone() for p in learner.algo.reference.parameters()]
     for i in range(2):
-        learner.ingest(sampler.sample())
+        learner.ingest(learner.stage(sampler.sample()))
         learner.update()
         same = all(torch.equal(a, b) for a, b in zip(learner.algo.reference.parameters(), ref0, strict=True))
         assert same == (i == 0)

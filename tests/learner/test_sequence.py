@@ -125,7 +125,7 @@ def test_grpo_transformer_learns_the_token_task_in_process():
         sampler.set_weights(version, learner.model.state_dict())
         seg = sampler.sample()
         rewards.append(float(seg["outcome"].mean()))
-        learner.ingest(seg)
+        learner.ingest(learner.stage(seg))
         learner.update()
     assert np.mean(rewards[:3]) < 0.5
     assert np.mean(rewards[-5:]) > 0.8, rewards
