@@ -292,7 +292,21 @@ class ModelConfig(_Section):
         default_factory=lambda: [64, 64], max_length=64, description="MLP layer widths."
     )
     activation: Literal["silu", "tanh", "relu"] = Field("tanh", description="MLP activation.")
-    shared_trunk: bool = Field(False, description="One trunk for policy and value heads.")
+    shared_trunk: bool = Field(
+        False, description="One trunk (and recurrent core) for policy and value heads."
+    )
+    recurrent: str = Field(
+        "none",
+        description="Recurrent core between the trunk and the heads, a name from the core registry: "
+        "none, lstm or gru. Its state is carried through segments; needs learner.minibatch=sequences.",
+    )
+    recurrent_size: int = Field(64, ge=1, le=4096, description="Units of the recurrent core.")
+    burn_in: int = Field(
+        0,
+        ge=0,
+        description="Steps at the start of each sequence that only warm the recurrent state (no loss, "
+        "no gradient; R2D2): for states grown stale in async mode.",
+    )
     init_log_std: float = Field(
         0.0, ge=-20, le=20, description="Initial log-std of the Gaussian head (Box actions)."
     )

@@ -17,7 +17,7 @@ import numpy as np
 
 from contracts.spaces import PATH_SEP, EnvSpec
 
-ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask"]
+ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask", "N+state"]
 DtypeRule = Literal["float32", "obs", "action", "bool"]
 
 
@@ -29,6 +29,7 @@ class SegmentField:
     description: str
     grouped_only: bool = False  # present only in grouped (GRPO) segments
     masked_only: bool = False  # present only where the env has action masks
+    recurrent_only: bool = False  # present only where the policy has a recurrent core
 
 
 SEGMENT_FIELDS: tuple[SegmentField, ...] = (
@@ -46,9 +47,16 @@ SEGMENT_FIELDS: tuple[SegmentField, ...] = (
     SegmentField("bootstrap_value", "TN", "float32", "V(final obs) where truncated, else 0"),
     SegmentField("last_value", "N", "float32", "V of the observation after the last step"),
     SegmentField("outcome", "N", "float32", "each member's episodic return (GRPO)", grouped_only=True),
+    SegmentField(
+        "initial_state",
+        "N+state",
+        "float32",
+        "the recurrent core's state entering step 0 (zeros where an episode starts there)",
+        recurrent_only=True,
+    ),
 )
 FIELD_NAMES = tuple(f.name for f in SEGMENT_FIELDS)
-PER_ENV_FIELDS = tuple(f.name for f in SEGMENT_FIELDS if f.shape == "N")
+PER_ENV_FIELDS = tuple(f.name for f in SEGMENT_FIELDS if f.shape in ("N", "N+state"))
 ENV_FAULT_KINDS = ("raised", "nonfinite_obs", "nonfinite_reward")
 # A policy's input fields by Segment field name ("obs", "obs/<path>", "action_mask"), each [B, ...].
 Fields = dict[str, np.ndarray]
@@ -115,6 +123,14 @@ def obs_tree(fields: dict[str, Any]) -> Any:
     return tree
 
 
+def state_resets(terminated: Any, truncated: Any, mask: Any) -> Any:
+    """[T, N] (or [N]) bool, numpy arrays or torch tensors alike: where a recurrent policy's
+    state is zeroed after step t (its episode ended, or the step was lost and the env reset).
+    Both sides apply this one rule: the rollout worker as it steps, the learner when it replays
+    a segment (`starts[t] = resets[t - 1]`)."""
+    return (terminated > 0) | (truncated > 0) | (mask <= 0)
+
+
 def is_policy_input(name: str) -> bool:
     """Whether a Segment field is one a policy reads: an observation leaf or the action mask."""
     return name == "obs" or name.startswith("obs" + PATH_SEP) or name == "action_mask"
@@ -122,12 +138,14 @@ def is_policy_input(name: str) -> bool:
 
 @dataclass(frozen=True)
 class SegmentLayout:
-    """The exact shapes and dtypes of a run's segments: T steps of N envs of `env`."""
+    """The exact shapes and dtypes of a run's segments: T steps of N envs of `env`; `state_size`
+    floats of recurrent state per env where the policy has a core (0: none)."""
 
     rollout_len: int
     num_envs: int
     env: EnvSpec
     grouped: bool = False
+    state_size: int = 0
 
     def fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Every array field: name -> (shape, dtype)."""
@@ -137,6 +155,7 @@ class SegmentLayout:
             "N": (self.num_envs,),
             "TN+action": tn + self.env.action.shape,
             "TN+mask": (*tn, self.env.action.param_size),
+            "N+state": (self.num_envs, self.state_size),
         }
         dtypes: dict[DtypeRule, np.dtype] = {
             "float32": np.dtype(np.float32),
@@ -145,7 +164,11 @@ class SegmentLayout:
         }
         out = {}
         for f in SEGMENT_FIELDS:
-            if (f.grouped_only and not self.grouped) or (f.masked_only and self.env.action_mask is None):
+            if (
+                (f.grouped_only and not self.grouped)
+                or (f.masked_only and self.env.action_mask is None)
+                or (f.recurrent_only and not self.state_size)
+            ):
                 continue
             if f.shape == "TN+obs":  # one field per leaf, each in its own dtype
                 out.update(

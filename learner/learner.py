@@ -65,11 +65,11 @@ def rss_bytes() -> int:
 
 def time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """[k, T, N, ...] segment stacks -> [T, k*N, ...] (k segments side by side as more envs);
-    per-env fields [k, N] -> [k*N]."""
+    per-env fields [k, N, ...] -> [k*N, ...]."""
     out = {}
     for name, t in fields.items():
         if name in PER_ENV_FIELDS:
-            out[name] = t.reshape(-1)
+            out[name] = t.reshape(-1, *t.shape[2:])
         else:
             out[name] = t.transpose(0, 1).reshape(t.shape[1], -1, *t.shape[3:])
     return out
@@ -213,6 +213,13 @@ class Learner:
             group["lr"] = lr
         return lr
 
+    def _learned_steps(self, rows: int) -> torch.Tensor:
+        """[B] 1 for the rows of a time-major [T, E] batch past model.burn_in, 0 for the steps that
+        only warm a recurrent state (row t * E + e)."""
+        columns = rows // self.cfg.rollout.rollout_len
+        t = torch.arange(rows, device=self.dev.device) // columns
+        return (t >= self.cfg.model.burn_in).float()
+
     def update(self, progress: float = 0.0) -> UpdateOutcome:
         """One update on the newest round of segments.
 
@@ -223,6 +230,8 @@ class Learner:
         with self.dev.timed(timings, "update_s"):
             slots = self.buffer.latest_slots(self.segments_per_update)
             batch, algo_stats = self.algo.batch(time_major(self.buffer.gather(slots)))
+            if self.cfg.model.burn_in:
+                batch["mask"] = batch["mask"] * self._learned_steps(batch["mask"].shape[0])
             result = run_update(
                 self.model,
                 self.optimizer,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from contracts.config import LearnerConfig
 from learner.device import DeviceContext
 from learner.distributed import average_gradients, mean_across_learners
-from policy.actor_critic import ActorCritic
+from policy.actor_critic import STATE, ActorCritic
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]
@@ -112,7 +112,9 @@ def run_update(
             for k in range(cfg.grad_accum_steps):
                 start = mb * cfg.batch_size + k * micro
                 idx = perm[start : start + micro]
-                micro_batch = {name: t.index_select(0, idx) for name, t in batch.items()}
+                micro_batch = {name: t.index_select(0, idx) for name, t in batch.items() if name != STATE}
+                if STATE in batch:  # per column: a sequence's row at t = 0 is its column's index
+                    micro_batch[STATE] = batch[STATE].index_select(0, idx.view(-1, seq_len or 1)[:, 0])
                 with dev.autocast(cfg.use_amp, cfg.amp_dtype):
                     loss, stats = loss_fn(model, micro_batch)
                 scaled = loss / cfg.grad_accum_steps

@@ -6,6 +6,11 @@ value head unless the algorithm is critic-free). Trunks come from the model regi
 Inputs are the Segment's policy fields: "obs" (or "obs/<path>" per leaf) and, where the env has
 masks, "action_mask" [B, param_size] bool; a bare tensor means {"obs": tensor}.
 
+With a recurrent core (`policy/cores/`, between the trunk and the heads) the inputs also carry
+"state" [k, state_size], the state entering each of k sequences, and optionally "starts" [B] bool
+(an episode starts at the row: its state is zeroed first). The B = k * T rows are k sequences one
+after another, each T steps in time order (T = 1 when acting: one step per env).
+
 Exploration noise always comes from the caller (`act(obs, noise)`), drawn on the CPU from a seeded
 generator, so sampling is bit-identical whatever device runs the network.
 """
@@ -21,6 +26,7 @@ from torch import Tensor, nn
 
 from contracts.segment import Fields
 from contracts.spaces import ActionSpec
+from policy.cores import RecurrentCore
 from policy.distributions import distribution
 from policy.encoders import EncoderPlan, ObsEncoder
 from policy.normalizer import ObsNormalizer
@@ -61,6 +67,10 @@ def init_linear(module: nn.Module, gain: float) -> None:
             nn.init.zeros_(layer.bias)
 
 
+# Input fields a recurrent policy reads besides the observation: per sequence, and per row.
+STATE, STARTS = "state", "starts"
+
+
 @dataclass
 class PolicyOutput:
     """What the learner needs per step: log-prob [B], entropy [B], value [B] (None without a critic)."""
@@ -93,6 +103,8 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = True,
         normalize_reward: bool = False,
         plan: EncoderPlan | None = None,
+        make_core: Callable[[int], RecurrentCore] | None = None,
+        burn_in: int = 0,
     ) -> None:
         super().__init__()
         self.action = action
@@ -111,6 +123,15 @@ class ActorCritic(nn.Module):
             self.v_trunk = make_trunk()
         self.shared_trunk = shared_trunk
         out_dim = self.pi_trunk.out_dim
+        # The core sits after the trunk; a value trunk of its own gets a core of its own.
+        self.pi_core: RecurrentCore | None = None
+        self.v_core: RecurrentCore | None = None
+        if make_core is not None:
+            self.pi_core = make_core(out_dim)
+            if self.v_trunk is not None:
+                self.v_core = make_core(out_dim)
+            out_dim = self.pi_core.out_dim
+        self.burn_in = burn_in
         self.pi_head = nn.Linear(out_dim, action.param_size)
         init_linear(self.pi_head, 0.01)
         self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
@@ -127,22 +148,68 @@ class ActorCritic(nn.Module):
     def has_critic(self) -> bool:
         return self.v_head is not None
 
+    @property
+    def recurrent(self) -> bool:
+        return self.pi_core is not None
+
+    @property
+    def state_size(self) -> int:
+        """Floats of state per env: the policy core's, then the value core's (0 without a core)."""
+        return sum(c.state_size for c in (self.pi_core, self.v_core) if c is not None)
+
+    def initial_state(self, batch: int) -> Tensor:
+        """The state an episode starts from: zeros [batch, state_size]."""
+        return torch.zeros(batch, self.state_size, device=self.pi_head.weight.device)
+
     def set_checkpointing(self, enabled: bool) -> None:
         for trunk in (self.pi_trunk, self.v_trunk):
             if trunk is not None:
                 trunk.checkpointing = enabled
 
-    def _features(self, inputs: Inputs) -> tuple[Tensor, Tensor | None]:
+    def _features(self, inputs: Inputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(policy features [B, F], value [B] or None, the state after each sequence [k, S] or None)."""
         fields = as_fields(inputs)
         if self.encoder is not None:
             x = self.encoder(fields, self.normalizer).to(self.pi_head.weight.dtype)
         else:
             x = self._plain_input(fields["obs"])
         pi = self.pi_trunk(x)
-        if self.v_head is None:
-            return pi, None
-        v_feat = pi if self.v_trunk is None else self.v_trunk(x)
-        return pi, self.v_head(v_feat).squeeze(-1).float()
+        v_feat = None if self.v_head is None else (pi if self.v_trunk is None else self.v_trunk(x))
+        state = None
+        if self.pi_core is not None:
+            pi, v_shared, state = self._through_cores(fields, pi, v_feat if self.v_core is not None else None)
+            v_feat = v_shared if self.v_core is not None else (pi if v_feat is not None else None)
+        if self.v_head is None or v_feat is None:
+            return pi, None, state
+        return pi, self.v_head(v_feat).squeeze(-1).float(), state
+
+    def _through_cores(
+        self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Trunk features [B = k * T, F] through the core(s) from fields["state"] [k, S]:
+        (policy features [B, H], value features [B, H] or None, states after step T-1 [k, S])."""
+        assert self.pi_core is not None
+        state = fields[STATE]
+        k = state.shape[0]
+        steps = pi.shape[0] // k
+        starts = fields.get(STARTS)
+        starts_tk = (
+            torch.zeros(steps, k, dtype=torch.bool, device=pi.device)
+            if starts is None
+            else starts.reshape(k, steps).transpose(0, 1).bool()
+        )
+        outs, states = [], []
+        offset = 0
+        for core, feat in ((self.pi_core, pi), (self.v_core, v)):
+            if core is None or feat is None:
+                continue
+            s0 = state[:, offset : offset + core.state_size].to(feat.dtype)
+            offset += core.state_size
+            seq = feat.reshape(k, steps, -1).transpose(0, 1)  # [T, k, F]
+            out, last = core.sequence(seq, s0, starts_tk, detach_before=self.burn_in if steps > 1 else 0)
+            outs.append(out.transpose(0, 1).reshape(k * steps, -1))
+            states.append(last.float())
+        return outs[0], (outs[1] if len(outs) > 1 else None), torch.cat(states, dim=-1)
 
     def _plain_input(self, obs: Tensor) -> Tensor:
         if self.normalizer.enabled:
@@ -156,7 +223,7 @@ class ActorCritic(nn.Module):
 
     def distribution_params(self, inputs: Inputs) -> tuple[Tensor, Tensor | None]:
         """Action params [B, param_size] (logits, bit logits or means) and the value [B] or None."""
-        feat, value = self._features(inputs)
+        feat, value, _ = self._features(inputs)
         return self.pi_head(feat), value
 
     @property
@@ -183,18 +250,24 @@ class ActorCritic(nn.Module):
 
         value is zeros for a critic-free policy.
         """
-        params, value = self.distribution_params(inputs)
+        return self.act_with_state(inputs, noise)[:3]
+
+    @torch.no_grad()
+    def act_with_state(self, inputs: Inputs, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """`act`, plus the recurrent state after the step [B, S] (None without a core)."""
+        feat, value, state = self._features(inputs)
+        params = self.pi_head(feat)
         mask = as_fields(inputs).get("action_mask")
         actions = self.sample_actions(params, noise, mask)
         logp, _ = self.log_prob_entropy(params, actions, mask)
         if value is None:
             value = torch.zeros(params.shape[0], device=params.device)
-        return actions, logp, value
+        return actions, logp, value, state
 
     @torch.no_grad()
     def value(self, inputs: Inputs) -> Tensor:
         """V(obs) [B]; zeros without a critic."""
-        _, value = self._features(inputs)
+        _, value, _ = self._features(inputs)
         return torch.zeros(batch_size(inputs), device=self.pi_head.weight.device) if value is None else value
 
     @torch.no_grad()

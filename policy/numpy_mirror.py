@@ -23,7 +23,9 @@ from policy.encoders import EncoderPlan, flat_obs, np_encode_others
 from policy.models import ActorCritic, model_kind
 from policy.normalizer import CLIP
 
-Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [B, *act], logp [B], value [B]
+# actions [B, *act], logp [B], value [B], and the recurrent state after the step [B, S] (None
+# without a core)
+Acted = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 def _activation(name: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -138,7 +140,7 @@ class NumpyPolicy:
         params, value = self._forward(inputs)
         mask = as_fields(inputs).get("action_mask")
         actions, logp = self.dist.np_act(self.action, params, noise, mask, self.log_std)
-        return actions, logp, value
+        return actions, logp, value, None
 
     def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
         return self._forward(inputs)[1]
@@ -157,18 +159,20 @@ class TorchCpuPolicy:
         )
 
     def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
-        actions, logp, value = self.policy.act(fields_to_torch(as_fields(inputs)), torch.from_numpy(noise))
-        return actions.numpy(), logp.numpy(), value.numpy()
+        fields = fields_to_torch(as_fields(inputs))
+        actions, logp, value, state = self.policy.act_with_state(fields, torch.from_numpy(noise))
+        return actions.numpy(), logp.numpy(), value.numpy(), None if state is None else state.numpy()
 
     def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
         return self.policy.value(fields_to_torch(as_fields(inputs))).numpy()
 
 
 def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:
-    """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs), else
-    the torch policy."""
+    """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs without
+    a recurrent core), else the torch policy."""
     plan = policy.encoder.plan if policy.encoder is not None else None
-    if not model_kind(model.kind).numpy_mirror or (plan is not None and not plan.numpy_mirror):
+    mirrored = model_kind(model.kind).numpy_mirror and not policy.recurrent
+    if not mirrored or (plan is not None and not plan.numpy_mirror):
         return TorchCpuPolicy(policy)
     fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, policy.normalizer.enabled, plan)
     fast.load(policy.state_dict())

@@ -41,6 +41,7 @@ class ContinuingSampler(SamplerCore):
             step = self.envs.step(self._env_actions(act[0]))
             if step is None:  # the env raised and was rebuilt: every env's chain ends here
                 self._cut_before(seg, t, np.ones(self.cfg.env.num_envs, dtype=bool))
+                self._carry_state(seg, t)
                 n = self.cfg.env.num_envs
                 self._obs = self.envs.reset(seed=self._seeds(1_000 * (self.envs.total_faults + 1), n))
                 continue
@@ -57,8 +58,9 @@ class ContinuingSampler(SamplerCore):
             next_obs = step.obs
             if step.ok is not None:  # rare: some envs returned NaN/inf; their step is dropped
                 next_obs = self._reset_bad_envs(seg, t, ~step.ok, next_obs)
+            self._carry_state(seg, t)
             self._obs = next_obs
-        seg["last_value"] = self.fast.value(self._obs)
+        seg["last_value"] = self.fast.value(self._inputs(self._obs))
         return self._finish(seg, *episodes)
 
     def _bootstrap(self, truncated: np.ndarray, info: dict[str, Any]) -> np.ndarray:
@@ -66,7 +68,7 @@ class ContinuingSampler(SamplerCore):
         out = np.zeros(truncated.shape[0], dtype=np.float32)
         idx = np.flatnonzero(truncated)
         final = self.reader.stack([self.reader.read_one(info["final_obs"][i]) for i in idx])
-        out[idx] = self.fast.value(final)
+        out[idx] = self.fast.value(self._stepped_inputs(final, idx))
         return out
 
     def _track_episodes(

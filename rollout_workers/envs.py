@@ -20,6 +20,7 @@ import numpy as np
 
 from contracts.config import EnvConfig
 from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
+from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import preprocessor
 
 
@@ -129,6 +130,7 @@ ENV_FAMILIES: dict[str, Callable[[], None]] = {
     "ALE/": register_ale,
     "MiniGrid-": register_minigrid,
     "BabyAI-": register_minigrid,
+    "relay/": register_pomdp,
 }
 
 

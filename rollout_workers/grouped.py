@@ -40,6 +40,7 @@ class GroupedSampler(SamplerCore):
         noise = self._draw_segment_noise()
         group_seeds = self._prompts.integers(0, 2**31 - 1, N // G)
         obs = self.envs.reset(seed=[int(group_seeds[i // G]) for i in range(N)])
+        self.reset_state()  # every member starts an episode
         active = np.ones(N, dtype=bool)
         dropped = np.zeros(N, dtype=bool)
         ret = np.zeros(N, dtype=np.float64)
@@ -64,6 +65,7 @@ class GroupedSampler(SamplerCore):
                 dropped |= np.repeat(bad.reshape(-1, G).any(axis=1), G)
                 done = done | bad
             active &= ~done & ~dropped
+            self._carry_state(seg, t)
             obs = step.obs
             if done.any():
                 # Finished members idle in fresh episodes whose steps are masked out.

@@ -11,19 +11,18 @@ import torch
 
 from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
-from contracts.segment import Fields, Segment, SegmentLayout
-from policy.actor_critic import draw_noise
+from contracts.segment import Fields, Segment, SegmentLayout, state_resets
+from policy.actor_critic import STATE, draw_noise
+from policy.cores import state_size
 from policy.encoders import encoder_plan, normalizer_input
 from policy.models import build_policy
 from policy.normalizer import Moments
-from policy.numpy_mirror import cpu_policy
+from policy.numpy_mirror import Acted, cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
 from rollout_workers.observations import ObsReader
 from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
-
-Acted = tuple[np.ndarray, np.ndarray, np.ndarray]  # actions [N, *act], logp [N], value [N]
 
 
 class SamplerCore:
@@ -45,7 +44,13 @@ class SamplerCore:
         self.reader = ObsReader(self.spec, cfg.env.num_envs)
         self.envs.read_with(self.reader)
         self.plan = encoder_plan(self.spec, cfg.model.encoders) if self.spec.structured else None
-        self.layout = SegmentLayout(cfg.rollout.rollout_len, cfg.env.num_envs, self.spec, traits.grouped)
+        self.layout = SegmentLayout(
+            cfg.rollout.rollout_len,
+            cfg.env.num_envs,
+            self.spec,
+            traits.grouped,
+            state_size=state_size(cfg.model, traits.critic),
+        )
         self.reports_episodes = preprocessor(cfg.env.preprocess).reports_episodes
         # [T, N] discounted returns of the segment's steps, for reward scaling's statistics.
         self._returns = (
@@ -54,6 +59,10 @@ class SamplerCore:
         torch.manual_seed(cfg.env.seed)
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
         self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, traits.critic))
+        # A recurrent policy's state per env [N, S], carried from step to step and segment to
+        # segment; zeroed where an episode starts (contracts.segment.state_resets).
+        self._state: np.ndarray | None = None
+        self._stepped: np.ndarray | None = None  # the state after the step being taken, before resets
         self.version = -1
         self.reseed(0)
 
@@ -73,6 +82,30 @@ class SamplerCore:
         self._ep_return = np.zeros(n, dtype=np.float64)
         self._ep_len = np.zeros(n, dtype=np.int64)
         self._discounted = np.zeros(n, dtype=np.float64)  # env.normalize_reward's return process
+        self.reset_state()
+
+    def reset_state(self) -> None:
+        """Every env's recurrent state back to an episode's start (zeros); nothing without a core."""
+        if self.layout.state_size:
+            self._state = np.zeros((self.cfg.env.num_envs, self.layout.state_size), dtype=np.float32)
+
+    def _inputs(self, obs: Fields) -> Fields:
+        """The policy's input fields for the current step: the observation, plus the state."""
+        return obs if self._state is None else {**obs, STATE: self._state}
+
+    def _stepped_inputs(self, obs: Fields, rows: np.ndarray | slice = slice(None)) -> Fields:
+        """Input fields for observations that follow the step just taken (a truncated episode's
+        final observation, the next segment's first), in `rows`: the state after that step."""
+        return obs if self._stepped is None else {**obs, STATE: self._stepped[rows]}
+
+    def _carry_state(self, seg: Segment, t: int) -> None:
+        """Step t is recorded: the state after it goes on, zeroed where the step ended an episode
+        or was lost (the rule the learner replays with)."""
+        if self._stepped is None:
+            return
+        resets = state_resets(seg["terminated"][t], seg["truncated"][t], seg["mask"][t])
+        self._state = np.where(resets[:, None], np.float32(0.0), self._stepped)
+        self._stepped = None
 
     def set_weights(self, version: int, weights: Mapping[str, torch.Tensor | np.ndarray]) -> None:
         """Load a published policy version (normalizer statistics ride along); tensors or arrays."""
@@ -94,7 +127,10 @@ class SamplerCore:
     def _act_and_record(self, seg: Segment, t: int, obs: Fields, noise: np.ndarray) -> Acted:
         """Act on the input fields (each [N, ...]) and record step t; before stepping, which
         overwrites their buffers."""
-        act = self.fast.act(obs, noise)
+        if self._state is not None and t == 0:
+            seg["initial_state"][:] = self._state
+        act = self.fast.act(self._inputs(obs), noise)
+        self._stepped = act[3]
         for name, arr in obs.items():
             seg.arrays[name][t] = arr
         seg["actions"][t] = act[0]

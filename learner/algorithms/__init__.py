@@ -12,6 +12,7 @@ from contracts.spaces import EnvSpec
 from learner.algorithms.base import Algorithm, Batch
 from learner.algorithms.grpo import GRPO
 from learner.algorithms.ppo import PPO
+from policy.cores import state_size
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "ppo": PPO,
@@ -27,9 +28,15 @@ def algorithm_class(name: str) -> type[Algorithm]:
 
 
 def segment_layout(cfg: RelayConfig, env: EnvSpec) -> SegmentLayout:
-    """The exact shape of this run's segments (the algorithm decides grouped or continuing)."""
+    """The exact shape of this run's segments (the algorithm decides grouped or continuing; the
+    recurrent core, the state each segment starts from)."""
+    algo = algorithm_class(cfg.learner.algo)
     return SegmentLayout(
-        cfg.rollout.rollout_len, cfg.env.num_envs, env, grouped=algorithm_class(cfg.learner.algo).grouped
+        cfg.rollout.rollout_len,
+        cfg.env.num_envs,
+        env,
+        grouped=algo.grouped,
+        state_size=state_size(cfg.model, algo.critic),
     )
 
 

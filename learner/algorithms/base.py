@@ -12,17 +12,33 @@ from torch import Tensor
 
 from contracts.algorithm import AlgorithmTraits
 from contracts.config import LearnerConfig, RelayConfig
-from contracts.segment import is_policy_input
+from contracts.segment import is_policy_input, state_resets
 from learner.device import DeviceContext
-from policy.actor_critic import ActorCritic
+from policy.actor_critic import STARTS, STATE, ActorCritic
 
 Batch = dict[str, Tensor]
 
 
 def policy_inputs(data: dict[str, Tensor]) -> dict[str, Tensor]:
     """The fields a policy reads (observation leaves, the action mask) of time-major round data
-    [T, K*N, ...], flattened to [B = T*K*N, ...]."""
-    return {k: v.flatten(0, 1) for k, v in data.items() if is_policy_input(k)}
+    [T, E = K*N, ...], flattened to [B = T*E, ...]; for a recurrent policy also the state entering
+    each column, STATE [E, S], and STARTS [B] (an episode starts at the step: the state the worker
+    carried into it was zeroed, by the rule it applied, `contracts.segment.state_resets`)."""
+    out = {k: v.flatten(0, 1) for k, v in data.items() if is_policy_input(k)}
+    if "initial_state" in data:
+        resets = state_resets(data["terminated"], data["truncated"], data["mask"])
+        starts = torch.zeros_like(resets)
+        starts[1:] = resets[:-1]
+        out[STATE] = data["initial_state"]
+        out[STARTS] = starts.flatten(0, 1)
+    return out
+
+
+def column_order(steps: int, columns: int, device: torch.device) -> Tensor:
+    """Rows of a time-major [T, E] batch flattened (row t * E + e), reordered column by column,
+    each column's T steps in time order: what a recurrent policy reads as E sequences."""
+    t = torch.arange(steps, device=device)
+    return (t.unsqueeze(0) * columns + torch.arange(columns, device=device).unsqueeze(1)).flatten()
 
 
 @torch.no_grad()
@@ -31,16 +47,33 @@ def evaluate_in_chunks(
 ) -> tuple[Tensor, Tensor | None]:
     """(log-probs [B], values [B] or None) of `model` over a whole batch of input fields [B, ...],
     in minibatch-sized chunks (memory stays that of a minibatch), under the same autocast as the
-    update's forward passes."""
+    update's forward passes. A recurrent policy's time-major batch is replayed in whole columns
+    from their stored states, and its results put back in the batch's row order."""
+    size = actions.shape[0]
+    state = inputs.get(STATE)
+    columns = 1 if state is None else state.shape[0]
+    per_chunk = cfg.batch_size if state is None else max(1, cfg.batch_size // (size // columns))
+    order = None if state is None else column_order(size // columns, columns, actions.device)
     logps, values = [], []
     with dev.autocast(cfg.use_amp, cfg.amp_dtype):
-        for start in range(0, actions.shape[0], cfg.batch_size):
-            chunk = {k: v[start : start + cfg.batch_size] for k, v in inputs.items()}
-            out = model.evaluate(chunk, actions[start : start + cfg.batch_size])
+        for start in range(0, size if state is None else columns, per_chunk):
+            if order is None:
+                rows = slice(start, start + per_chunk)
+                chunk = {k: v[rows] for k, v in inputs.items()}
+                out = model.evaluate(chunk, actions[rows])
+            else:
+                steps = size // columns
+                idx = order[start * steps : (start + per_chunk) * steps]
+                chunk = {k: v[start : start + per_chunk] if k == STATE else v[idx] for k, v in inputs.items()}
+                out = model.evaluate(chunk, actions[idx])
             logps.append(out.logp)
             if out.value is not None:
                 values.append(out.value.float())
-    return torch.cat(logps), (torch.cat(values) if values else None)
+    logp, value = torch.cat(logps), (torch.cat(values) if values else None)
+    if order is not None:  # back from column order to the batch's rows
+        logp = torch.empty_like(logp).index_copy_(0, order, logp)
+        value = None if value is None else torch.empty_like(value).index_copy_(0, order, value)
+    return logp, value
 
 
 class Algorithm:

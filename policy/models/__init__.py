@@ -12,6 +12,7 @@ import torch
 from contracts.config import RelayConfig
 from contracts.spaces import ActionSpec, EnvSpec
 from policy.actor_critic import ActorCritic
+from policy.cores import core_class
 from policy.encoders import encoder_plan
 from policy.models.cnn import CnnKind
 from policy.models.mlp import MlpKind
@@ -38,6 +39,8 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
     the config's encoders cannot read the env's leaves."""
     plan = encoder_plan(env, cfg.model.encoders) if env.structured else None
     in_dim = plan.out_dim if plan is not None else env.obs_dim
+    core = core_class(cfg.model.recurrent)
+    size = cfg.model.recurrent_size
     return ActorCritic(
         obs_dim=in_dim,
         action=env.action,
@@ -48,6 +51,8 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
         init_log_std=cfg.model.init_log_std,
         normalize_obs=cfg.model.normalize_obs,
         normalize_reward=cfg.env.normalize_reward,
+        make_core=None if core is None else (lambda features: core(features, size)),
+        burn_in=cfg.model.burn_in,
     )
 
 

@@ -19,6 +19,7 @@ from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import check_device, parse_device_spec
+from policy import cores
 from policy.encoders import ENCODERS, encoder_plan
 from policy.models import MODEL_KINDS, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
@@ -32,6 +33,7 @@ CHOICES = {
     "env.vectorization": list(VECTOR_BACKENDS),
     "env.preprocess": list(PREPROCESSORS),
     "model.encoders": list(ENCODERS),
+    "model.recurrent": [cores.NO_CORE, *cores.CORES],
 }
 GB = 1 << 30
 
@@ -48,6 +50,7 @@ def check_config(cfg: RelayConfig) -> None:
         (model_kind, cfg.model.kind),
         (vector_backend, cfg.env.vectorization),
         (preprocessor, cfg.env.preprocess),
+        (cores.core_class, cfg.model.recurrent),
     ):
         try:
             lookup(name)
@@ -57,6 +60,7 @@ def check_config(cfg: RelayConfig) -> None:
         problems += algorithm_class(cfg.learner.algo).config_problems(cfg)
         problems += model_kind(cfg.model.kind).config_problems(cfg)
         problems += vector_backend(cfg.env.vectorization).config_problems(cfg)
+        problems += cores.config_problems(cfg)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
 

@@ -105,7 +105,7 @@ def test_a_tree_policys_numpy_mirror_matches_torch(kind, critic):
     fields = _fields(256, gen, mask_size=action.param_size if action.maskable else None)
     noise = draw_noise(action, 256, gen)
     a_ref, logp_ref, v_ref = model.act(fields, noise)
-    a, logp, v = fast.act({k: t.numpy() for k, t in fields.items()}, noise.numpy())
+    a, logp, v, _ = fast.act({k: t.numpy() for k, t in fields.items()}, noise.numpy())
     assert a.shape == tuple(a_ref.shape)
     if kind == "continuous":
         torch.testing.assert_close(torch.from_numpy(a), a_ref, atol=1e-5, rtol=1e-5)
@@ -135,5 +135,7 @@ def test_an_image_leaf_acts_through_torch():
     policy = cpu_policy(cfg.model, build_policy(cfg, spec, critic=True))
     assert isinstance(policy, TorchCpuPolicy)
     fields = _fields(8, torch.Generator().manual_seed(0), (LEAVES[0], image))
-    actions, logp, value = policy.act({k: t.numpy() for k, t in fields.items()}, np.full(8, 0.5, np.float32))
+    actions, logp, value, _ = policy.act(
+        {k: t.numpy() for k, t in fields.items()}, np.full(8, 0.5, np.float32)
+    )
     assert actions.shape == (8,) and np.isfinite(logp).all() and np.isfinite(value).all()

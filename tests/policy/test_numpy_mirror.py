@@ -35,7 +35,7 @@ def test_numpy_forward_matches_torch(kind, activation, shared, normalize):
     obs = torch.randn(512, 6, generator=gen) * 3
     noise = draw_noise(action, 512, gen)
     a_ref, logp_ref, v_ref = model.act(obs, noise)
-    a, logp, v = fast.act(obs.numpy(), noise.numpy())
+    a, logp, v, _ = fast.act(obs.numpy(), noise.numpy())
     if kind == "discrete":
         assert (torch.from_numpy(a) == a_ref).float().mean() >= 0.998  # a u on a CDF edge may round apart
         same = torch.from_numpy(a) == a_ref
@@ -63,7 +63,7 @@ def test_critic_free_mirror_matches_torch(kind):
     obs = torch.randn(256, 4, generator=gen)
     noise = draw_noise(model.action, 256, gen)
     a_ref, logp_ref, _ = model.act(obs, noise)
-    a, logp, v = fast.act(obs.numpy(), noise.numpy())
+    a, logp, v, _ = fast.act(obs.numpy(), noise.numpy())
     if kind == "discrete":
         same = torch.from_numpy(a) == a_ref
         assert same.float().mean() >= 0.99
