@@ -7,7 +7,7 @@ Inputs are the Segment's policy fields: "obs" (or "obs/<path>" per leaf) and, wh
 masks, "action_mask" [B, param_size] bool; a bare tensor means {"obs": tensor}.
 
 With a recurrent core (`policy/cores/`, between the trunk and the heads) the inputs also carry
-"state" [k, state_size], the state entering each of k sequences, and optionally "starts" [B] bool
+"h_in" [k, state_size], the state entering each of k sequences, and optionally "starts" [B] bool
 (an episode starts at the row: its state is zeroed first). The B = k * T rows are k sequences one
 after another, each T steps in time order (T = 1 when acting: one step per env).
 
@@ -68,7 +68,8 @@ def init_linear(module: nn.Module, gain: float) -> None:
 
 
 # Input fields a recurrent policy reads besides the observation: per sequence, and per row.
-STATE, STARTS = "state", "starts"
+# (STATE is also the input's name in exported graphs, whose output "h_out" is the next state.)
+STATE, STARTS = "h_in", "starts"
 
 
 @dataclass
@@ -157,6 +158,11 @@ class ActorCritic(nn.Module):
         """Floats of state per env: the policy core's, then the value core's (0 without a core)."""
         return sum(c.state_size for c in (self.pi_core, self.v_core) if c is not None)
 
+    @property
+    def acting_state_size(self) -> int:
+        """Floats of state acting alone carries (`policy_step`): the policy core's."""
+        return 0 if self.pi_core is None else self.pi_core.state_size
+
     def initial_state(self, batch: int) -> Tensor:
         """The state an episode starts from: zeros [batch, state_size]."""
         return torch.zeros(batch, self.state_size, device=self.pi_head.weight.device)
@@ -166,13 +172,27 @@ class ActorCritic(nn.Module):
             if trunk is not None:
                 trunk.checkpointing = enabled
 
+    def _trunk_input(self, fields: Mapping[str, Tensor]) -> Tensor:
+        if self.encoder is not None:
+            return self.encoder(fields, self.normalizer).to(self.pi_head.weight.dtype)
+        return self._plain_input(fields["obs"])
+
+    def policy_step(self, inputs: Inputs) -> tuple[Tensor, Tensor | None]:
+        """The acting path alone (no value network): action params [B, param_size] and, for a
+        recurrent policy, the policy core's state after the step [B, acting_state_size] (the
+        inputs' "h_in" holds at least that state's columns). What exported graphs, serving and
+        `relay verify` run."""
+        fields = as_fields(inputs)
+        pi = self.pi_trunk(self._trunk_input(fields))
+        state = None
+        if self.pi_core is not None:
+            pi, _, state = self._through_cores(fields, pi, None)
+        return self.pi_head(pi), state
+
     def _features(self, inputs: Inputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """(policy features [B, F], value [B] or None, the state after each sequence [k, S] or None)."""
         fields = as_fields(inputs)
-        if self.encoder is not None:
-            x = self.encoder(fields, self.normalizer).to(self.pi_head.weight.dtype)
-        else:
-            x = self._plain_input(fields["obs"])
+        x = self._trunk_input(fields)
         pi = self.pi_trunk(x)
         v_feat = None if self.v_head is None else (pi if self.v_trunk is None else self.v_trunk(x))
         state = None
@@ -274,5 +294,5 @@ class ActorCritic(nn.Module):
     def deterministic(self, inputs: Inputs) -> Tensor:
         """Greedy action (the most likely allowed choice per component, bits with p > 0.5, or the
         Gaussian mean) [B, *act]."""
-        params, _ = self.distribution_params(inputs)
+        params, _ = self.policy_step(inputs)
         return self.dist.deterministic(self.action, params, as_fields(inputs).get("action_mask"))

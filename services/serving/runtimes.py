@@ -48,7 +48,7 @@ class TorchRuntime:
     def act(self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
         x = {k: v.to(self.dev.device) for k, v in fields_to_torch(self.handle.as_input(obs)).items()}
         mask = x.get("action_mask")
-        params, _ = self.model.distribution_params(x)
+        params, _ = self.model.policy_step(x)
         sampled = self.model.sample_actions(params, torch.from_numpy(noise).to(self.dev.device), mask)
         greedy = self.model.dist.deterministic(self.model.action, params, mask)
         rows = torch.from_numpy(deterministic).to(self.dev.device).reshape(-1, *[1] * (sampled.dim() - 1))

@@ -262,6 +262,12 @@ class PolicyService:
 
     def _load(self, path: Path) -> Served:
         handle = load_policy(path)
+        if handle.recurrent:
+            # Each client's state would have to live in the replica between calls; not built yet.
+            raise PolicyLoadError(
+                f"{path.name}: a recurrent policy; relay serve keeps no per-client state yet "
+                "(relay export writes a graph that takes and returns it: h_in, h_out)"
+            )
         version = 0
         if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
             version = int(load_checkpoint(path).learner.get("version", 0))

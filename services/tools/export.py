@@ -3,10 +3,13 @@
 Graph (opset 17, dynamic batch axis): input `obs` [batch, *obs_shape] float32 (uint8 for image
 policies), or for a Dict/Tuple observation one input per leaf (`obs/<path>`, each in its dtype:
 uint8 images, int64 choices), plus `action_mask` [batch, param_size] bool where the env has masks;
-outputs `action` (what the env takes) plus `mean` and `std` (continuous) or `logits` (the others). The
+outputs `action` (what the env takes) plus `mean` and `std` (continuous) or `logits` (the others).
+A recurrent policy's graph also takes `h_in` [batch, S] and returns `h_out` (the state entering
+and leaving the step, as ML-Agents' `memory_size` exports carry theirs). The
 normalizer's statistics stay float32 tensors in the graph. The export is checked against
 onnxruntime on CPU (2,000 random observations, or 1,000 random and 1,000 recorded in the env the
-user names with `--env`; max abs error <= 1e-5; every output finite); a failing file is never
+user names with `--env`; a recurrent policy also over 100 steps with each runtime feeding its own
+`h_out` back; max abs error <= 1e-5; every output finite); a failing file is never
 written, and neither is one over the checkpoint, a link, a FIFO or a device, or over an existing
 file without `--force`. The run's config and env spec ride along as metadata (`relay_config`,
 `relay_env`), as data.
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 
 from contracts.segment import Fields
-from policy.actor_critic import fields_to_numpy, fields_to_torch
+from policy.actor_critic import STATE, fields_to_numpy, fields_to_torch
 from services.files import write_new
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
@@ -107,6 +110,34 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: Fields) -> floa
     return max(float(d.max()) for d in diffs)
 
 
+def sequence_error(
+    handle: PolicyHandle, model_bytes: bytes, steps: int = 100, batch: int = 8, seed: int = 0
+) -> float:
+    """The largest |onnxruntime - torch| over `steps` steps of a recurrent policy, each runtime
+    feeding its own `h_out` back as the next `h_in` (so a drift that compounds shows); 0.0 for a
+    policy without state."""
+    if not handle.recurrent:
+        return 0.0
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    module = DeterministicPolicy(handle).eval()
+    gen = torch.Generator().manual_seed(seed)
+    h_ort = h_torch = handle.initial_state(batch)
+    worst = 0.0
+    for _ in range(steps):
+        x = handle.as_input(fields_to_numpy(handle.synthetic_obs(batch, gen)))
+        got = session.run(None, {**x, STATE: h_ort})
+        with torch.no_grad():
+            inputs = fields_to_torch({**x, STATE: h_torch})
+            want = [w.numpy() for w in module(*(inputs[n] for n in handle.input_names))]
+        worst = max(
+            worst, *(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want, strict=True))
+        )
+        h_ort, h_torch = got[-1], want[-1]
+    return worst
+
+
 def export_onnx(
     handle: PolicyHandle, out: Path, env_id: str | None = None, seed: int = 0, replace: bool = False
 ) -> ExportReport:
@@ -122,7 +153,7 @@ def export_onnx(
             fields_to_numpy(handle.synthetic_obs(1000, gen)),
             recorded_observations(handle, env_id, 1000, seed),
         ]
-    err = max(max_abs_error(handle, data, b) for b in batches)
+    err = max(*(max_abs_error(handle, data, b) for b in batches), sequence_error(handle, data, seed=seed))
     if not err <= TOLERANCE:
         raise ExportCheckFailed(
             f"onnxruntime differs from torch by {err:.3g} (> {TOLERANCE}); nothing written"

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from contracts.config import RelayConfig
 from contracts.segment import Fields, as_fields
 from contracts.spaces import EnvSpec, ObsLeaf
+from policy.actor_critic import STATE
 from policy.models import ActorCritic
 
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
@@ -51,9 +52,19 @@ class PolicyHandle:
     @property
     def input_names(self) -> list[str]:
         """The policy's inputs, in order: "obs" (a plain Box), or "obs/<path>" per leaf of a tree,
-        then "action_mask" where the env has masks. The exported graph's inputs are these."""
+        then "action_mask" where the env has masks, then "h_in" (the state entering the step) for
+        a recurrent policy. The exported graph's inputs are these."""
         names = [leaf.field for leaf in self.env.obs_leaves]
-        return names + (["action_mask"] if self.env.action_mask is not None else [])
+        names += ["action_mask"] if self.env.action_mask is not None else []
+        return names + ([STATE] if self.recurrent else [])
+
+    @property
+    def recurrent(self) -> bool:
+        return self.model.recurrent
+
+    def initial_state(self, batch: int) -> np.ndarray:
+        """The state an episode starts acting from: zeros [batch, acting_state_size]."""
+        return np.zeros((batch, self.model.acting_state_size), dtype=np.float32)
 
     def as_input(self, obs: Fields | np.ndarray) -> Fields:
         """Input fields (a bare array is a plain observation) in the dtypes the policy reads:
@@ -61,6 +72,7 @@ class PolicyHandle:
         fields = as_fields(obs)
         dtypes = {leaf.field: leaf.storage_dtype for leaf in self.env.obs_leaves}
         dtypes["action_mask"] = np.dtype(np.bool_)
+        dtypes[STATE] = np.dtype(np.float32)
         return {name: np.asarray(fields[name]).astype(dtypes[name], copy=False) for name in self.input_names}
 
     def check_fits(self, batch: int) -> None:
@@ -91,6 +103,8 @@ class PolicyHandle:
             out = {leaf.field: synthetic_leaf(leaf, batch, generator) for leaf in self.env.obs_leaves}
         if self.env.action_mask is not None:
             out["action_mask"] = torch.rand(batch, self.env.action.param_size, generator=generator) < 0.7
+        if self.recurrent:  # states a core meets: tanh-bounded h, c of either sign
+            out[STATE] = torch.randn(batch, self.model.acting_state_size, generator=generator) * 0.5
         return out
 
     @property
@@ -124,6 +138,9 @@ class DeterministicPolicy(nn.Module):
     in their dtypes, the action mask) -> (action, ...), with the normalizer (or the CNN's /255) and
     the encoders folded in.
 
+    A recurrent policy also takes "h_in" [B, S] and returns "h_out" [B, S] last: the state
+    entering and leaving the step (the caller carries it, zeros at an episode's start).
+
     `action` is what the env takes, [B, *env action shape]: the greedy allowed choice per component
     from the space's start (int64), bits with p > 0.5 (int64), or the mean after the source's action
     transform (float32). Continuous actions add `mean` and `std` [B, A]; the others `logits`
@@ -145,20 +162,22 @@ class DeterministicPolicy(nn.Module):
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         fields = dict(zip(self.names, inputs, strict=True))
-        params, _ = self.model.distribution_params(fields)
+        params, state = self.model.policy_step(fields)
+        carried = () if state is None else (state,)
         if self.model.action.kind == "continuous":
             std = self.model.log_std.exp().expand_as(params)
             action = self.transform(params)
             if self.env_shape:
                 action = action.reshape(-1, *self.env_shape)
-            return action, params, std
+            return action, params, std, *carried
         action = self.model.dist.deterministic(self.model.action, params, fields.get("action_mask"))
         if self.offsets is not None:
             action = action + self.offsets
         if self.env_shape:
             action = action.reshape(-1, *self.env_shape)
-        return action, params
+        return action, params, *carried
 
 
 def output_names(handle: PolicyHandle) -> list[str]:
-    return ["action", "mean", "std"] if handle.continuous else ["action", "logits"]
+    names = ["action", "mean", "std"] if handle.continuous else ["action", "logits"]
+    return names + (["h_out"] if handle.recurrent else [])

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import EnvConfig
 from contracts.segment import Fields
-from policy.actor_critic import draw_noise, fields_to_torch
+from policy.actor_critic import STATE, draw_noise, fields_to_torch
 from policy.models import infer_env_spec
 from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
 from rollout_workers.observations import ObsReader
@@ -103,11 +104,18 @@ def _record(handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, count:
     reader = ObsReader(handle.env, env.num_envs)
     gen = torch.Generator().manual_seed(seed)
     out: list[Fields] = []
+    state = handle.initial_state(env.num_envs)  # a recurrent policy's, carried as it acts
+    model = handle.model
     while sum(rows_of(o) for o in out) < count:
-        out.append(handle.as_input(reader.read(obs, info)))
-        noise = draw_noise(handle.model.action, env.num_envs, gen)
-        actions, _, _ = handle.model.act(fields_to_torch(out[-1]), noise)
-        obs, _, _, _, info = env.step(
+        fields = reader.read(obs, info)
+        out.append(handle.as_input({**fields, STATE: state} if handle.recurrent else fields))
+        noise = draw_noise(model.action, env.num_envs, gen)
+        x = fields_to_torch(out[-1])
+        params, after = model.policy_step(x)
+        actions = model.sample_actions(params, noise, x.get("action_mask"))
+        obs, _, terminated, truncated, info = env.step(
             env_actions(handle.env.action, env.single_action_space, actions.numpy())
         )
+        if after is not None:
+            state = np.where((terminated | truncated)[:, None], np.float32(0.0), after.numpy())
     return {k: v[:count] for k, v in concat_fields(out).items()}

@@ -26,12 +26,6 @@ def relay_policy(
     except (ValidationError, ValueError, TypeError) as err:
         first = " ".join(str(err).split())[:200]
         raise PolicyLoadError(f"{source}: unreadable relay config ({first})") from None
-    if cfg.model.recurrent != "none":
-        # Acting needs the state carried between calls: refused rather than served stateless.
-        raise PolicyLoadError(
-            f"{source}: a recurrent policy (model.recurrent={cfg.model.recurrent}); export, verify and "
-            "serve do not carry its state yet"
-        )
     critic = has_critic_weights(weights)
     try:
         # Shapes first, on the meta device (nothing allocated): a spec read from a file may name

@@ -52,7 +52,7 @@ class PrecisionRow:
 def policy_outputs(handle: PolicyHandle, model: ActorCritic, obs: dict[str, Tensor]) -> Tensor:
     """What precision is judged on, [B, P] fp32: transformed mean actions, the (allowed) action
     probabilities per component, or each bit's probability."""
-    params, _ = model.distribution_params(obs)
+    params, _ = model.policy_step(obs)
     if handle.continuous:
         return handle.action_transform(params.float())
     return model.dist.summary(model.action, params, obs.get("action_mask"))
@@ -102,7 +102,7 @@ def fingerprint(
     for _ in range(steps):
         obs = _to(handle.synthetic_obs(batch, gen), dev.device, torch.float32)
         noise = draw_noise(handle.model.action, batch, gen)
-        params, _ = model.distribution_params(obs)
+        params, _ = model.policy_step(obs)
         actions = model.sample_actions(params, noise.to(dev.device), obs.get("action_mask")).cpu()
         if handle.continuous:
             actions = torch.round(handle.action_transform(actions) * 1e4).to(torch.int64)
@@ -135,7 +135,7 @@ def torch_latency(handle: PolicyHandle, dev: DeviceContext, obs: Fields, runs: i
         dev.synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            model.distribution_params(x)
+            model.policy_step(x)
         dev.synchronize()
         return (time.perf_counter() - t0) * 1e3
 

@@ -1,7 +1,9 @@
 """Recurrent policies trained end to end with `relay train`: CartPole without its velocities
 (relay/CartPoleNoVel-v1, which one frame cannot solve) learned by an LSTM on Ray actors, its state
-carried through segments; a GRU under GRPO and V-trace locally; a resumed run goes on; export,
-verify and serve refuse a recurrent checkpoint in one line instead of acting without its state."""
+carried through segments; a GRU under GRPO and V-trace locally; a resumed run goes on; export
+writes the state as the graph's h_in/h_out (checked against onnxruntime over 100 fed-back steps),
+verify reads the checkpoint and the graph, and serve refuses in one line instead of acting
+without the state."""
 
 import json
 
@@ -29,18 +31,34 @@ def test_an_lstm_learns_cartpole_without_velocities_on_ray(local_ray, tmp_path):
     assert lines[-1]["num_workers"] == 2 and lines[-1]["rejected_segments"] == 0
 
 
-def test_a_recurrent_run_resumes_and_its_checkpoint_is_refused_by_export(tmp_path, capsys):
+def test_a_recurrent_run_resumes_exports_and_verifies(tmp_path, capsys):
+    import onnx
+
     run = tmp_path / "novel"
     assert train_local(NOVEL, run, "stop.env_steps=4096", "learner.buffer_size=256", "model.recurrent=gru") == 0
     sets = ["stop.env_steps=8192", "metrics.progress=none"]
     assert main(["resume", str(run), *[a for kv in sets for a in ("--set", kv)]]) == 0
     assert _lines(run)[-1]["env_steps"] >= 8192
     ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    out = tmp_path / "p.onnx"
+    assert main(["export", str(ckpt), "--out", str(out), "--env", "relay/CartPoleNoVel-v1"]) == 0
+    graph = onnx.load(out).graph
+    assert [i.name for i in graph.input] == ["obs", "h_in"]
+    assert [o.name for o in graph.output] == ["action", "logits", "h_out"]
+    assert graph.input[1].type.tensor_type.shape.dim[1].dim_value == 64  # the GRU's 64 units
+    for model in (ckpt, out):
+        assert main(["verify", str(model), "--dtypes", "float32"]) == 0
     capsys.readouterr()
-    assert main(["export", str(ckpt), "--out", str(tmp_path / "p.onnx")]) == 2
+
+
+def test_serve_refuses_a_recurrent_policy_in_one_line(tmp_path, capsys):
+    run = tmp_path / "novel"
+    assert train_local(NOVEL, run, "stop.env_steps=2048", "learner.buffer_size=256") == 0
+    ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    capsys.readouterr()
+    assert main(["serve", str(ckpt), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "recurrent policy (model.recurrent=gru)" in err[0], err
-    assert not (tmp_path / "p.onnx").exists()
+    assert len(err) == 1 and "recurrent policy; relay serve keeps no per-client state" in err[0], err
 
 
 @pytest.mark.parametrize(

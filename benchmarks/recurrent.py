@@ -1,0 +1,108 @@
+"""Recurrent policies on a task one frame cannot solve: CartPole without its velocities
+(relay/CartPoleNoVel-v1, rl-baselines3-zoo's CartPoleNoVel) to a mean return of 475.
+
+    python benchmarks/recurrent.py --max-wall 900
+
+relay with an LSTM core (configs/cartpole_novel_lstm_ppo.yaml), relay without memory (the same
+config, model.recurrent=none: it must plateau well below, which shows the memory is what solves
+it), and sb3-contrib's RecurrentPPO with rl-baselines3-zoo's hyperparameters for this env
+(VecNormalize, 8 envs x 32 steps, batch 256, gae_lambda 0.8, gamma 0.98, 20 epochs, lr and clip
+annealed from 1e-3 and 0.2, LSTM 64 with a critic LSTM, ReLU [64] heads, no orthogonal init).
+One process each (relay in local mode, as SB3), one after another on this machine, seed 0; wall
+counts from the first env step. Target: relay reaches 475 in <= 0.5x RecurrentPPO's wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, sb3_learn_until, table
+from spaces import Outcome, Task, run_relay
+
+TASK = Task("novel", "relay/CartPoleNoVel-v1", 475.0, 1_000_000)
+CONFIG = "configs/cartpole_novel_lstm_ppo.yaml"
+LOCAL = ["learner.buffer_size=256"]  # one process: a round is one 8 x 32 segment (SB3's 256 steps)
+
+
+def run_recurrent_ppo(max_wall: float) -> Outcome:
+    import gymnasium as gym
+    from sb3_contrib import RecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+    from torch import nn
+
+    from rollout_workers.pomdp import register_pomdp
+
+    register_pomdp()
+    env = VecNormalize(make_vec_env(lambda: gym.make(TASK.env_id), n_envs=8, seed=0))
+
+    def linear(start: float):  # rl-zoo's lin_<start>
+        return lambda remaining: remaining * start
+
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        gae_lambda=0.8,
+        gamma=0.98,
+        n_epochs=20,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        policy_kwargs={
+            "ortho_init": False,
+            "activation_fn": nn.ReLU,
+            "lstm_hidden_size": 64,
+            "enable_critic_lstm": True,
+            "net_arch": {"pi": [64], "vf": [64]},
+        },
+        seed=0,
+        device="cpu",
+        verbose=0,
+    )
+    solved, wall, steps, final = sb3_learn_until(model, TASK.target, max_wall, 200_000)
+    return Outcome(TASK.key, "sb3-contrib RecurrentPPO (rl-zoo)", solved, wall, steps, final)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-wall", type=float, default=900.0)
+    parser.add_argument("--only", default="lstm,none,sb3")
+    args = parser.parse_args()
+    runs = {
+        "lstm": lambda: run_relay(TASK, CONFIG, args.max_wall, LOCAL, "relay, LSTM 64"),
+        "none": lambda: run_relay(
+            TASK,
+            CONFIG,
+            args.max_wall / 3,
+            [*LOCAL, "model.recurrent=none", "learner.minibatch=steps"],
+            "relay, no memory",
+        ),
+        "sb3": lambda: run_recurrent_ppo(args.max_wall),
+    }
+    outcomes = []
+    for key in args.only.split(","):
+        print(f"... {key}", file=sys.stderr, flush=True)
+        outcomes.append(runs[key]())
+    print(machine_header("recurrent: CartPoleNoVel-v1 to a mean return of 475 (seed 0)"))
+    relay = outcomes[0]
+    rows = [
+        [
+            o.system,
+            "yes" if o.solved else "NO",
+            o.env_steps,
+            o.wall_s,
+            o.final_return,
+            relay.wall_s / o.wall_s if relay.solved and o.solved and o is not relay else None,
+        ]
+        for o in outcomes
+    ]
+    print(table(["system", "reached", "env steps", "wall s", "return", "relay wall / this"], rows))
+
+
+if __name__ == "__main__":
+    main()
