@@ -20,6 +20,7 @@ from contracts.rounds import Publication, RoundResult
 from contracts.spaces import EnvSpec
 from learner.device import accelerator_resources, ray_options
 from learner.distributed import init_group, world_size
+from learner.heap import HeapTrimmer
 from learner.learner import Arrival, Arrivals, Learner
 
 Fetched = Arrival | ray.exceptions.RayError
@@ -36,11 +37,11 @@ class LearnerActor:
         self.learner = Learner(cfg, env)
         self._published: Publication | None = None
         # Segments of the next rounds, fetched and staged while the learner updates, by one thread
-        # kept for the actor's life: a thread started per round (~45k an hour on CartPole) grew
-        # the learner's native memory about 1 KB a round (glibc's per-thread arenas).
+        # kept for the actor's life rather than one started per round (~45k an hour on CartPole).
         self._prefetched: dict[ray.ObjectRef, Fetched] = {}
         self._prefetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-prefetch")
         self._prefetching: Future[None] | None = None
+        self._heap = HeapTrimmer()  # freed heap back to the OS once a minute (learner/heap.py)
 
     def describe(self) -> dict[str, Any]:
         """Device, Ray-assigned accelerator ids and parameter count, for logs."""
@@ -125,6 +126,7 @@ class LearnerActor:
         if upcoming:
             self._prefetching = self._prefetch_pool.submit(self._prefetch, upcoming)
         out = self.learner.train_arrivals(arrivals, progress, lockstep=world_size() > 1)
+        self._heap.maybe_trim()
         return out, (self._publish() if out.metrics is not None else None)
 
     @ray.method(enable_task_events=False)  # every checkpoint: no task record kept in the GCS

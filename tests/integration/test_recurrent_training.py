@@ -35,7 +35,9 @@ def test_a_recurrent_run_resumes_exports_and_verifies(tmp_path, capsys):
     import onnx
 
     run = tmp_path / "novel"
-    assert train_local(NOVEL, run, "stop.env_steps=4096", "learner.buffer_size=256", "model.recurrent=gru") == 0
+    assert (
+        train_local(NOVEL, run, "stop.env_steps=4096", "learner.buffer_size=256", "model.recurrent=gru") == 0
+    )
     sets = ["stop.env_steps=8192", "metrics.progress=none"]
     assert main(["resume", str(run), *[a for kv in sets for a in ("--set", kv)]]) == 0
     assert _lines(run)[-1]["env_steps"] >= 8192
