@@ -69,6 +69,10 @@ METRICS: dict[str, str] = {
     "learner_rss_bytes": "resident memory of the learner process now",
     "driver_rss_bytes": "resident memory of the driver process now",
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
+    "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a diverging "
+    "core shows here; recurrent policies)",
+    "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
+    "segment (recurrent policies)",
 }
 
 # What DESIGN.md promises on every line (algorithm-specific keys are added by each algorithm).
@@ -148,6 +152,11 @@ CHARTS: list[dict[str, Any]] = [
         "id": "host_memory",
         "title": "Host memory by process (bytes: learner, driver, largest rollout worker)",
         "keys": ["learner_rss_bytes", "driver_rss_bytes", "rollout_rss_bytes"],
+    },
+    {
+        "id": "recurrent",
+        "title": "Recurrent state: mean |state| at segment starts, resets per segment",
+        "keys": ["state_abs_mean", "state_resets_per_segment"],
     },
     {
         "id": "faults",

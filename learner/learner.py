@@ -17,7 +17,7 @@ import torch
 
 from contracts.config import RelayConfig
 from contracts.rounds import RoundResult, add_faults
-from contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected
+from contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected, state_resets
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class, segment_layout
 from learner.buffer import SegmentRingBuffer
@@ -73,6 +73,20 @@ def time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[name] = t.transpose(0, 1).reshape(t.shape[1], -1, *t.shape[3:])
     return out
+
+
+def recurrent_state_stats(data: dict[str, torch.Tensor], segments: int) -> dict[str, float]:
+    """A recurrent policy's state in a round of `segments` segments as time-major data [T, E, ...]:
+    the mean |value| of the states its columns start from, and the states zeroed inside them (an
+    episode starting at step t > 0) per segment; {} without a core."""
+    state = data.get("initial_state")
+    if state is None:
+        return {}
+    resets = state_resets(data["terminated"][:-1], data["truncated"][:-1], data["mask"][:-1])
+    return {
+        "state_abs_mean": float(state.abs().mean()),
+        "state_resets_per_segment": float(resets.sum()) / max(segments, 1),
+    }
 
 
 @dataclass
@@ -229,7 +243,9 @@ class Learner:
         lr = self._set_lr(progress)
         with self.dev.timed(timings, "update_s"):
             slots = self.buffer.latest_slots(self.segments_per_update)
-            batch, algo_stats = self.algo.batch(time_major(self.buffer.gather(slots)))
+            data = time_major(self.buffer.gather(slots))
+            state_stats = recurrent_state_stats(data, self.segments_per_update)
+            batch, algo_stats = self.algo.batch(data)
             if self.cfg.model.burn_in:
                 batch["mask"] = batch["mask"] * self._learned_steps(batch["mask"].shape[0])
             result = run_update(
@@ -261,6 +277,7 @@ class Learner:
         metrics = {
             **result.stats,
             **algo_stats,
+            **state_stats,
             "lr": lr,
             "learner_samples_per_s": result.samples / max(timings["update_s"], 1e-9),
             "epochs_run": result.epochs_run,

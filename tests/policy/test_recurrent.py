@@ -79,3 +79,17 @@ def test_recurrent_config_rules_name_the_fields(sets, words):
     cfg = load_config("configs/cartpole_ppo.yaml", sets)
     with pytest.raises(ConfigError, match=words):
         check_config(cfg)
+
+
+def test_the_learner_reports_the_state_it_replays_from(tmp_path):
+    from learner.learner import Learner
+
+    cfg = recurrent_cfg("lstm", "learner.buffer_size=256")
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    sampler.sample()  # the second segment starts from a carried state
+    seg = sampler.sample()
+    metrics = learner.train_round([seg]).metrics
+    resets = int((seg["terminated"][:-1] + seg["truncated"][:-1] > 0).sum())
+    assert metrics["state_resets_per_segment"] == resets
+    assert metrics["state_abs_mean"] == pytest.approx(float(np.abs(seg["initial_state"]).mean()), rel=1e-5)
