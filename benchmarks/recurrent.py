@@ -10,6 +10,13 @@ it), and sb3-contrib's RecurrentPPO with rl-baselines3-zoo's hyperparameters for
 annealed from 1e-3 and 0.2, LSTM 64 with a critic LSTM, ReLU [64] heads, no orthogonal init).
 One process each (relay in local mode, as SB3), one after another on this machine, seed 0; wall
 counts from the first env step. Target: relay reaches 475 in <= 0.5x RecurrentPPO's wall.
+
+    python benchmarks/recurrent.py --only sampling
+
+What the core costs a rollout worker: env steps/s of 2 workers alone on CartPole (8 envs each)
+without a core and with LSTM and GRU cores (both acting through the numpy mirror), and where it
+goes: one acting call on 8 envs timed in-process for the numpy mirror with and without a core and
+for the torch policy with one (what the workers would run without the mirror).
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, sb3_learn_until, table
+from common import machine_header, sampling_rate, sb3_learn_until, table
 from spaces import Outcome, Task, run_relay
 
 TASK = Task("novel", "relay/CartPoleNoVel-v1", 475.0, 1_000_000)
@@ -68,11 +76,73 @@ def run_recurrent_ppo(max_wall: float) -> Outcome:
     return Outcome(TASK.key, "sb3-contrib RecurrentPPO (rl-zoo)", solved, wall, steps, final)
 
 
+def sampling_table(seconds: float) -> str:
+    import time
+
+    import numpy as np
+    import ray
+    import torch
+
+    from contracts.config import load_config
+    from policy.models import build_policy
+    from policy.numpy_mirror import TorchCpuPolicy, cpu_policy
+    from rollout_workers.envs import probe_env_spec
+
+    base = ["learner.minibatch=sequences", "model.recurrent_size=64"]
+    cores = {"no core": "none", "lstm 64": "lstm", "gru 64": "gru"}
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    rows = []
+    for name, core in cores.items():
+        cfg = load_config("configs/cartpole_ppo.yaml", [*base, f"model.recurrent={core}"])
+        rows.append([name, sampling_rate(cfg, 2, seconds)])
+    ray.shutdown()
+    rate = rows[0][1]
+    for row in rows:
+        row.append(row[1] / rate)
+
+    def per_call_us(policy, state_size: int) -> float:
+        obs = {"obs": np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)}
+        if state_size:
+            obs["h_in"] = np.zeros((8, state_size), np.float32)
+        noise = np.random.default_rng(1).random(8).astype(np.float32)
+        for _ in range(200):
+            policy.act(obs, noise)
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            policy.act(obs, noise)
+        return (time.perf_counter() - t0) / 2000 * 1e6
+
+    torch.set_num_threads(1)
+    calls = []
+    for name, core, torch_path in (
+        ("mlp, numpy mirror", "none", False),
+        ("mlp + lstm 64, numpy mirror", "lstm", False),
+        ("mlp + gru 64, numpy mirror", "gru", False),
+        ("mlp + lstm 64, torch", "lstm", True),
+    ):
+        cfg = load_config("configs/cartpole_ppo.yaml", [*base, f"model.recurrent={core}"])
+        model = build_policy(cfg, probe_env_spec(cfg.env), critic=True)
+        policy = TorchCpuPolicy(model) if torch_path else cpu_policy(cfg.model, model)
+        calls.append([name, per_call_us(policy, model.state_size)])
+    return "\n".join(
+        [
+            table(["policy (2 workers x 8 CartPole envs)", "env steps/s", "vs no core"], rows),
+            "",
+            table(["acting call, 8 envs", "us per call"], calls),
+        ]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-wall", type=float, default=900.0)
     parser.add_argument("--only", default="lstm,none,sb3")
+    parser.add_argument("--seconds", type=float, default=30.0, help="sampling: seconds per policy")
     args = parser.parse_args()
+    if args.only == "sampling":
+        print(machine_header("recurrent: what a core costs the rollout workers (CartPole, W = 2)"))
+        print(sampling_table(args.seconds))
+        return
     runs = {
         "lstm": lambda: run_relay(TASK, CONFIG, args.max_wall, LOCAL, "relay, LSTM 64"),
         "none": lambda: run_relay(

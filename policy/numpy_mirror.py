@@ -1,5 +1,5 @@
-"""CPU acting for rollout workers: a numpy fast path for MLP policies, tied to the torch policy
-by a test, and the torch policy itself for the others (the token transformer).
+"""CPU acting for rollout workers: a numpy fast path for MLP policies (and their recurrent cores),
+tied to the torch policy by tests, and the torch policy itself for the others (the token transformer).
 
 Rollout workers act on batches of 8-64 observations, where torch's per-op dispatch (~5 us) costs
 more than the arithmetic; numpy does the same few matmuls in about a microsecond each. The torch
@@ -17,7 +17,8 @@ import torch
 from contracts.config import ModelConfig
 from contracts.segment import Fields, as_fields
 from contracts.spaces import ActionSpec
-from policy.actor_critic import fields_to_torch
+from policy.actor_critic import STATE, fields_to_torch
+from policy.cores import RecurrentCore, core_class
 from policy.distributions import distribution
 from policy.encoders import EncoderPlan, flat_obs, np_encode_others
 from policy.models import ActorCritic, model_kind
@@ -66,8 +67,13 @@ class NumpyPolicy:
         shared_trunk: bool,
         normalize_obs: bool,
         plan: EncoderPlan | None = None,
+        core: type[RecurrentCore] | None = None,
     ) -> None:
         self.action = action
+        self.core = core
+        # (prepared cell, its state width) for the policy core, then the value core if any
+        self.cores: list[tuple[object, int]] = []
+        self.pi_width = 0  # features of the policy trunk; the value trunk's follow them
         self.dist = distribution(action.kind)
         self.plan = plan
         self.act_fn = _activation(activation)
@@ -103,6 +109,13 @@ class NumpyPolicy:
         if self.has_value:
             head_b = np.concatenate([head_b, arr["v_head.bias"]])
         self.layers = [(np.ascontiguousarray(w), b.copy()) for w, b in layers]
+        self.pi_width = pi[-1][0].shape[1] if pi else 0
+        self.cores = []
+        if self.core is not None:
+            for name in ("pi_core", "v_core"):
+                cell = {k[len(name) + 1 :]: v for k, v in arr.items() if k.startswith(f"{name}.")}
+                if cell:
+                    self.cores.append((self.core.np_prepare(cell), cell["cell.weight_hh"].shape[1]))
         self.head = (np.ascontiguousarray(head_w), head_b.copy())
         self.log_std = arr.get("log_std") if self.action.kind == "continuous" else None
         self.mean = arr["normalizer.mean"]
@@ -125,22 +138,42 @@ class NumpyPolicy:
         parts += np_encode_others(self.plan, fields, batch)
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
 
-    def _forward(self, inputs: Fields | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(distribution params [B, param_size], value [B])."""
-        x = self._input(as_fields(inputs))
+    def _forward(self, inputs: Fields | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(distribution params [B, param_size], value [B], the state after the step or None)."""
+        fields = as_fields(inputs)
+        x = self._input(fields)
         for w, b in self.layers:
             x = self.act_fn(x @ w + b)
+        state = None
+        if self.cores:
+            x, state = self._through_cores(x, fields[STATE])
         out = x @ self.head[0] + self.head[1]
         n = self.action.param_size
         value = out[:, n] if self.has_value else np.zeros(x.shape[0], dtype=np.float32)
-        return out[:, :n], value
+        return out[:, :n], value, state
+
+    def _through_cores(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Trunk features [B, pi (| v)] through the policy core (and the value core, on the value
+        trunk's features) from `state` [B, S]: (features for the fused head, next state)."""
+        parts = [x] if len(self.cores) == 1 else [x[:, : self.pi_width], x[:, self.pi_width :]]
+        outs, states, offset = [], [], 0
+        assert self.core is not None
+        for (prepared, size), feat in zip(self.cores, parts, strict=True):
+            width = size * self.core.state_per_unit
+            out, after = self.core.np_step(prepared, feat, state[:, offset : offset + width])
+            offset += width
+            outs.append(out)
+            states.append(after)
+        features = outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1)
+        return features, np.concatenate(states, axis=1).astype(np.float32, copy=False)
 
     def act(self, inputs: Fields | np.ndarray, noise: np.ndarray) -> Acted:
-        """(actions [B, *act], logp [B], value [B]) with caller noise, as ActorCritic.act."""
-        params, value = self._forward(inputs)
+        """(actions [B, *act], logp [B], value [B], state) with caller noise, as
+        ActorCritic.act_with_state."""
+        params, value, state = self._forward(inputs)
         mask = as_fields(inputs).get("action_mask")
         actions, logp = self.dist.np_act(self.action, params, noise, mask, self.log_std)
-        return actions, logp, value, None
+        return actions, logp, value, state
 
     def value(self, inputs: Fields | np.ndarray) -> np.ndarray:
         return self._forward(inputs)[1]
@@ -168,12 +201,18 @@ class TorchCpuPolicy:
 
 
 def cpu_policy(model: ModelConfig, policy: ActorCritic) -> NumpyPolicy | TorchCpuPolicy:
-    """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs without
-    a recurrent core), else the torch policy."""
+    """What a rollout worker acts with: the numpy mirror where the model kind has one (MLPs, with
+    or without a recurrent core), else the torch policy."""
     plan = policy.encoder.plan if policy.encoder is not None else None
-    mirrored = model_kind(model.kind).numpy_mirror and not policy.recurrent
-    if not mirrored or (plan is not None and not plan.numpy_mirror):
+    if not model_kind(model.kind).numpy_mirror or (plan is not None and not plan.numpy_mirror):
         return TorchCpuPolicy(policy)
-    fast = NumpyPolicy(policy.action, model.activation, model.shared_trunk, policy.normalizer.enabled, plan)
+    fast = NumpyPolicy(
+        policy.action,
+        model.activation,
+        model.shared_trunk,
+        policy.normalizer.enabled,
+        plan,
+        core=core_class(model.recurrent),
+    )
     fast.load(policy.state_dict())
     return fast

@@ -9,15 +9,23 @@ one per-env field (`initial_state`, contracts/segment.py) whatever the core keep
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 class RecurrentCore(nn.Module):
     """Subclasses take (in_dim, size), set `out_dim`, declare `state_per_unit` (floats of state
-    per unit of `model.recurrent_size`) and implement `step`."""
+    per unit of `model.recurrent_size`) and implement `step`, and its numpy mirror for rollout
+    workers: `np_prepare` (the cell's weights, from its state-dict entries, laid out for x @ W)
+    and `np_step` (tied to `step` by tests/policy/test_recurrent.py)."""
 
     state_per_unit: ClassVar[int] = 1
     out_dim: int
@@ -46,3 +54,14 @@ class RecurrentCore(nn.Module):
             out, state = self.step(x[t], state * keep[t])
             outs.append(out)
         return torch.stack(outs), state
+
+    @staticmethod
+    def np_prepare(weights: Mapping[str, np.ndarray]) -> Any:
+        """The cell's float32 arrays (`weights` keyed as in its state dict: "cell.weight_ih", ...)
+        arranged for `np_step`."""
+        raise NotImplementedError
+
+    @staticmethod
+    def np_step(prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`step` in float32 numpy: x [B, in_dim], state [B, state_size] -> (features, next state)."""
+        raise NotImplementedError

@@ -12,6 +12,7 @@ from learner.algorithms.base import column_order, evaluate_in_chunks, policy_inp
 from learner.device import DeviceContext, resolve_device
 from learner.learner import time_major
 from policy.cores import CORES
+from policy.models import build_policy
 from rollout_workers.sampler import make_sampler
 from services.driver.preflight import check_config
 
@@ -48,10 +49,11 @@ def test_the_learner_replays_what_the_worker_computed(core, shared):
         core, f"model.shared_trunk={shared}", "rollout.rollout_len=64", "learner.batch_size=512"
     )
     sampler = make_sampler(cfg, algorithm_traits(cfg))
+    model = build_policy(cfg, sampler.spec, critic=True)
+    sampler.set_weights(0, model.state_dict())  # the worker acts through its numpy mirror
     first, second = sampler.sample(), sampler.sample()
     assert np.abs(second["initial_state"]).sum() > 0  # carried over the boundary
     assert (first["terminated"].sum(0) > 0).any()  # some episode ended inside
-    model = sampler.fast.policy
     for seg in (first, second):
         data = time_major({k: torch.from_numpy(v).unsqueeze(0) for k, v in seg.arrays.items()})
         inputs = policy_inputs(data)
@@ -93,3 +95,33 @@ def test_the_learner_reports_the_state_it_replays_from(tmp_path):
     resets = int((seg["terminated"][:-1] + seg["truncated"][:-1] > 0).sum())
     assert metrics["state_resets_per_segment"] == resets
     assert metrics["state_abs_mean"] == pytest.approx(float(np.abs(seg["initial_state"]).mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("core", "shared", "critic"), [("lstm", "false", True), ("gru", "true", True), ("lstm", "false", False)]
+)
+def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic):
+    """20 steps of 8 envs, each side feeding its own state back, with random episode starts."""
+    from contracts.spaces import ActionSpec, EnvSpec
+    from policy.actor_critic import STATE, draw_noise
+    from policy.numpy_mirror import NumpyPolicy, cpu_policy
+
+    cfg = recurrent_cfg(core, f"model.shared_trunk={shared}")
+    model = build_policy(cfg, EnvSpec((3,), ActionSpec("discrete", 4)), critic=critic)
+    fast = cpu_policy(cfg.model, model)
+    assert isinstance(fast, NumpyPolicy)
+    gen = torch.Generator().manual_seed(0)
+    s_np = np.zeros((8, model.state_size), np.float32)
+    s_torch = torch.zeros(8, model.state_size)
+    for _ in range(20):
+        obs = torch.randn(8, 3, generator=gen)
+        noise = draw_noise(model.action, 8, gen)
+        a, logp, v, s_torch = model.act_with_state({"obs": obs, STATE: s_torch}, noise)
+        a_np, logp_np, v_np, s_np = fast.act({"obs": obs.numpy(), STATE: s_np}, noise.numpy())
+        assert np.array_equal(a.numpy(), a_np)
+        np.testing.assert_allclose(logp_np, logp.numpy(), atol=1e-5)
+        np.testing.assert_allclose(v_np, v.numpy(), atol=1e-5)
+        np.testing.assert_allclose(s_np, s_torch.numpy(), atol=1e-5)
+        starts = torch.rand(8, generator=gen) < 0.2
+        s_torch = torch.where(starts[:, None], 0.0, s_torch)
+        s_np = np.where(starts.numpy()[:, None], np.float32(0.0), s_np)
