@@ -125,3 +125,31 @@ def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic):
         starts = torch.rand(8, generator=gen) < 0.2
         s_torch = torch.where(starts[:, None], 0.0, s_torch)
         s_np = np.where(starts.numpy()[:, None], np.float32(0.0), s_np)
+
+
+@pytest.mark.parametrize(
+    ("config", "sets"),
+    [
+        # a Dict observation (image flattened, direction one-hot): the numpy mirror's encoders
+        ("minigrid_doorkey_ppo.yaml", ["rollout.rollout_len=32", "env.num_envs=4"]),
+        # the Nature CNN on Atari frames: the torch policy acts
+        ("breakout_ppo.yaml", ["rollout.rollout_len=16", "env.num_envs=2", "learner.batch_size=32"]),
+    ],
+)
+def test_a_core_after_any_encoder_replays_as_the_worker_acted(config, sets):
+    cfg = load_config(
+        f"configs/{config}",
+        ["model.recurrent=lstm", "model.recurrent_size=8", "learner.minibatch=sequences", *sets],
+    )
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    model = build_policy(cfg, sampler.spec, critic=True)
+    sampler.set_weights(0, model.state_dict())
+    sampler.sample()
+    seg = sampler.sample()
+    data = time_major({k: torch.from_numpy(v).unsqueeze(0) for k, v in seg.arrays.items()})
+    dev = DeviceContext(resolve_device("cpu"))
+    logp, value = evaluate_in_chunks(
+        model, policy_inputs(data), data["actions"].flatten(0, 1), cfg.learner, dev
+    )
+    np.testing.assert_allclose(logp.numpy(), seg["logp"].reshape(-1), atol=1e-5)
+    np.testing.assert_allclose(value.numpy(), seg["values"].reshape(-1), atol=1e-5)
