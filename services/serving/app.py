@@ -116,7 +116,8 @@ class PolicyDeployment:
                 return _json(200, self.service.metadata())
             if request.method == "POST" and path == "act":
                 act = parse_act(await _body(request, self.args.max_body_bytes), self.service.handle)
-                return _json(200, await self.act_batch(act))
+                answer = dict(await self.act_batch(act))
+                return _json(answer.pop("_status", 200), answer)
             return _json(
                 404,
                 {"error": f"no {request.method} {request.url.path}: POST /act, GET /healthz, GET /metadata"},

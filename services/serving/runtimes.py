@@ -1,11 +1,13 @@
 """What answers `POST /act`: a policy handle run by torch or by onnxruntime, on a device.
 
-Both take the policy's input fields (observation leaves and the action mask, each [B, ...]), a
+Both take the policy's input fields (observation leaves, the action mask and, for a recurrent
+policy, the state "h_in"; each [B, ...]), a
 per-row `deterministic` flag and caller noise (`ActionSpec.noise_shape`, drawn on the CPU from each
 request's seed, as `relay verify`'s fingerprint does), and return the env's actions [B, *env
 action shape]. Deterministic rows get the greedy action (the most likely allowed choice, bits with
 p > 0.5, or the Gaussian mean after the source's action transform); the others are sampled with
-their noise, so a request with a seed is answered bit for bit the same on every call.
+their noise, so a request with a seed is answered bit for bit the same on every call. A recurrent
+policy's state after the step comes back beside the actions ([B, S]; None for the others).
 
 The onnxruntime runtime runs relay's export of the handle (`services/tools/export.py`): the
 handle was checked against its original file when it was loaded, and the export against the
@@ -45,17 +47,20 @@ class TorchRuntime:
         self.device = str(self.dev)
 
     @torch.no_grad()
-    def act(self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    def act(
+        self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         x = {k: v.to(self.dev.device) for k, v in fields_to_torch(self.handle.as_input(obs)).items()}
         mask = x.get("action_mask")
-        params, _ = self.model.policy_step(x)
+        params, state = self.model.policy_step(x)
         sampled = self.model.sample_actions(params, torch.from_numpy(noise).to(self.dev.device), mask)
         greedy = self.model.dist.deterministic(self.model.action, params, mask)
         rows = torch.from_numpy(deterministic).to(self.dev.device).reshape(-1, *[1] * (sampled.dim() - 1))
         chosen = torch.where(rows, greedy.to(sampled.dtype), sampled)
         if self.handle.continuous:
             chosen = self.handle.action_transform(chosen)
-        return self.handle.env.action.to_env(chosen.cpu().numpy())
+        after = None if state is None else state.float().cpu().numpy()
+        return self.handle.env.action.to_env(chosen.cpu().numpy()), after
 
 
 def ort_providers(device: str) -> list[str]:
@@ -98,7 +103,9 @@ class OrtRuntime:
         self.device = providers[0].removesuffix("ExecutionProvider").lower()
         self.outputs = [o.name for o in self.session.get_outputs()]
 
-    def act(self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    def act(
+        self, obs: Fields, deterministic: np.ndarray, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         x = self.handle.as_input(obs)
         got = dict(zip(self.outputs, self.session.run(None, x), strict=True))
         spec = self.handle.env.action
@@ -113,7 +120,7 @@ class OrtRuntime:
             ]
         sampled = spec.to_env(sampled)
         rows = deterministic.reshape(-1, *[1] * (sampled.ndim - 1))
-        return np.where(rows, got["action"], sampled)
+        return np.where(rows, got["action"], sampled), got.get("h_out")
 
 
 RUNTIMES: dict[str, Any] = {"torch": TorchRuntime, "onnxruntime": OrtRuntime}

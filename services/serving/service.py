@@ -13,6 +13,11 @@ same request, the same bits, under any load. Whatever a client
 sends, the answer is JSON: 400 for a body that is not JSON, has no `obs`, the wrong shape, a leaf
 missing or out of its range (naming the leaf's path), or NaN or inf anywhere; 413 past the size
 limit. Actions come back as the env takes them (choices from the space's start, in its shape).
+
+A recurrent policy's requests name their client's session, `"session": "robot-7"` (and
+`"reset": true` at an episode's start): the replica carries the policy's state from one call of
+the session to the next (`services/serving/sessions.py`), and each answer says what the state
+was (`"state": "new" | "carried" | "reset" | "expired" | "weights changed"`).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import torch
 from contracts.segment import Fields, as_fields
 from contracts.spaces import PATH_SEP, ObsLeaf
 from learner.device import resolve_device
-from policy.actor_critic import draw_noise
+from policy.actor_critic import STATE, draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
+from services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, SessionsFull, SessionStore
 from services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of
 from services.tools.load import load_policy
 from services.tools.verify import fingerprint
@@ -56,6 +62,8 @@ class ActRequest:
     deterministic: bool = True
     seed: int = field(default_factory=lambda: secrets.randbelow(2**63))
     seeded: bool = False  # the client chose the seed: it wants these exact bits again
+    session: str | None = None  # a recurrent policy's client, whose state the replica carries
+    reset: bool = False  # the session starts over (an episode's start)
 
     def __post_init__(self) -> None:
         self.obs = as_fields(self.obs)
@@ -177,7 +185,25 @@ def _inputs(data: dict[str, Any], handle: PolicyHandle) -> Fields:
             fields["action_mask"] = mask
     elif "action_mask" in data:
         raise BadRequest(400, '"action_mask" given, but this policy\'s env has no action masks')
-    return handle.as_input(fields)
+    return handle.as_input(fields, with_state=False)  # a session's state joins it when it runs
+
+
+def _session(data: dict[str, Any], handle: PolicyHandle) -> tuple[str | None, bool]:
+    session, reset = data.get("session"), data.get("reset", False)
+    if not handle.recurrent:
+        if session is not None or "reset" in data:
+            raise BadRequest(400, '"session" and "reset" are for recurrent policies; this one keeps no state')
+        return None, False
+    if session is None:
+        raise BadRequest(
+            400,
+            'this policy is recurrent: send "session": "<id>" so the replica carries its state between calls',
+        )
+    if not isinstance(session, str) or not SESSION_ID.fullmatch(session):
+        raise BadRequest(400, f'"session" is 1-{MAX_SESSION_CHARS} characters of A-Z a-z 0-9 _ . : -')
+    if not isinstance(reset, bool):
+        raise BadRequest(400, '"reset" is true or false')
+    return session, reset
 
 
 def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
@@ -187,6 +213,7 @@ def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
     if not isinstance(deterministic, bool):
         raise BadRequest(400, '"deterministic" is true or false')
     request = ActRequest(_inputs(data, handle), deterministic)
+    request.session, request.reset = _session(data, handle)
     if "seed" in data:
         seed = data["seed"]
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
@@ -239,6 +266,7 @@ class PolicyService:
         self.runtime_name, self.device, self.follow = runtime, device, follow
         self.served = self._load_newest() if follow else self._load(self.path)
         self._refused = ""  # the newest checkpoint, when it did not fit what is served
+        self.sessions = SessionStore()
 
     @property
     def handle(self) -> PolicyHandle:
@@ -262,12 +290,6 @@ class PolicyService:
 
     def _load(self, path: Path) -> Served:
         handle = load_policy(path)
-        if handle.recurrent:
-            # Each client's state would have to live in the replica between calls; not built yet.
-            raise PolicyLoadError(
-                f"{path.name}: a recurrent policy; relay serve keeps no per-client state yet "
-                "(relay export writes a graph that takes and returns it: h_in, h_out)"
-            )
         version = 0
         if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
             version = int(load_checkpoint(path).learner.get("version", 0))
@@ -311,22 +333,54 @@ class PolicyService:
 
     def act(self, requests: list[ActRequest]) -> list[dict[str, Any]]:
         """One batch of requests: one forward pass for all of them but the seeded sampled ones,
-        which get one each. An answer per request, in order."""
+        which get one each, and a later pass for a session's second call in the batch (it starts
+        from the first one's state). An answer per request, in order; a session call that cannot
+        run answers {"error", "_status"}."""
         served = self.served  # one version answers the whole batch
         shared = [r for r in requests if not r.alone]
-        groups = [[r] for r in requests if r.alone] + ([shared] if shared else [])
+        groups = [[r] for r in requests if r.alone] + _once_per_session(shared)
         answers: dict[int, dict[str, Any]] = {}
         for group in groups:
-            for r, actions in zip(group, self._forward(served, group), strict=True):
+            ready, refused = self._start_sessions(served, group)
+            answers.update(refused)
+            if not ready:
+                continue
+            for (r, status), actions in zip(ready, self._forward(served, ready), strict=True):
                 answers[id(r)] = {
                     "actions": actions.tolist(),
                     "weights_version": served.version,
-                    "batch_rows": sum(g.rows for g in group),
-                    "batch_requests": len(group),
+                    "batch_rows": sum(g.rows for g, _ in ready),
+                    "batch_requests": len(ready),
+                    **({"session": r.session, "state": status} if r.session is not None else {}),
                 }
         return [answers[id(r)] for r in requests]
 
-    def _forward(self, served: Served, requests: list[ActRequest]) -> list[np.ndarray]:
+    def _start_sessions(
+        self, served: Served, group: list[ActRequest]
+    ) -> tuple[list[tuple[ActRequest, str]], dict[int, dict[str, Any]]]:
+        """Each request with the state its session starts from put in its fields (and what that
+        state is), and the answers of those refused (rows other than the session's; no room)."""
+        ready: list[tuple[ActRequest, str]] = []
+        refused: dict[int, dict[str, Any]] = {}
+        width = served.handle.model.acting_state_size
+        for r in group:
+            if r.session is None:
+                ready.append((r, ""))
+                continue
+            try:
+                state, status = self.sessions.start(r.session, r.rows, width, _tag(served), r.reset)
+            except ValueError as err:
+                refused[id(r)] = {"error": str(err), "_status": 400}
+                continue
+            except SessionsFull as err:
+                refused[id(r)] = {"error": str(err), "_status": 503}
+                continue
+            r.obs = {**r.obs, STATE: state}
+            ready.append((r, status))
+        return ready, refused
+
+    def _forward(self, served: Served, group: list[tuple[ActRequest, str]]) -> list[np.ndarray]:
+        requests = [r for r, _ in group]
         obs = concat_fields([r.obs for r in requests])
         deterministic = np.concatenate([np.full(r.rows, r.deterministic) for r in requests])
         noise = np.concatenate(
@@ -335,8 +389,38 @@ class PolicyService:
                 for r in requests
             ]
         )
-        actions = served.runtime.act(obs, deterministic, noise)
-        return np.split(actions, np.cumsum([r.rows for r in requests])[:-1])
+        actions, state = served.runtime.act(obs, deterministic, noise)
+        splits = np.cumsum([r.rows for r in requests])[:-1]
+        if state is not None:
+            for r, rows in zip(requests, np.split(state, splits), strict=True):
+                if r.session is not None:
+                    self.sessions.keep(r.session, rows.astype(np.float32, copy=False), _tag(served))
+        return np.split(actions, splits)
+
+
+def _tag(served: Served) -> str:
+    """What a session's state was computed with: the served file and its weights version."""
+    return f"{served.source}@{served.version}"
+
+
+def _once_per_session(requests: list[ActRequest]) -> list[list[ActRequest]]:
+    """Requests in groups where no session appears twice, in order: a session's next call waits
+    for the group holding its previous one."""
+    groups: list[list[ActRequest]] = []
+    seen: list[set[str]] = []
+    for r in requests:
+        i = (
+            0
+            if r.session is None
+            else next((k for k, s in enumerate(seen) if r.session not in s), len(groups))
+        )
+        if i == len(groups):
+            groups.append([])
+            seen.append(set())
+        groups[i].append(r)
+        if r.session is not None:
+            seen[i].add(r.session)
+    return groups
 
 
 def finite_json(payload: Any) -> bytes:

@@ -66,14 +66,17 @@ class PolicyHandle:
         """The state an episode starts acting from: zeros [batch, acting_state_size]."""
         return np.zeros((batch, self.model.acting_state_size), dtype=np.float32)
 
-    def as_input(self, obs: Fields | np.ndarray) -> Fields:
+    def as_input(self, obs: Fields | np.ndarray, with_state: bool = True) -> Fields:
         """Input fields (a bare array is a plain observation) in the dtypes the policy reads:
-        uint8 frames, int64 choices, bool masks, float32 else. KeyError names a missing input."""
+        uint8 frames, int64 choices, bool masks, float32 else; without the state "h_in" when not
+        `with_state` (a request's, before its session's state joins it). KeyError names a missing
+        input."""
         fields = as_fields(obs)
         dtypes = {leaf.field: leaf.storage_dtype for leaf in self.env.obs_leaves}
         dtypes["action_mask"] = np.dtype(np.bool_)
         dtypes[STATE] = np.dtype(np.float32)
-        return {name: np.asarray(fields[name]).astype(dtypes[name], copy=False) for name in self.input_names}
+        names = [n for n in self.input_names if with_state or n != STATE]
+        return {name: np.asarray(fields[name]).astype(dtypes[name], copy=False) for name in names}
 
     def check_fits(self, batch: int) -> None:
         """PolicyLoadError, before anything is allocated, when `batch` observations (and the

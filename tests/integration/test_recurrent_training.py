@@ -2,8 +2,8 @@
 (relay/CartPoleNoVel-v1, which one frame cannot solve) learned by an LSTM on Ray actors, its state
 carried through segments; a GRU under GRPO and V-trace locally; a resumed run goes on; export
 writes the state as the graph's h_in/h_out (checked against onnxruntime over 100 fed-back steps),
-verify reads the checkpoint and the graph, and serve refuses in one line instead of acting
-without the state."""
+verify reads the checkpoint and the graph (serving with per-client sessions:
+tests/services/test_serving_sessions.py, tests/integration/test_serve.py)."""
 
 import json
 
@@ -51,16 +51,6 @@ def test_a_recurrent_run_resumes_exports_and_verifies(tmp_path, capsys):
     for model in (ckpt, out):
         assert main(["verify", str(model), "--dtypes", "float32"]) == 0
     capsys.readouterr()
-
-
-def test_serve_refuses_a_recurrent_policy_in_one_line(tmp_path, capsys):
-    run = tmp_path / "novel"
-    assert train_local(NOVEL, run, "stop.env_steps=2048", "learner.buffer_size=256") == 0
-    ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
-    capsys.readouterr()
-    assert main(["serve", str(ckpt), "--port", "0"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "recurrent policy; relay serve keeps no per-client state" in err[0], err
 
 
 @pytest.mark.parametrize(

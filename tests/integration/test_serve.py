@@ -312,3 +312,45 @@ def test_serve_application_answers_tree_observations_and_masks(tmp_path):
         serve.shutdown()
         ray.shutdown()
     time.sleep(0.1)
+
+
+def test_serve_application_carries_a_recurrent_policys_state_per_session(tmp_path):
+    """A recurrent policy behind real Ray Serve: concurrent clients, each its own session, get
+    their state carried call after call (the answers say so), a 503 never, a missing session 400."""
+    import ray
+    from ray import serve
+
+    from services.serving.app import build
+
+    run = tmp_path / "novel"
+    assert (
+        train_local("cartpole_novel_lstm_ppo.yaml", run, "stop.env_steps=1024", "learner.buffer_size=256")
+        == 0
+    )
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build({"model": str(list_checkpoints(run / "checkpoints")[-1])}), name="relay")
+        url = f"http://127.0.0.1:{port}/act"
+
+        async def client(session, name: str) -> list[tuple[int, dict]]:
+            out = []
+            for step in range(5):
+                out.append(await _post(session, url, {"obs": [0.01 * step, 0.0], "session": name}))
+            return out
+
+        async def ask() -> tuple[list[list[tuple[int, dict]]], tuple[int, dict]]:
+            async with aiohttp.ClientSession() as session:
+                calls = await asyncio.gather(*(client(session, f"c{i}") for i in range(8)))
+                return calls, await _post(session, url, {"obs": [0.0, 0.0]})
+
+        calls, (status, body) = asyncio.run(ask())
+        for answers in calls:
+            assert [s for s, _ in answers] == [200] * 5
+            assert [b["state"] for _, b in answers] == ["new"] + ["carried"] * 4
+        assert status == 400 and '"session"' in body["error"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    time.sleep(0.1)
