@@ -153,3 +153,25 @@ def test_a_core_after_any_encoder_replays_as_the_worker_acted(config, sets):
     )
     np.testing.assert_allclose(logp.numpy(), seg["logp"].reshape(-1), atol=1e-5)
     np.testing.assert_allclose(value.numpy(), seg["values"].reshape(-1), atol=1e-5)
+
+
+def test_every_recurrent_minibatch_has_the_same_shapes():
+    """The fixed-shape promise with a core: whole [T] columns, the state per column, one shape for
+    every minibatch of every epoch (nothing an NPU would recompile for)."""
+    from learner.learner import Learner
+
+    cfg = recurrent_cfg("lstm", "learner.buffer_size=256", "learner.batch_size=64", "learner.epochs=3")
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    seen = []
+    loss = learner.algo.loss
+
+    def recording(model, b):
+        seen.append(tuple(sorted((k, tuple(v.shape)) for k, v in b.items())))
+        return loss(model, b)
+
+    learner.algo.loss = recording
+    learner.train_round([sampler.sample()])
+    assert len(seen) == 3 * 256 // 64 and len(set(seen)) == 1
+    shapes = dict(seen[0])
+    assert shapes["h_in"] == (64 // 32, learner.model.state_size) and shapes["obs"] == (64, 4)
