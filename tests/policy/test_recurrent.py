@@ -175,3 +175,22 @@ def test_every_recurrent_minibatch_has_the_same_shapes():
     assert len(seen) == 3 * 256 // 64 and len(set(seen)) == 1
     shapes = dict(seen[0])
     assert shapes["h_in"] == (64 // 32, learner.model.state_size) and shapes["obs"] == (64, 4)
+
+
+def test_burn_in_steps_warm_the_state_but_teach_nothing():
+    from learner.learner import Learner
+
+    cfg = recurrent_cfg("gru", "learner.buffer_size=256", "learner.batch_size=64", "model.burn_in=4")
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    masks = []
+    loss = learner.algo.loss
+
+    def recording(model, b):
+        masks.append(b["mask"].reshape(-1, 32))  # [k sequences, T] in time order
+        return loss(model, b)
+
+    learner.algo.loss = recording
+    learner.train_round([sampler.sample()])
+    for mask in masks:
+        assert (mask[:, :4] == 0).all() and (mask[:, 4:] == 1).all()
