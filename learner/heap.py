@@ -4,9 +4,10 @@ A long run's learner allocates and frees the same buffers every round (segments 
 and copied in, the update's temporaries). glibc keeps freed chunks for reuse and returns memory
 to the OS only from the top of each heap, so with several threads' arenas (Ray's core worker,
 the prefetch thread, torch's pool) freed memory trapped below live chunks accumulates: measured
-on CartPole, about 1 KB a round (~45 MB an hour), of which `malloc_trim(0)` gave back all of it
-(383.4 -> 381.5 MB after 3,000 rounds that had grown 1.4 MB). The learner trims at most once a
-`interval_s`, which costs about a millisecond.
+on CartPole, about 1 KB a round, which one `malloc_trim(0)` gave back at once (383.4 -> 381.5 MB
+after 3,000 rounds that had grown 1.4 MB). The learner trims at most once an `interval_s`, which
+costs about a millisecond; a 30-minute soak still measured ~23 MB an hour of growth with it
+(docs/benchmarks.md, "Long runs").
 """
 
 from __future__ import annotations
