@@ -11,7 +11,7 @@ annealed from 1e-3 and 0.2, LSTM 64 with a critic LSTM, ReLU [64] heads, no orth
 One process each (relay in local mode, as SB3), one after another on this machine, seed 0; wall
 counts from the first env step. Target: relay reaches 475 in <= 0.5x RecurrentPPO's wall.
 
-    python benchmarks/recurrent.py --only sampling
+    python benchmarks/recurrent.py --only sampling --seconds 15 --repeats 3
 
 What the core costs a rollout worker: env steps/s of 2 workers alone on CartPole (8 envs each)
 without a core and with LSTM and GRU cores (both acting through the numpy mirror), and where it
@@ -76,7 +76,7 @@ def run_recurrent_ppo(max_wall: float) -> Outcome:
     return Outcome(TASK.key, "sb3-contrib RecurrentPPO (rl-zoo)", solved, wall, steps, final)
 
 
-def sampling_table(seconds: float) -> str:
+def sampling_table(seconds: float, repeats: int) -> str:
     import time
 
     import numpy as np
@@ -91,11 +91,14 @@ def sampling_table(seconds: float) -> str:
     base = ["learner.minibatch=sequences", "model.recurrent_size=64"]
     cores = {"no core": "none", "lstm 64": "lstm", "gru 64": "gru"}
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    rows = []
-    for name, core in cores.items():
-        cfg = load_config("configs/cartpole_ppo.yaml", [*base, f"model.recurrent={core}"])
-        rows.append([name, sampling_rate(cfg, 2, seconds)])
+    # Interleaved repeats, the median of each: the machine's speed drifts by more than a core costs.
+    rates: dict[str, list[float]] = {name: [] for name in cores}
+    for _ in range(repeats):
+        for name, core in cores.items():
+            cfg = load_config("configs/cartpole_ppo.yaml", [*base, f"model.recurrent={core}"])
+            rates[name].append(sampling_rate(cfg, 2, seconds))
     ray.shutdown()
+    rows = [[name, float(np.median(r)), min(r), max(r)] for name, r in rates.items()]
     rate = rows[0][1]
     for row in rows:
         row.append(row[1] / rate)
@@ -126,7 +129,10 @@ def sampling_table(seconds: float) -> str:
         calls.append([name, per_call_us(policy, model.state_size)])
     return "\n".join(
         [
-            table(["policy (2 workers x 8 CartPole envs)", "env steps/s", "vs no core"], rows),
+            table(
+                ["policy (2 workers x 8 CartPole envs)", "env steps/s (median)", "min", "max", "vs no core"],
+                rows,
+            ),
             "",
             table(["acting call, 8 envs", "us per call"], calls),
         ]
@@ -137,11 +143,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-wall", type=float, default=900.0)
     parser.add_argument("--only", default="lstm,none,sb3")
-    parser.add_argument("--seconds", type=float, default=30.0, help="sampling: seconds per policy")
+    parser.add_argument("--seconds", type=float, default=15.0, help="sampling: seconds per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="sampling: interleaved repeats per policy")
     args = parser.parse_args()
     if args.only == "sampling":
         print(machine_header("recurrent: what a core costs the rollout workers (CartPole, W = 2)"))
-        print(sampling_table(args.seconds))
+        print(sampling_table(args.seconds, args.repeats))
         return
     runs = {
         "lstm": lambda: run_relay(TASK, CONFIG, args.max_wall, LOCAL, "relay, LSTM 64"),
