@@ -67,9 +67,14 @@ def minibatch_order(
     if seq_len is None:
         return torch.randperm(size, device=device, generator=generator)
     columns = size // seq_len
-    cols = torch.randperm(columns, device=device, generator=generator)
-    # [E, T]: row c is column cols[c]'s rows t * E + cols[c], t = 0 .. T-1
-    return (torch.arange(seq_len, device=device).unsqueeze(0) * columns + cols.unsqueeze(1)).flatten()
+    return column_rows(seq_len, columns, torch.randperm(columns, device=device, generator=generator))
+
+
+def column_rows(seq_len: int, columns: int, order: Tensor) -> Tensor:
+    """The rows of a time-major [T = seq_len, E = columns] batch flattened (row t * E + e), column
+    by column in `order` [k], each column's T steps in time order: [k * T]."""
+    t = torch.arange(seq_len, device=order.device)
+    return (t.unsqueeze(0) * columns + order.unsqueeze(1)).flatten()  # [k, T]: row t * E + order[c]
 
 
 def sequence_view(t: Tensor, seq_len: int) -> Tensor:

@@ -163,10 +163,6 @@ class ActorCritic(nn.Module):
         """Floats of state acting alone carries (`policy_step`): the policy core's."""
         return 0 if self.pi_core is None else self.pi_core.state_size
 
-    def initial_state(self, batch: int) -> Tensor:
-        """The state an episode starts from: zeros [batch, state_size]."""
-        return torch.zeros(batch, self.state_size, device=self.pi_head.weight.device)
-
     def set_checkpointing(self, enabled: bool) -> None:
         for trunk in (self.pi_trunk, self.v_trunk):
             if trunk is not None:
@@ -206,7 +202,7 @@ class ActorCritic(nn.Module):
     def _through_cores(
         self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """Trunk features [B = k * T, F] through the core(s) from fields["state"] [k, S]:
+        """Trunk features [B = k * T, F] through the core(s) from fields["h_in"] [k, S]:
         (policy features [B, H], value features [B, H] or None, states after step T-1 [k, S])."""
         assert self.pi_core is not None
         state = fields[STATE]

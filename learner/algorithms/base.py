@@ -14,6 +14,7 @@ from contracts.algorithm import AlgorithmTraits
 from contracts.config import LearnerConfig, RelayConfig
 from contracts.segment import is_policy_input, state_resets
 from learner.device import DeviceContext
+from learner.update import column_rows
 from policy.actor_critic import STARTS, STATE, ActorCritic
 
 Batch = dict[str, Tensor]
@@ -34,13 +35,6 @@ def policy_inputs(data: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def column_order(steps: int, columns: int, device: torch.device) -> Tensor:
-    """Rows of a time-major [T, E] batch flattened (row t * E + e), reordered column by column,
-    each column's T steps in time order: what a recurrent policy reads as E sequences."""
-    t = torch.arange(steps, device=device)
-    return (t.unsqueeze(0) * columns + torch.arange(columns, device=device).unsqueeze(1)).flatten()
-
-
 @torch.no_grad()
 def evaluate_in_chunks(
     model: ActorCritic, inputs: dict[str, Tensor], actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
@@ -52,8 +46,11 @@ def evaluate_in_chunks(
     size = actions.shape[0]
     state = inputs.get(STATE)
     columns = 1 if state is None else state.shape[0]
-    per_chunk = cfg.batch_size if state is None else max(1, cfg.batch_size // (size // columns))
-    order = None if state is None else column_order(size // columns, columns, actions.device)
+    steps = size // columns
+    per_chunk = cfg.batch_size if state is None else max(1, cfg.batch_size // steps)
+    order = None
+    if state is not None:  # the E columns one after another, as a recurrent policy reads them
+        order = column_rows(steps, columns, torch.arange(columns, device=actions.device))
     logps, values = [], []
     with dev.autocast(cfg.use_amp, cfg.amp_dtype):
         for start in range(0, size if state is None else columns, per_chunk):
@@ -62,7 +59,6 @@ def evaluate_in_chunks(
                 chunk = {k: v[rows] for k, v in inputs.items()}
                 out = model.evaluate(chunk, actions[rows])
             else:
-                steps = size // columns
                 idx = order[start * steps : (start + per_chunk) * steps]
                 chunk = {k: v[start : start + per_chunk] if k == STATE else v[idx] for k, v in inputs.items()}
                 out = model.evaluate(chunk, actions[idx])

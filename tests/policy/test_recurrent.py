@@ -8,7 +8,7 @@ import torch
 
 from contracts.config import ConfigError, load_config
 from learner.algorithms import algorithm_traits
-from learner.algorithms.base import column_order, evaluate_in_chunks, policy_inputs
+from learner.algorithms.base import evaluate_in_chunks, policy_inputs
 from learner.device import DeviceContext, resolve_device
 from learner.learner import time_major
 from policy.cores import CORES
@@ -63,9 +63,11 @@ def test_the_learner_replays_what_the_worker_computed(core, shared):
         np.testing.assert_allclose(value.numpy(), seg["values"].reshape(-1), atol=1e-5)
 
 
-def test_column_order_reads_a_time_major_batch_column_by_column():
-    order = column_order(3, 2, torch.device("cpu"))  # rows t * 2 + e
-    assert order.tolist() == [0, 2, 4, 1, 3, 5]
+def test_column_rows_read_a_time_major_batch_column_by_column():
+    from learner.update import column_rows
+
+    assert column_rows(3, 2, torch.arange(2)).tolist() == [0, 2, 4, 1, 3, 5]  # rows t * 2 + e
+    assert column_rows(3, 2, torch.tensor([1, 0])).tolist() == [1, 3, 5, 0, 2, 4]
 
 
 @pytest.mark.parametrize(
