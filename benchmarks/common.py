@@ -118,6 +118,19 @@ def sampling_rate(
     return rate
 
 
+# rl-baselines3-zoo's tuned settings for CartPole-v1 (PPO) and CartPoleNoVel-v1 (RecurrentPPO), the
+# same numbers for both: 8 envs x 32 steps, lr and clip annealed linearly to 0 (zoo's lin_<start>).
+ZOO_CARTPOLE: dict[str, Any] = {
+    "n_steps": 32,
+    "batch_size": 256,
+    "gae_lambda": 0.8,
+    "gamma": 0.98,
+    "n_epochs": 20,
+    "ent_coef": 0.0,
+    "learning_rate": lambda remaining: 1e-3 * remaining,
+    "clip_range": lambda remaining: 0.2 * remaining,
+}
+
 WINDOW = 20  # the mean return of the last 20 episodes: what relay's episode_return_mean reads
 
 

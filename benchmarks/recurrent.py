@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, sampling_rate, sb3_learn_until, table
+from common import ZOO_CARTPOLE, machine_header, sampling_rate, sb3_learn_until, table
 from spaces import Outcome, Task, run_relay
 
 TASK = Task("novel", "relay/CartPoleNoVel-v1", 475.0, 1_000_000)
@@ -47,20 +47,10 @@ def run_recurrent_ppo(max_wall: float) -> Outcome:
     register_pomdp()
     env = VecNormalize(make_vec_env(lambda: gym.make(TASK.env_id), n_envs=8, seed=0))
 
-    def linear(start: float):  # rl-zoo's lin_<start>
-        return lambda remaining: remaining * start
-
     model = RecurrentPPO(
         "MlpLstmPolicy",
         env,
-        n_steps=32,
-        batch_size=256,
-        gae_lambda=0.8,
-        gamma=0.98,
-        n_epochs=20,
-        ent_coef=0.0,
-        learning_rate=linear(1e-3),
-        clip_range=linear(0.2),
+        **ZOO_CARTPOLE,
         policy_kwargs={
             "ortho_init": False,
             "activation_fn": nn.ReLU,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import WINDOW, machine_header, sb3_learn_until, table, train_relay
+from common import WINDOW, ZOO_CARTPOLE, machine_header, sb3_learn_until, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 
@@ -81,16 +81,7 @@ def run_sb3(task: Task, max_wall: float) -> Outcome:
     # rl-baselines3-zoo's tuned hyperparameters for these envs.
     if task.key == "cartpole":
         env = make_vec_env(task.env_id, n_envs=8, seed=0)
-        kw: dict[str, Any] = dict(
-            n_steps=32,
-            batch_size=256,
-            gae_lambda=0.8,
-            gamma=0.98,
-            n_epochs=20,
-            ent_coef=0.0,
-            learning_rate=lambda f: 1e-3 * f,
-            clip_range=lambda f: 0.2 * f,
-        )
+        kw: dict[str, Any] = dict(ZOO_CARTPOLE)
     else:
         env = make_vec_env(task.env_id, n_envs=4, seed=0)
         kw = dict(

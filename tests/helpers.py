@@ -60,3 +60,13 @@ def ray_loop(cfg, run: Path):
 
     backend = RayBackend(cfg, check_env(cfg))
     return TrainingLoop(cfg, RunDir.claim(run, cfg), backend), backend
+
+
+def hold_back_checkpoints(run: Path, held: Path, keep: int = 1) -> None:
+    """Move every checkpoint of `run` but its oldest `keep` into `held` (created): checkpoints the
+    run "has not written yet", to land later while a `--follow` server runs."""
+    from services.driver.checkpoints import list_checkpoints
+
+    held.mkdir()
+    for path in list_checkpoints(run / "checkpoints")[keep:]:
+        path.rename(held / path.name)

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from services.driver.checkpoints import list_checkpoints
-from tests.helpers import train_local
+from tests.helpers import hold_back_checkpoints, train_local
 from tests.helpers_proc import wait_for
 from tests.services.test_mlagents_import import MLAGENTS_EXPORTS
 
@@ -68,9 +68,7 @@ def run_dir(tmp_path_factory):
     sets = ["learner.buffer_size=512", "stop.env_steps=2560", "checkpoint.interval=2", "checkpoint.keep=5"]
     assert train_local("cartpole_ppo.yaml", run, *sets) == 0
     held = root / "held"
-    held.mkdir()
-    for path in list_checkpoints(run / "checkpoints")[1:]:
-        shutil.move(path, held / path.name)
+    hold_back_checkpoints(run, held)
     return run, held
 
 

@@ -157,42 +157,37 @@ def test_a_core_after_any_encoder_replays_as_the_worker_acted(config, sets):
     np.testing.assert_allclose(value.numpy(), seg["values"].reshape(-1), atol=1e-5)
 
 
-def test_every_recurrent_minibatch_has_the_same_shapes():
-    """The fixed-shape promise with a core: whole [T] columns, the state per column, one shape for
-    every minibatch of every epoch (nothing an NPU would recompile for)."""
+def _one_round_of_minibatches(cfg):
+    """A learner's update on one fresh segment, and every minibatch its loss was given."""
     from learner.learner import Learner
 
-    cfg = recurrent_cfg("lstm", "learner.buffer_size=256", "learner.batch_size=64", "learner.epochs=3")
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
-    seen = []
-    loss = learner.algo.loss
+    minibatches, loss = [], learner.algo.loss
 
     def recording(model, b):
-        seen.append(tuple(sorted((k, tuple(v.shape)) for k, v in b.items())))
+        minibatches.append(b)
         return loss(model, b)
 
     learner.algo.loss = recording
     learner.train_round([sampler.sample()])
+    return learner, minibatches
+
+
+def test_every_recurrent_minibatch_has_the_same_shapes():
+    """The fixed-shape promise with a core: whole [T] columns, the state per column, one shape for
+    every minibatch of every epoch (nothing an NPU would recompile for)."""
+    cfg = recurrent_cfg("lstm", "learner.buffer_size=256", "learner.batch_size=64", "learner.epochs=3")
+    learner, minibatches = _one_round_of_minibatches(cfg)
+    seen = [tuple(sorted((k, tuple(v.shape)) for k, v in b.items())) for b in minibatches]
     assert len(seen) == 3 * 256 // 64 and len(set(seen)) == 1
     shapes = dict(seen[0])
     assert shapes["h_in"] == (64 // 32, learner.model.state_size) and shapes["obs"] == (64, 4)
 
 
 def test_burn_in_steps_warm_the_state_but_teach_nothing():
-    from learner.learner import Learner
-
     cfg = recurrent_cfg("gru", "learner.buffer_size=256", "learner.batch_size=64", "model.burn_in=4")
-    sampler = make_sampler(cfg, algorithm_traits(cfg))
-    learner = Learner(cfg, sampler.spec)
-    masks = []
-    loss = learner.algo.loss
-
-    def recording(model, b):
-        masks.append(b["mask"].reshape(-1, 32))  # [k sequences, T] in time order
-        return loss(model, b)
-
-    learner.algo.loss = recording
-    learner.train_round([sampler.sample()])
-    for mask in masks:
+    _, minibatches = _one_round_of_minibatches(cfg)
+    for b in minibatches:
+        mask = b["mask"].reshape(-1, 32)  # [k sequences, T] in time order
         assert (mask[:, :4] == 0).all() and (mask[:, 4:] == 1).all()

@@ -17,7 +17,7 @@ from services.cli import main
 from services.driver.checkpoints import list_checkpoints
 from services.serving import runtimes
 from services.serving.service import ActRequest, BadRequest, IncompatibleCheckpoint, PolicyService, parse_act
-from tests.helpers import train_local
+from tests.helpers import hold_back_checkpoints, train_local
 from tests.services.mlagents_like import export_opset9, randomized
 
 
@@ -172,11 +172,8 @@ def test_mlagents_export_is_served_as_onnxruntime_runs_it(tmp_path):
 def test_follow_swaps_in_a_newer_checkpoint(cartpole_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(cartpole_run, run)
-    found = list_checkpoints(run / "checkpoints")
     held = tmp_path / "held"
-    held.mkdir()
-    for path in found[1:]:
-        path.rename(held / path.name)  # the run "has not written them yet"
+    hold_back_checkpoints(run, held)
     service = PolicyService(str(run), follow=True)
     first, first_print = service.served.version, service.metadata()["fingerprint"]
     assert service.refresh() is False

@@ -13,7 +13,7 @@ import torch
 from policy.actor_critic import STATE
 from services.driver.checkpoints import list_checkpoints
 from services.serving.service import BadRequest, PolicyService, parse_act
-from tests.helpers import train_local
+from tests.helpers import hold_back_checkpoints, train_local
 
 OBS = [[0.01, 0.02], [-0.03, 0.04]]
 
@@ -108,14 +108,13 @@ def test_an_idle_session_expires_and_the_answer_says_so(novel_run):
 def test_swapped_weights_restart_a_session_and_the_answer_says_so(novel_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(novel_run, run)
-    found = list_checkpoints(run / "checkpoints")
+    newest = list_checkpoints(run / "checkpoints")[-1]
     held = tmp_path / "held"
-    held.mkdir()
-    found[-1].rename(held / found[-1].name)
+    hold_back_checkpoints(run, held, keep=len(list_checkpoints(run / "checkpoints")) - 1)
     service = PolicyService(str(run), follow=True)
     assert _ask(service, obs=OBS, session="a")["state"] == "new"
     assert _ask(service, obs=OBS, session="a")["state"] == "carried"
-    (held / found[-1].name).rename(run / "checkpoints" / found[-1].name)
+    (held / newest.name).rename(newest)
     assert service.refresh()
     assert _ask(service, obs=OBS, session="a")["state"] == "weights changed"
     assert _ask(service, obs=OBS, session="a")["state"] == "carried"
