@@ -7,7 +7,7 @@ totals (`contracts.checkpoint.RunCounters`), so no counter has two owners.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contracts.segment import ENV_FAULT_KINDS
@@ -21,11 +21,17 @@ def add_faults(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
 @dataclass(frozen=True)
 class Publication:
     """Weights the learner actor published: their version, [object ref] (inside a list so Ray
-    hands callers the reference, never the tensors) and the seconds the ray.put took."""
+    hands callers the reference, never the tensors) and the seconds the learner took to copy them
+    out. The learner sends it with no ref; the driver adds its ref to the call's second return
+    value, which holds the weights (`carrying`)."""
 
     version: int
     refs: list[Any]
     seconds: float = 0.0
+
+    def carrying(self, ref: Any) -> Publication:
+        """This publication with the object ref of its weights."""
+        return replace(self, refs=[ref])
 
 
 @dataclass

@@ -3,6 +3,13 @@
 The calls made every round (`train_round`, `publish`, and the workers' `sample`) opt out of Ray's
 task events: the GCS would otherwise keep a record of each (a few hundred bytes, ~170k calls an
 hour on CartPole) until its cap, memory nobody reads.
+
+Published weights leave as a call's second return value, not as a `ray.put` of the actor's: Ray
+makes the caller (the driver) the owner of a return value, while an object the actor put and the
+driver borrowed leaves about 0.5 KB behind in the actor's core worker each time (measured: the
+learner grew ~20 MB an hour on CartPole, ~45k publications an hour; see docs/benchmarks.md,
+"Long runs"). The object is still written to the object store once per version and every worker
+reads that one copy; and weights the driver owns outlive a learner that dies.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -24,6 +32,7 @@ from learner.heap import HeapTrimmer
 from learner.learner import Arrival, Arrivals, Learner
 
 Fetched = Arrival | ray.exceptions.RayError
+Weights = dict[str, np.ndarray]
 
 
 class LearnerActor:
@@ -35,7 +44,7 @@ class LearnerActor:
         # workers for cores, fewer leaves a CPU learner's reserved cores idle.
         torch.set_num_threads(cfg.learner.num_cpus)
         self.learner = Learner(cfg, env)
-        self._published: Publication | None = None
+        self._rank = 0  # in the data-parallel group: rank 0 publishes
         # Segments of the next rounds, fetched and staged while the learner updates, by one thread
         # kept for the actor's life rather than one started per round (~45k an hour on CartPole).
         self._prefetched: dict[ray.ObjectRef, Fetched] = {}
@@ -54,22 +63,23 @@ class LearnerActor:
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 
-    @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
-    def publish(self) -> Publication:
+    @ray.method(num_returns=2, enable_task_events=False)  # hot: no task record kept in the GCS
+    def publish(self) -> tuple[Publication, Weights]:
+        """(the Publication without its ref, the newest weights): the caller's ref to the second
+        return is what it hands the workers (`Publication.carrying`)."""
         return self._publish()
 
-    def _publish(self) -> Publication:
-        """The newest weights. One ray.put per version; workers fetch it themselves.
+    def _publish(self) -> tuple[Publication, Weights]:
+        """The newest weights, for the call's second return (stored once; workers fetch it).
 
         Weights travel as numpy arrays: Ray stores and reads those without copying or pickling
         them (about 5x faster to fetch than torch tensors, for every worker on every version).
+        `seconds` counts the copy to host arrays; Ray's copy into the object store follows as
+        the call returns.
         """
-        if self._published is None or self._published.version != self.learner.version:
-            t0 = time.perf_counter()
-            weights = {k: v.numpy() for k, v in self.learner.weights().items()}
-            ref = ray.put(weights)
-            self._published = Publication(self.learner.version, [ref], time.perf_counter() - t0)
-        return self._published
+        t0 = time.perf_counter()
+        weights = {k: v.numpy() for k, v in self.learner.weights().items()}
+        return Publication(self.learner.version, [], time.perf_counter() - t0), weights
 
     def _fetch(self, ref: ray.ObjectRef) -> Fetched:
         """A segment staged for the buffer (or rejected by it), or the error that lost it (its
@@ -111,14 +121,16 @@ class LearnerActor:
 
     def join_group(self, rank: int, world: int, address: str, port: int) -> int:
         init_group(self.learner.dev, rank, world, address, port)
+        self._rank = rank
         return rank
 
-    @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
+    @ray.method(num_returns=2, enable_task_events=False)  # hot: no task record kept in the GCS
     def train_round(
         self, segment_refs: list[ray.ObjectRef], progress: float, upcoming: list[ray.ObjectRef] | None = None
-    ) -> tuple[RoundResult, Publication | None]:
+    ) -> tuple[tuple[RoundResult, Publication | None], Weights | None]:
         """Fetch the segments (dropping any whose worker died), ingest them, update when a round is
-        in; returns this replica's part of the round and the weights it published (after an update).
+        in; returns (this replica's part of the round, the Publication without its ref) and, as
+        the second return, the weights rank 0 published after an update (else None).
         `upcoming`: segments of the next rounds, already done; a thread fetches and stages them
         (object transfer, validation, page-locked host copies on an accelerator) while this
         round's update runs, so the next round starts with its data at hand."""
@@ -127,7 +139,10 @@ class LearnerActor:
             self._prefetching = self._prefetch_pool.submit(self._prefetch, upcoming)
         out = self.learner.train_arrivals(arrivals, progress, lockstep=world_size() > 1)
         self._heap.maybe_trim()
-        return out, (self._publish() if out.metrics is not None else None)
+        if out.metrics is None or self._rank != 0:
+            return (out, None), None
+        published, weights = self._publish()
+        return (out, published), weights
 
     @ray.method(enable_task_events=False)  # every checkpoint: no task record kept in the GCS
     def state_dict(self) -> dict[str, Any]:
@@ -135,7 +150,6 @@ class LearnerActor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
-        self._published = None
 
 
 def learner_resources(cfg: RelayConfig) -> dict[str, float]:

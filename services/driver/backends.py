@@ -106,7 +106,7 @@ class RayBackend:
         self.learner = self.learners[0]  # rank 0 publishes weights and reports metrics
         if len(self.learners) > 1:
             self._join_group()
-        self._take_weights(ray.get(self.learner.publish.remote()))
+        self._take_weights(self._publish_now())
         self._in_flight: dict[Any, tuple[Any, int]] = {}  # ref -> (worker, submission number)
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
         self._submitted = 0
@@ -114,6 +114,12 @@ class RayBackend:
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
+
+    def _publish_now(self) -> Publication:
+        """The learner's current weights, in an object this driver owns (a call's return)."""
+        info, weights = self.learner.publish.remote()
+        published: Publication = ray.get(info)
+        return published.carrying(weights)
 
     def _take_weights(self, published: Publication) -> None:
         """Workers sample with these weights from now on (they fetch the ref themselves)."""
@@ -155,10 +161,14 @@ class RayBackend:
         calls = [
             lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)
         ]
-        self.health.watch(calls, sampling)  # a stuck worker would hold the learner's fetch forever
-        parts = _from_learner(calls)
+        infos = [info for info, _ in calls]  # each call returns (info, weights)
+        self.health.watch(infos, sampling)  # a stuck worker would hold the learner's fetch forever
+        parts = _from_learner(infos)
+        published = parts[0][1]
         out = RoundResult.merge(
-            [part for part, _ in parts], published=parts[0][1], stuck_workers=self.health.take_stuck()
+            [part for part, _ in parts],
+            published=published.carrying(calls[0][1]) if published is not None else None,
+            stuck_workers=self.health.take_stuck(),
         )
         if out.lost_segments or out.stuck_workers:
             self._drop_dead_workers()
@@ -278,7 +288,7 @@ class RayBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
-        self._take_weights(ray.get(self.learner.publish.remote()))
+        self._take_weights(self._publish_now())
         self._next_round = None  # sampled with weights that are no longer current
 
     def restart_learner(self) -> None:
@@ -294,7 +304,7 @@ class RayBackend:
         self.learner = self.learners[0]
         if len(self.learners) > 1:
             self._join_group()
-        self._take_weights(ray.get(self.learner.publish.remote()))
+        self._take_weights(self._publish_now())
         self._next_round = None
 
     def reseed_workers(self, stream: int) -> None:
