@@ -290,5 +290,14 @@ class ActorCritic(nn.Module):
     def deterministic(self, inputs: Inputs) -> Tensor:
         """Greedy action (the most likely allowed choice per component, bits with p > 0.5, or the
         Gaussian mean) [B, *act]."""
-        params, _ = self.policy_step(inputs)
-        return self.dist.deterministic(self.action, params, as_fields(inputs).get("action_mask"))
+        return self.choose(inputs)[0]
+
+    @torch.no_grad()
+    def choose(self, inputs: Inputs, noise: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The acting path's actions [B, *act]: greedy without `noise`, sampled with it; and the
+        recurrent state after the step [B, S] (None without a core)."""
+        params, state = self.policy_step(inputs)
+        mask = as_fields(inputs).get("action_mask")
+        if noise is None:
+            return self.dist.deterministic(self.action, params, mask), state
+        return self.sample_actions(params, noise, mask), state

@@ -3,7 +3,8 @@
 A preprocessor builds one env from the env config. `reports_episodes`: the env reports the true
 episodes itself (`info["episode"]` at the real end, as gymnasium's RecordEpisodeStatistics does),
 because what it hands the learner is not what a person would score (per-life episodes, clipped
-rewards); the sampler then reports those instead of its own accounting.
+rewards); the sampler then reports those instead of its own accounting. `frames_per_step`: the
+env's frames one step covers, so a video of one frame a step plays at the game's speed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rollout_workers.atari import atari_env
 class Preprocessor:
     make: Callable[[str, int | None, dict[str, Any]], gym.Env] | None  # None: the plain env
     reports_episodes: bool = False
+    frames_per_step: int = 1  # the env's frames one step shows (frame skipping): videos play at fps / this
 
 
 def _atari(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -> gym.Env:
@@ -31,7 +33,7 @@ def _atari(env_id: str, max_episode_steps: int | None, kwargs: dict[str, Any]) -
 
 PREPROCESSORS: dict[str, Preprocessor] = {
     "none": Preprocessor(None),
-    "atari": Preprocessor(_atari, reports_episodes=True),
+    "atari": Preprocessor(_atari, reports_episodes=True, frames_per_step=4),
 }
 
 

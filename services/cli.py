@@ -1,4 +1,4 @@
-"""The `relay` command line: train, resume, validate, dashboard, export, verify, serve.
+"""The `relay` command line: train, resume, validate, dashboard, export, verify, serve, eval.
 
 Bad input gets one line on stderr and exit 2, with nothing created; a failure gets one line and
 exit 1 (the traceback goes to the run directory's error.log, not the terminal); Ctrl-C exits 130,
@@ -8,6 +8,7 @@ SIGTERM 143 and SIGHUP 129, after a clean stop.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from contracts.checkpoint import CheckpointError
 from contracts.config import ConfigError, config_help, dump_config, load_config
 from learner.device import DeviceError, check_device
 from rollout_workers.envs import allow_env_module
+from rollout_workers.video import VideoError
 from services.driver import run as driver
 from services.driver.checkpoints import ResumeError
 from services.driver.cluster import ClusterError
@@ -27,6 +29,14 @@ from services.driver.preflight import CHOICES, PreflightError, preflight
 from services.driver.run_dir import RunDirError
 from services.driver.signals import exit_code, sigterm_raises, stop_reason
 from services.files import OutputError, check_output
+from services.tools.evaluate import (
+    MAX_EPISODES,
+    EvalOptions,
+    describe,
+    evaluate,
+    policy_file,
+    save_video,
+)
 from services.tools.export import export_onnx
 from services.tools.handle import PolicyLoadError
 from services.tools.load import load_policy
@@ -45,6 +55,7 @@ BAD_INPUT = (
     driver.NoCheckpointError,
     driver.DashboardError,
     OutputError,
+    VideoError,
 )
 
 
@@ -142,7 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, default=0)
     _add_env_arg(verify, "judge precision on")
     _add_serve_parser(sub)
+    _add_eval_parser(sub)
     return parser
+
+
+def _add_eval_parser(sub: Any) -> None:
+    ev = sub.add_parser("eval", help="evaluation episodes of a policy: return mean ± std, a video")
+    ev.add_argument("model", help="a run directory (its newest checkpoint), a checkpoint, or an .onnx")
+    ev.add_argument("--best", action="store_true", help="a run directory's checkpoints/best.pt")
+    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("--stochastic", action="store_true", help="sample actions (default: the mode)")
+    ev.add_argument("--seed", type=int, help="env seeds (default: the run's env.seed)")
+    ev.add_argument("--video", metavar="DIR", help="write an MP4 of one episode into DIR")
+    ev.add_argument("--json", action="store_true", help="print one JSON line instead")
+    ev.add_argument(
+        "--env",
+        metavar="ENV_ID",
+        help="the env to run in (needed for .onnx files and module:factory envs; built with no kwargs)",
+    )
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -233,6 +261,35 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if passed else EXIT_FAILURE
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if not 1 <= args.episodes <= MAX_EPISODES:
+        raise InputError(f"--episodes {args.episodes}: must be 1 to {MAX_EPISODES}")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise InputError(f"--seed {args.seed}: must be 0 or more")
+    video_dir = Path(args.video) if args.video else None
+    if video_dir is not None and (video_dir.is_symlink() or (video_dir.exists() and not video_dir.is_dir())):
+        raise InputError(f"--video {video_dir}: not a folder (it is a file or a link)")
+    path = policy_file(Path(args.model), args.best)
+    if path.suffix == ".onnx" and not args.env:
+        raise InputError(f"{path}: an ONNX file names no env relay may build; name one with --env ENV_ID")
+    if args.env:
+        allow_env_module(args.env, os.getcwd())
+    handle = load_policy(path)
+    opts = EvalOptions(args.episodes, args.stochastic, args.seed, args.env, video=video_dir is not None)
+    result = evaluate(handle, opts)
+    written, note = save_video(result, video_dir, path.stem, handle.source) if video_dir else (None, None)
+    if note:
+        print(f"relay eval: {note}", file=sys.stderr)
+    if args.json:
+        line = {"source": handle.source, "deterministic": not args.stochastic, **result.summary()}
+        print(json.dumps({**line, "video": str(written) if written else None}))
+    else:
+        print(describe(result, handle.source, not args.stochastic))
+        if written is not None:
+            print(f"wrote {written}")
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         from services.serving.app import ServeArgs
@@ -278,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "dashboard": lambda: _cmd_dashboard(args),
         "verify": lambda: _cmd_verify(args),
         "serve": lambda: _cmd_serve(args),
+        "eval": lambda: _cmd_eval(args),
     }
     try:
         return handlers[args.command]()

@@ -65,6 +65,24 @@ def write_new(path: Path, data: bytes, replace: bool) -> None:
     fsync_dir(path.parent)
 
 
+def write_numbered(folder: Path, stem: str, suffix: str, data: bytes) -> Path:
+    """Write `data` as a new file `stem + suffix` in `folder` (created as needed), or as
+    `stem-2 + suffix`, `-3`... when that name is taken: never over an existing file."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise OutputError(f"{folder} is not a folder relay may write into")
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = folder / f"{stem}{'' if n == 1 else f'-{n}'}{suffix}"
+        if path.exists() or path.is_symlink():
+            continue
+        try:
+            write_new(path, data, replace=False)
+            return path
+        except OutputError:
+            continue  # taken meanwhile: the next number
+    raise OutputError(f"{folder}: no free name for {stem}{suffix}")
+
+
 def open_no_follow(path: Path, append: bool = True) -> int:
     """A descriptor for writing (and reading back) a run's own file, appending or truncating,
     refused with OSError when `path` is a link or anything but a regular file."""

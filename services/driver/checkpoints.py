@@ -26,6 +26,7 @@ from services.files import fsync_dir
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+BEST_NAME = "best.pt"  # checkpoint.keep_best: the best evaluation's, never pruned
 
 
 def checkpoint_path(folder: Path, iteration: int) -> Path:

@@ -91,16 +91,30 @@ def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, 
         env.close()
 
 
-def _record(handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, count: int, seed: int) -> Fields:
-    obs, info = env.reset(seed=seed)
+def check_env_fits(
+    handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, info: dict, acting: bool = False
+) -> None:
+    """PolicyLoadError unless `env` observes what the policy reads (its leaves and shapes) and,
+    when the policy will `act` in it, takes the actions it chooses."""
+    ec = handle.config.env if handle.config is not None and handle.config.env.id == env_id else None
     try:
-        named = env_spec(env.single_observation_space, env.single_action_space, None, info)
+        named = env_spec(env.single_observation_space, env.single_action_space, ec, info)
     except EnvSpecError as err:
         raise PolicyLoadError(f"--env {env_id}: {err}") from None
     if [(f.field, f.shape) for f in named.obs_leaves] != [(f.field, f.shape) for f in handle.env.obs_leaves]:
         raise PolicyLoadError(
             f"--env {env_id} observes {named.describe_obs()}, the policy reads {handle.env.describe_obs()}"
         )
+    if acting and named.action != handle.env.action:
+        raise PolicyLoadError(
+            f"--env {env_id} takes {named.action.describe()}, "
+            f"the policy chooses {handle.env.action.describe()}"
+        )
+
+
+def _record(handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, count: int, seed: int) -> Fields:
+    obs, info = env.reset(seed=seed)
+    check_env_fits(handle, env, env_id, info)
     reader = ObsReader(handle.env, env.num_envs)
     gen = torch.Generator().manual_seed(seed)
     out: list[Fields] = []

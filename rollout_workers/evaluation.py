@@ -1,0 +1,164 @@
+"""Evaluation episodes: whole episodes of a policy in a vector env, scored as a person would score
+them (the true game return for Atari, as training reports it), on env seeds apart from training's,
+with the frames of one episode for a video. No Ray here: `relay eval` runs it in its process and
+the evaluation actor runs it during training.
+
+Episodes are spread over the N envs the way SB3's `evaluate_policy` does (env i runs
+`(episodes + i) // N` of them, and what it finishes beyond that is ignored), so short episodes are
+not over-counted just because they finish first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from contracts.segment import Fields
+from contracts.spaces import EnvSpec
+from policy.actor_critic import STATE
+from rollout_workers.continuing import reported_episodes
+from rollout_workers.envs import env_actions, env_seeds
+from rollout_workers.observations import ObsReader
+
+# Env seeds of evaluation episodes: a stream no training run uses (a fresh run is stream 0, a
+# resume or a restarted worker a small one), so evaluation never replays training's episodes.
+EVAL_SEED_STREAM = 1_000_003
+
+# (input fields [N, ...], with "h_in" [N, S] for a recurrent policy) -> (the policy's actions
+# [N, *act], the state after the step [N, S] or None)
+Act = Callable[[Fields], tuple[np.ndarray, np.ndarray | None]]
+
+
+@dataclass
+class Frames:
+    """RGB frames [H, W, 3] uint8 of the first episode env 0 finishes, for a video."""
+
+    images: list[np.ndarray] = field(default_factory=list)
+    recording: bool = True
+    note: str | None = None  # why there are none (the env cannot render)
+    episode_return: float | None = None  # the recorded episode's
+    fps: float = 30.0
+
+
+@dataclass
+class EvalResult:
+    """Finished episodes' returns and lengths (in the order they finished), the env steps taken
+    and the seconds it took, and the frames of one episode when they were asked for."""
+
+    returns: list[float]
+    lengths: list[int]
+    steps: int
+    seconds: float
+    frames: Frames | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """mean, std (population, as SB3 reports it), min and max of the return; mean length."""
+        r = np.asarray(self.returns, dtype=np.float64)
+        return {
+            "episodes": len(self.returns),
+            "return_mean": float(r.mean()),
+            "return_std": float(r.std()),
+            "return_min": float(r.min()),
+            "return_max": float(r.max()),
+            "len_mean": float(np.mean(self.lengths)),
+            "env_steps": self.steps,
+            "seconds": self.seconds,
+            "episodes_per_s": len(self.returns) / self.seconds if self.seconds > 0 else float("inf"),
+        }
+
+
+def episode_targets(episodes: int, num_envs: int) -> np.ndarray:
+    """[N] episodes each env runs: `episodes` spread as evenly as they go (SB3's split: the last
+    envs run one more)."""
+    return np.array([(episodes + i) // num_envs for i in range(num_envs)], dtype=np.int64)
+
+
+def render_first(envs: gym.vector.VectorEnv) -> Callable[[], np.ndarray | None]:
+    """A function rendering env 0 of a vector env made with render_mode="rgb_array"."""
+    sub = getattr(envs, "envs", None)
+    if sub is None:  # AsyncVectorEnv/EnvPool: the evaluator builds a sync env for videos
+        return lambda: None
+    return lambda: sub[0].render()
+
+
+def run_episodes(
+    envs: gym.vector.VectorEnv,
+    spec: EnvSpec,
+    act: Act,
+    episodes: int,
+    seed: int,
+    state_size: int = 0,
+    reports_episodes: bool = False,
+    render: Callable[[], np.ndarray | None] | None = None,
+) -> EvalResult:
+    """Run `episodes` whole episodes on envs seeded from `seed` (EVAL_SEED_STREAM).
+
+    `envs` is a SAME_STEP-autoreset vector env whose observations are the policy's; `act` chooses
+    actions; `state_size` > 0 carries a recurrent state, zeroed where an episode (a life, for
+    Atari, as in training) ends. `reports_episodes`: episodes are the ones the env reports in
+    `info["episode"]` (Atari's true game), not the sampler's own count. `render` returns env 0's
+    RGB frame (None when it cannot render): the frames of its first counted episode are kept.
+    """
+    n = envs.num_envs
+    t0 = time.perf_counter()
+    targets = episode_targets(episodes, n)
+    counts = np.zeros(n, dtype=np.int64)
+    ep_return, ep_len = np.zeros(n), np.zeros(n, dtype=np.int64)
+    returns: list[float] = []
+    lengths: list[int] = []
+    reader = ObsReader(spec, n)
+    # A seed per env (gymnasium's vector reset takes a list; its annotation says int).
+    obs, info = envs.reset(seed=env_seeds(seed, 0, n, EVAL_SEED_STREAM))  # type: ignore[arg-type]
+    state = np.zeros((n, state_size), dtype=np.float32) if state_size else None
+    frames = _first_frame(render)
+    steps = 0
+    while (counts < targets).any():
+        fields = reader.read(obs, info)
+        actions, after = act(fields if state is None else {**fields, STATE: state})
+        obs, reward, terminated, truncated, info = envs.step(
+            env_actions(spec.action, envs.single_action_space, actions)
+        )
+        steps += int((counts < targets).sum())
+        done = terminated | truncated
+        ep_return += reward
+        ep_len += 1
+        ended = reported_episodes(info) if reports_episodes else None
+        for i in map(int, np.flatnonzero(done)):
+            result = (float(ep_return[i]), int(ep_len[i])) if ended is None else ended.get(i)
+            if result is not None and counts[i] < targets[i]:
+                returns.append(result[0])
+                lengths.append(result[1])
+                counts[i] += 1
+                if i == 0 and frames is not None and frames.episode_return is None:
+                    frames.recording, frames.episode_return = False, result[0]
+        ep_return[done], ep_len[done] = 0.0, 0
+        if frames is not None and frames.recording and render is not None:
+            _keep(frames, render())
+        if state is not None and after is not None:
+            state = np.where(done[:, None], np.float32(0.0), after)
+    return EvalResult(returns, lengths, steps, time.perf_counter() - t0, frames)
+
+
+def _first_frame(render: Callable[[], np.ndarray | None] | None) -> Frames | None:
+    if render is None:
+        return None
+    frames = Frames()
+    _keep(frames, render())
+    return frames
+
+
+def _keep(frames: Frames, image: Any) -> None:
+    """Keep an RGB frame; anything else stops the recording with a note saying why."""
+    arr = np.asarray(image) if image is not None else None
+    if arr is None or arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3:
+        got = "nothing" if arr is None else f"{arr.dtype} {tuple(arr.shape)}"
+        frames.note = f"the env renders no RGB frames (render() gave {got}): no video"
+        frames.recording = False
+        frames.images.clear()
+        return
+    frames.images.append(arr.copy())

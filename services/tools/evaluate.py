@@ -1,0 +1,191 @@
+"""`relay eval`: whole evaluation episodes of a policy file, scored, with a video of one of them.
+
+The env is the one the user names with `--env` (built with no kwargs, as `export`/`verify` do), or
+else the run's own, from the config its checkpoint carries, when that is a registered gymnasium id
+(`CartPole-v1`, `ALE/Breakout-v5`): its stored settings are data for a constructor gymnasium has
+registered. A `module:factory` env would run code a file names, and an ONNX or ML-Agents file
+names no env relay trusts: those need `--env`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from contracts.config import EnvConfig
+from contracts.segment import Fields
+from policy.actor_critic import draw_noise, fields_to_torch
+from rollout_workers.envs import EnvSpecError, check_env_id
+from rollout_workers.evaluation import EVAL_SEED_STREAM, Act, EvalResult, Frames, render_first, run_episodes
+from rollout_workers.preprocess import preprocessor
+from rollout_workers.vector_backends import make_vector_env
+from rollout_workers.video import encode_mp4
+from services.driver.checkpoints import BEST_NAME, load_newest_valid
+from services.files import write_numbered
+from services.tools.handle import PolicyHandle, PolicyLoadError
+from services.tools.load import check_env_fits
+
+MAX_EVAL_ENVS = 8  # envs stepped side by side; fewer when fewer episodes are asked for
+MAX_EPISODES = 100_000
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    episodes: int = 10
+    stochastic: bool = False  # sample actions instead of the distribution's mode
+    seed: int | None = None  # default: the run's env.seed (else 0), on the evaluation seed stream
+    env_id: str | None = None  # --env: the env the user names
+    video: bool = False  # keep the frames of one episode
+
+
+def policy_act(handle: PolicyHandle, stochastic: bool, seed: int) -> Act:
+    """The policy's acting step on numpy fields: greedy, or sampled with noise from a seeded CPU
+    generator; continuous actions through the file's action transform (ML-Agents' clip)."""
+    model, gen = handle.model, torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def act(fields: Fields) -> tuple[np.ndarray, np.ndarray | None]:
+        x = fields_to_torch(handle.as_input(fields))
+        batch = len(next(iter(x.values())))
+        noise = draw_noise(model.action, batch, gen) if stochastic else None
+        actions, state = model.choose(x, noise)
+        if model.action.kind == "continuous":
+            actions = handle.action_transform(actions)
+        return actions.numpy(), None if state is None else state.numpy()
+
+    return act
+
+
+def eval_env_config(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
+    """The env config episodes run in (see the module docstring for which env that is)."""
+    stored = handle.config.env if handle.config is not None else None
+    if env_id is None:
+        if stored is None:
+            raise PolicyLoadError(f"{handle.source} names no env relay may build: name one with --env ENV_ID")
+        if ":" in stored.id:
+            raise PolicyLoadError(
+                f"{handle.source} was trained on {stored.id!r}, a module:factory env, which a file "
+                "never builds: name it with --env ENV_ID"
+            )
+        ec = stored
+    elif stored is not None and stored.id == env_id:
+        ec = stored.model_copy(update={"kwargs": {}})  # the user's factory never gets a file's kwargs
+    else:
+        ec = EnvConfig(id=env_id)
+    vectorization = "sync" if video or ec.vectorization == "async" else ec.vectorization
+    kwargs = {**ec.kwargs, "render_mode": "rgb_array"} if video else ec.kwargs
+    return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})
+
+
+def _build(ec: EnvConfig) -> gym.vector.VectorEnv:
+    # rgb_array rendering needs no display: SDL (pygame's, for the classic-control envs) would
+    # otherwise look for one and print that it found none.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    try:
+        check_env_id(ec.id)
+        return make_vector_env(ec)
+    except EnvSpecError as err:
+        raise PolicyLoadError(str(err)) from None
+    except Exception as err:
+        raise PolicyLoadError(f"env {ec.id}: cannot be built ({type(err).__name__}: {err})") from None
+
+
+def _build_for_video(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
+    """The env with rgb_array rendering, or (when it refuses render_mode) without, and why."""
+    try:
+        return _build(ec), None
+    except PolicyLoadError:
+        plain = ec.model_copy(update={"kwargs": {k: v for k, v in ec.kwargs.items() if k != "render_mode"}})
+        envs = _build(plain)
+        return envs, f"{ec.id} takes no render_mode='rgb_array': no video"
+
+
+def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
+    """Run `opts.episodes` episodes of the policy; PolicyLoadError (one line) for an env it cannot
+    act in."""
+    if not 1 <= opts.episodes <= MAX_EPISODES:
+        raise PolicyLoadError(f"--episodes {opts.episodes}: must be 1 to {MAX_EPISODES}")
+    ec = eval_env_config(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
+    envs, note = _build_for_video(ec) if opts.video else (_build(ec), None)
+    try:
+        seed = opts.seed if opts.seed is not None else ec.seed
+        info = envs.reset(seed=seed)[1]
+        check_env_fits(handle, envs, ec.id, info, acting=True)
+        render = render_first(envs) if opts.video and note is None else None
+        prep = preprocessor(ec.preprocess)
+        result = run_episodes(
+            envs,
+            handle.env,
+            policy_act(handle, opts.stochastic, seed + EVAL_SEED_STREAM),
+            opts.episodes,
+            seed,
+            handle.model.acting_state_size,
+            prep.reports_episodes,
+            render,
+        )
+        if result.frames is not None:
+            result.frames.fps = float(envs.metadata.get("render_fps") or 30) / prep.frames_per_step
+    finally:
+        with contextlib.suppress(Exception):
+            envs.close()
+    if note is not None:
+        result.frames = Frames(recording=False, note=note)
+    return result
+
+
+def describe(result: EvalResult, source: str, deterministic: bool) -> str:
+    """The lines `relay eval` prints."""
+    s = result.summary()
+    how = "deterministic" if deterministic else "stochastic"
+    return (
+        f"{source}: {s['episodes']} episodes ({how}), return {s['return_mean']:.2f} ± {s['return_std']:.2f} "
+        f"(min {s['return_min']:.2f}, max {s['return_max']:.2f}), length {s['len_mean']:.1f}, "
+        f"{s['env_steps']} env steps in {s['seconds']:.1f} s"
+    )
+
+
+def policy_file(path: Path, best: bool) -> Path:
+    """The policy file `relay eval` reads: the file itself, or a run folder's newest valid
+    checkpoint (`best`: its checkpoints/best.pt)."""
+    if path.is_dir():
+        folder = path / "checkpoints"
+        if best:
+            found = folder / BEST_NAME
+            if not found.is_file():
+                why = "train with checkpoint.keep_best=true"
+                raise PolicyLoadError(f"{path}: no {folder.name}/{BEST_NAME} ({why})")
+            return found
+        newest = load_newest_valid(folder) if folder.is_dir() else None
+        if newest is None:
+            raise PolicyLoadError(f"{path}: no valid checkpoint in {folder}")
+        return newest[0]
+    if best:
+        raise PolicyLoadError(f"{path}: --best takes a run folder")
+    if not path.is_file():
+        raise PolicyLoadError(f"{path}: no such run folder or policy file")
+    return path
+
+
+def save_video(result: EvalResult, folder: Path, label: str, source: str) -> tuple[Path | None, str | None]:
+    """Write the recorded episode as `<label>-return-<R>.mp4` (a new file in `folder`, never over
+    one), with its source and return in the file's metadata: (the path, None), or (None, why not)."""
+    frames = result.frames
+    if frames is None or not frames.images or frames.episode_return is None:
+        return None, frames.note if frames is not None and frames.note else "no episode was recorded"
+    data = encode_mp4(
+        frames.images, frames.fps, {"title": source, "comment": f"return {frames.episode_return:g}"}
+    )
+    return write_numbered(folder, video_stem(label, frames.episode_return), ".mp4", data), None
+
+
+def video_stem(label: str, episode_return: float) -> str:
+    """`<label>-return-487` (the return rounded; `m` for a minus sign, so names sort and read)."""
+    r = round(episode_return)
+    return f"{label}-return-{'m' if r < 0 else ''}{abs(r)}"

@@ -1,0 +1,168 @@
+"""`relay eval`: whole evaluation episodes of a trained policy (checkpoint, run folder, ONNX
+export), scored the way SB3's `evaluate_policy` scores them, with a video of one episode; and the
+bad inputs (unknown run, a file that names no env, a video folder that is a file, an env that
+cannot render)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import gymnasium as gym
+import imageio_ffmpeg
+import numpy as np
+import pytest
+import torch
+
+from rollout_workers.envs import env_seeds
+from rollout_workers.evaluation import EVAL_SEED_STREAM, episode_targets
+from services.cli import main
+from services.tools.load import load_policy
+from tests.helpers import train_local
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("cartpole")
+    assert train_local("cartpole_ppo.yaml", run, "learner.buffer_size=1024", "stop.env_steps=6000") == 0
+    return run
+
+
+def newest(run: Path) -> Path:
+    return sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+
+
+def eval_json(capsys, *args: str) -> dict:
+    assert main(["eval", *args, "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    return json.loads(out[0])
+
+
+def reference_returns(ckpt: Path, episodes: int, seed: int) -> list[float]:
+    """The same episodes played by hand: one plain gymnasium CartPole per env, seeded as the
+    evaluation seeds it, each running its share of episodes in turn with the model's greedy
+    action, no vector env and no relay evaluation code."""
+    handle = load_policy(ckpt)
+    n = min(episodes, 8)
+    seeds = env_seeds(seed, 0, n, EVAL_SEED_STREAM)
+    out = []
+    for i, target in enumerate(episode_targets(episodes, n)):
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seeds[i])
+        for _ in range(target):
+            total, done = 0.0, False
+            while not done:
+                action = handle.model.deterministic({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
+                obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+                total += float(reward)
+                done = terminated or truncated
+            out.append(total)
+            obs, _ = env.reset()
+    return out
+
+
+def test_deterministic_returns_match_episodes_played_by_hand(run, capsys):
+    got = eval_json(capsys, str(newest(run)), "--episodes", "11", "--seed", "5")
+    want = reference_returns(newest(run), 11, 5)
+    assert got["episodes"] == 11 and got["deterministic"] is True
+    assert got["return_mean"] == pytest.approx(np.mean(want))
+    assert got["return_std"] == pytest.approx(np.std(want))
+    assert got["return_min"] == min(want) and got["return_max"] == max(want)
+    assert got["len_mean"] == pytest.approx(np.mean(want))  # CartPole: +1 a step
+
+
+def test_a_run_folder_means_its_newest_checkpoint_and_a_seed_fixes_the_result(run, capsys):
+    by_run = eval_json(capsys, str(run), "--episodes", "4", "--seed", "3")
+    by_file = eval_json(capsys, str(newest(run)), "--episodes", "4", "--seed", "3")
+    assert by_run["return_mean"] == by_file["return_mean"]
+    a = eval_json(capsys, str(run), "--episodes", "6", "--stochastic", "--seed", "1")
+    b = eval_json(capsys, str(run), "--episodes", "6", "--stochastic", "--seed", "1")
+    assert a["deterministic"] is False and a["return_mean"] == b["return_mean"]
+
+
+def test_text_output_is_one_line_with_mean_and_std(run, capsys):
+    assert main(["eval", str(run), "--episodes", "3"]) == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "3 episodes (deterministic), return" in line and "±" in line
+
+
+def ffmpeg_info(path: Path) -> str:
+    done = subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path)], capture_output=True, text=True
+    )
+    return done.stderr  # ffmpeg describes its input on stderr (and exits 1 with no output named)
+
+
+def test_video_is_a_browser_playable_mp4_of_the_recorded_episode(run, tmp_path, capsys):
+    videos = tmp_path / "videos"
+    got = eval_json(capsys, str(run), "--episodes", "2", "--video", str(videos))
+    (path,) = videos.glob("*.mp4")
+    assert got["video"] == str(path)
+    ret = int(path.stem.split("-return-")[1])
+    assert path.stem.startswith(newest(run).stem) and got["return_min"] <= ret <= got["return_max"]
+    info = ffmpeg_info(path)
+    assert "Video: h264" in info and "yuv420p" in info and "600x400" in info
+    assert f"return {ret}" in info  # the return in the file's metadata
+    duration = next(ln for ln in info.splitlines() if "Duration" in ln).split("Duration: ")[1].split(",")[0]
+    seconds = duration.split(":")[-1]  # hh:mm:ss.cc
+    assert float(seconds) == pytest.approx(ret / 50, abs=0.05)  # one frame a step at CartPole's 50 fps
+    again = eval_json(capsys, str(run), "--episodes", "2", "--video", str(videos))
+    assert again["video"] != got["video"] and path.exists()  # a new name, never over the first
+
+
+def test_onnx_export_needs_env_and_then_scores_like_its_checkpoint(run, tmp_path, capsys):
+    onnx_path = tmp_path / "p.onnx"
+    assert main(["export", str(newest(run)), "--out", str(onnx_path)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(onnx_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--env" in err
+    by_onnx = eval_json(capsys, str(onnx_path), "--env", "CartPole-v1", "--episodes", "4", "--seed", "2")
+    by_ckpt = eval_json(capsys, str(newest(run)), "--episodes", "4", "--seed", "2")
+    assert by_onnx["return_mean"] == by_ckpt["return_mean"]
+
+
+def test_a_factory_env_needs_env_gets_no_kwargs_and_cannot_render_but_still_scores(run, tmp_path, capsys):
+    state = torch.load(newest(run), weights_only=True)
+    marker = tmp_path / "kwargs-reached-the-factory"
+    factory = "tests.services.recording_env:make"
+    state["config"]["env"].update(id=factory, kwargs={"record_to": str(marker)})
+    crafted = tmp_path / "crafted.pt"
+    torch.save(state, crafted)
+    assert main(["eval", str(crafted)]) == 2
+    assert "module:factory" in capsys.readouterr().err
+    videos = tmp_path / "videos"
+    assert main(["eval", str(crafted), "--env", factory, "--episodes", "2", "--video", str(videos)]) == 0
+    captured = capsys.readouterr()
+    assert "2 episodes" in captured.out and "no video" in captured.err
+    assert not marker.exists() and not videos.exists()
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["nowhere"], "no such run folder"),
+        (["{empty}"], "no valid checkpoint"),
+        (["{run}", "--best"], "best.pt"),
+        (["{ckpt}", "--best"], "--best takes a run folder"),
+        (["{run}", "--episodes", "0"], "--episodes 0"),
+        (["{run}", "--video", "{file}"], "not a folder"),
+        (["{run}", "--env", "Acrobot-v1"], "Acrobot-v1 observes"),
+        (["{run}", "--env", "NoSuchEnv-v0"], "not a registered"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(run, tmp_path, capsys, args, says):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    names = {
+        "run": str(run),
+        "ckpt": str(newest(run)),
+        "empty": str(tmp_path / "empty"),
+        "file": str(tmp_path / "file"),
+    }
+    argv = [a.format(**names) for a in args]
+    assert main(["eval", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert sorted(tmp_path.rglob("*")) == before
