@@ -335,11 +335,36 @@ class StopConfig(_Section):
         None, description="Stop once the mean return of the last 20 episodes reaches this."
     )
     wall_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training.")
+    eval_return_mean: float | None = Field(
+        None, description="Stop once an evaluation's mean return reaches this (needs eval.every_iterations)."
+    )
 
 
 class CheckpointConfig(_Section):
     interval: int = Field(10, ge=1, description="Write a checkpoint every this many iterations.")
     keep: int = Field(3, ge=1, le=100_000, description="Checkpoints kept (oldest removed first).")
+    keep_best: bool = Field(
+        False,
+        description="Keep the policy with the best evaluation return as checkpoints/best.pt (never "
+        "pruned; needs eval.every_iterations).",
+    )
+
+
+class EvalConfig(_Section):
+    every_iterations: int = Field(
+        0, ge=0, description="Evaluate the newest weights every this many iterations (0: never)."
+    )
+    episodes: int = Field(10, ge=1, le=10_000, description="Whole episodes each evaluation plays.")
+    deterministic: bool = Field(True, description="Act with the mode of the policy (false: sample).")
+    video_every: int = Field(
+        0, ge=0, description="Record a video of one episode every this many evaluations (0: never)."
+    )
+    num_cpus: float = Field(
+        0.0,
+        ge=0,
+        description="CPUs the evaluation actor reserves (0: it runs on whatever is free, between "
+        "evaluations it idles).",
+    )
 
 
 class MetricsConfig(_Section):
@@ -368,6 +393,7 @@ class RelayConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy network.")
     stop: StopConfig = Field(default_factory=StopConfig, description="Stop criteria (first one met wins).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during training.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Metrics and progress.")
 
     @property
@@ -404,9 +430,19 @@ def _round_desc(cfg: RelayConfig) -> str:
     return f"rollout.num_workers={cfg.rollout.num_workers}"
 
 
+def _eval_problems(cfg: RelayConfig) -> list[str]:
+    off = cfg.eval.every_iterations == 0
+    needs = [
+        ("checkpoint.keep_best=true", cfg.checkpoint.keep_best),
+        (f"stop.eval_return_mean={cfg.stop.eval_return_mean}", cfg.stop.eval_return_mean is not None),
+        (f"eval.video_every={cfg.eval.video_every}", cfg.eval.video_every > 0),
+    ]
+    return [f"{what} needs evaluations (eval.every_iterations > 0)" for what, on in needs if on and off]
+
+
 def _cross_field_problems(cfg: RelayConfig) -> list[str]:
     """Every cross-field rule that fails, each naming fields and numbers."""
-    problems: list[str] = []
+    problems: list[str] = _eval_problems(cfg)
     seg, lrn = cfg.segment_steps, cfg.learner
     shape = f"rollout.rollout_len={cfg.rollout.rollout_len} x env.num_envs={cfg.env.num_envs}"
     if lrn.buffer_size % seg:

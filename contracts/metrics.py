@@ -73,6 +73,17 @@ METRICS: dict[str, str] = {
     "core shows here; recurrent policies)",
     "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
     "segment (recurrent policies)",
+    # evaluation during training (eval.every_iterations; on the line where one finished)
+    "eval_return_mean": "mean return of the evaluation's episodes (the policy's mode, unless "
+    "eval.deterministic=false)",
+    "eval_return_std": "std of the evaluation's returns",
+    "eval_return_min": "min return of the evaluation's episodes",
+    "eval_return_max": "max return of the evaluation's episodes",
+    "eval_len_mean": "mean length of the evaluation's episodes",
+    "eval_episodes": "episodes the evaluation played",
+    "eval_iteration": "the iteration whose weights the evaluation played",
+    "eval_weights_version": "the weights version the evaluation played",
+    "eval_s": "seconds the evaluation took (on its own actor or thread)",
 }
 
 # What DESIGN.md promises on every line (algorithm-specific keys are added by each algorithm).
@@ -120,6 +131,13 @@ CHARTS: list[dict[str, Any]] = [
         "title": "Episode return (mean of last 20, min–max band)",
         "keys": ["episode_return_mean"],
         "band": ["episode_return_min", "episode_return_max"],
+    },
+    {
+        "id": "eval",
+        "title": "Evaluation return (mean, min–max band) beside the training return",
+        "keys": ["eval_return_mean", "episode_return_mean"],
+        "band": ["eval_return_min", "eval_return_max"],
+        "optional": True,
     },
     {"id": "length", "title": "Episode length", "keys": ["episode_len_mean"]},
     {"id": "loss", "title": "Policy / value loss", "keys": ["policy_loss", "value_loss"]},

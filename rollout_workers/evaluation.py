@@ -10,6 +10,7 @@ not over-counted just because they finish first.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,17 +18,23 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
+from torch import Tensor
 
+from contracts.config import EnvConfig
 from contracts.segment import Fields
 from contracts.spaces import EnvSpec
-from policy.actor_critic import STATE
+from policy.actor_critic import STATE, draw_noise, fields_to_torch
+from policy.models import ActorCritic
 from rollout_workers.continuing import reported_episodes
-from rollout_workers.envs import env_actions, env_seeds
+from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_seeds
 from rollout_workers.observations import ObsReader
+from rollout_workers.vector_backends import make_vector_env
 
 # Env seeds of evaluation episodes: a stream no training run uses (a fresh run is stream 0, a
 # resume or a restarted worker a small one), so evaluation never replays training's episodes.
 EVAL_SEED_STREAM = 1_000_003
+MAX_EVAL_ENVS = 8  # envs stepped side by side; fewer when fewer episodes are asked for
 
 # (input fields [N, ...], with "h_in" [N, S] for a recurrent policy) -> (the policy's actions
 # [N, *act], the state after the step [N, S] or None)
@@ -70,6 +77,59 @@ class EvalResult:
             "seconds": self.seconds,
             "episodes_per_s": len(self.returns) / self.seconds if self.seconds > 0 else float("inf"),
         }
+
+
+def model_act(
+    model: ActorCritic, stochastic: bool, seed: int, transform: Callable[[Tensor], Tensor] | None = None
+) -> Act:
+    """The policy's acting step on numpy fields: greedy, or sampled with noise from a CPU generator
+    seeded with `seed`; continuous actions through `transform` (an imported policy's clip)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def act(fields: Fields) -> tuple[np.ndarray, np.ndarray | None]:
+        x = fields_to_torch(fields)
+        noise = draw_noise(model.action, len(next(iter(x.values()))), gen) if stochastic else None
+        actions, state = model.choose(x, noise)
+        if transform is not None and model.action.kind == "continuous":
+            actions = transform(actions)
+        return actions.numpy(), None if state is None else state.numpy()
+
+    return act
+
+
+def eval_env_config(ec: EnvConfig, num_envs: int, video: bool) -> EnvConfig:
+    """`ec` for evaluation: `num_envs` envs, in this process (or EnvPool's threads) rather than a
+    process each, with rgb_array rendering for a video (through gymnasium: EnvPool renders none)."""
+    vectorization = "sync" if video or ec.vectorization == "async" else ec.vectorization
+    kwargs = {**ec.kwargs, "render_mode": "rgb_array"} if video else ec.kwargs
+    return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})
+
+
+def build_eval_env(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
+    """The vector env of `ec` (EnvSpecError in one line when it cannot be built); asked for
+    rgb_array rendering and refusing it, the env without, and the line saying there is no video."""
+    # rgb_array rendering needs no display: SDL (pygame's, for the classic-control envs) would
+    # otherwise look for one and print that it found none.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    try:
+        return _make(ec), None
+    except EnvSpecError:
+        if "render_mode" not in ec.kwargs:
+            raise
+    plain = ec.model_copy(update={"kwargs": {k: v for k, v in ec.kwargs.items() if k != "render_mode"}})
+    return _make(plain), f"{ec.id} takes no render_mode='rgb_array': no video"
+
+
+def _make(ec: EnvConfig) -> gym.vector.VectorEnv:
+    try:
+        check_env_id(ec.id)
+        return make_vector_env(ec)
+    except EnvSpecError:
+        raise
+    except Exception as err:
+        raise EnvSpecError(f"env {ec.id}: cannot be built ({type(err).__name__}: {err})") from None
 
 
 def episode_targets(episodes: int, num_envs: int) -> np.ndarray:

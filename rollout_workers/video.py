@@ -64,3 +64,9 @@ def encode_mp4(frames: Sequence[np.ndarray], fps: float, metadata: Mapping[str, 
         raise VideoError(f"encoding the video failed ({' '.join(str(err).split())[:200]})") from None
     finally:
         os.unlink(path)
+
+
+def video_stem(label: str, episode_return: float) -> str:
+    """`<label>-return-487`: the return rounded, `m` for a minus sign (names that sort and read)."""
+    r = round(episode_return)
+    return f"{label}-return-{'m' if r < 0 else ''}{abs(r)}"

@@ -96,6 +96,19 @@ def _add_address_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
 
 
+def _add_best_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--best",
+        action="store_true",
+        help="the path is a run directory: use its checkpoints/best.pt (checkpoint.keep_best)",
+    )
+
+
+def _best(path: str, best: bool) -> str:
+    """The path itself, or with --best the run directory's best.pt."""
+    return str(policy_file(Path(path), best=True)) if best else path
+
+
 def _add_env_arg(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
         "--env",
@@ -137,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=port_number, default=8000)
     export = sub.add_parser("export", help="export a checkpoint's policy (checked against onnxruntime)")
     export.add_argument("checkpoint", help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt)")
+    _add_best_arg(export)
     export.add_argument("--format", choices=["onnx"], default="onnx")
     export.add_argument("--out", help="output file (default: the checkpoint's name with .onnx)")
     export.add_argument(
@@ -145,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env_arg(export, "check the export on")
     verify = sub.add_parser("verify", help="precision table, fingerprint and latency of a policy")
     verify.add_argument("model", help="a relay checkpoint, an exported .onnx, or an ML-Agents .onnx/.pt")
+    _add_best_arg(verify)
     verify.add_argument("--dtypes", default="float32,float16,bfloat16")
     verify.add_argument("--device", default="auto", help="auto, cpu, cuda[:i], npu[:i]")
     verify.add_argument("--batch", type=int, default=256, help="the batch-B of the latency table")
@@ -160,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_eval_parser(sub: Any) -> None:
     ev = sub.add_parser("eval", help="evaluation episodes of a policy: return mean ± std, a video")
     ev.add_argument("model", help="a run directory (its newest checkpoint), a checkpoint, or an .onnx")
-    ev.add_argument("--best", action="store_true", help="a run directory's checkpoints/best.pt")
+    _add_best_arg(ev)
     ev.add_argument("--episodes", type=int, default=10)
     ev.add_argument("--stochastic", action="store_true", help="sample actions (default: the mode)")
     ev.add_argument("--seed", type=int, help="env seeds (default: the run's env.seed)")
@@ -181,6 +196,7 @@ def _add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--follow", action="store_true", help="serve a run's newest checkpoint, swapping newer in"
     )
+    _add_best_arg(serve)
     serve.add_argument("--runtime", default="torch", help="torch or onnxruntime")
     serve.add_argument("--device", default="auto", help="auto, cpu, cuda[:i] or npu[:i]")
     serve.add_argument("--replicas", type=int, default=1)
@@ -228,7 +244,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    ckpt = Path(args.checkpoint)
+    ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")
     out = Path(args.out) if args.out else ckpt.with_suffix(".onnx")
@@ -256,7 +272,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.env:
         allow_env_module(args.env, os.getcwd())
     opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, args.env)
-    text, passed = run_verify(load_policy(args.model), opts)
+    text, passed = run_verify(load_policy(_best(args.model, args.best)), opts)
     print(text)
     return EXIT_OK if passed else EXIT_FAILURE
 
@@ -299,6 +315,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"needs the serve extra ({err.name} is missing): pip install 'relay-rl[serve]'"
         ) from None
 
+    if args.best and args.follow:
+        raise InputError("--best serves the run's best.pt; --follow its newest checkpoint: choose one")
+    args.model = _best(args.model, args.best)
     fields = (
         "model",
         "follow",

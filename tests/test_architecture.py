@@ -11,8 +11,8 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
 # work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
-# ale_py, envpool and minigrid are optional extras; services.serving brings Ray Serve, the serve extra,
-# for `relay serve` alone).
+# ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; services.serving brings
+# Ray Serve, the serve extra, for `relay serve` alone).
 LAZY_OK = (
     "services.serving",
     "ray",
@@ -24,6 +24,7 @@ LAZY_OK = (
     "ale_py",
     "envpool",
     "minigrid",
+    "imageio_ffmpeg",
 )
 
 

@@ -18,9 +18,11 @@ from contracts.spaces import EnvSpec
 from learner.actor import create_learner_actor, learner_resources
 from learner.algorithms import algorithm_traits
 from learner.learner import Learner
+from rollout_workers.evaluator import Evaluator, create_evaluator
 from rollout_workers.sampler import make_sampler
 from rollout_workers.worker import create_rollout_workers, worker_resources
 from services.driver.cluster import wait_until_placed
+from services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
 from services.driver.health import FleetHealth, actor_record
 from services.driver.loop import Backend, LearnerLost
 from services.driver.preflight import PreflightError
@@ -73,6 +75,10 @@ class LocalBackend:
 
     def reseed_workers(self, stream: int) -> None:
         self.sampler.reseed(stream)
+
+    def evaluation_runner(self) -> EvalRunner:
+        evaluator = Evaluator(self.learner.cfg, self.env_spec, algorithm_traits(self.learner.cfg))
+        return ThreadEvalRunner(evaluator, lambda: (self.learner.version, self.learner.weights()))
 
     def close(self) -> None:
         self.sampler.close()
@@ -306,6 +312,12 @@ class RayBackend:
             self._join_group()
         self._take_weights(self._publish_now())
         self._next_round = None
+
+    def evaluation_runner(self) -> EvalRunner:
+        """The evaluation actor, placed now (it must not wait for CPUs the fleet holds)."""
+        actor = create_evaluator(self.cfg, self.env_spec, algorithm_traits(self.cfg))
+        wait_until_placed(self.cfg, {"evaluator": [actor]})
+        return ActorEvalRunner(actor, lambda: (self.version, self.weights_ref))
 
     def reseed_workers(self, stream: int) -> None:
         """Every worker continues on seed stream `stream` (a resumed run must not replay its data)."""

@@ -88,6 +88,7 @@ def init_ray(cfg: RelayConfig, address: str | None) -> bool:
     needed = (
         cfg.rollout.num_workers * worker_resources(cfg)["CPU"]
         + cfg.learner.num_learners * learner_resources(cfg)["CPU"]
+        + (cfg.eval.num_cpus if cfg.eval.every_iterations else 0.0)
     )
     return join_or_start_ray(address, needed)
 
@@ -241,7 +242,11 @@ def _cluster_has() -> str:
 
 def _pending_demand(cfg: RelayConfig, pending: dict[str, int]) -> tuple[str, dict[str, float]]:
     """('2 rollout workers (CPU 1 each), 1 learner (CPU 1, GPU 1)', the summed demand)."""
-    per = {"learner": learner_resources(cfg), "rollout worker": worker_resources(cfg)}
+    per = {
+        "learner": learner_resources(cfg),
+        "rollout worker": worker_resources(cfg),
+        "evaluator": {"CPU": cfg.eval.num_cpus},
+    }
     parts: list[str] = []
     total: dict[str, float] = {}
     for kind, count in pending.items():

@@ -22,6 +22,7 @@ from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
 from services.driver.checkpoints import load_newest_valid, save_checkpoint
+from services.driver.evaluations import EvalRunner, Evaluations
 from services.driver.fleet import FleetScaler
 from services.driver.health import FleetLost
 from services.driver.memory import HostMemory
@@ -64,6 +65,7 @@ class Backend(Protocol):
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def restart_learner(self) -> None: ...
+    def evaluation_runner(self) -> EvalRunner: ...
     def reseed_workers(self, stream: int) -> None: ...
     def close(self) -> None: ...
 
@@ -89,6 +91,11 @@ class TrainingLoop:
         self._last_line_t = time.perf_counter()
         self.notices = Notices()
         self.memory = HostMemory(backend.worker_pids)
+        self.evals = (
+            Evaluations(cfg, run, backend.evaluation_runner(), backend.env_spec)
+            if cfg.eval.every_iterations
+            else None
+        )
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
@@ -108,6 +115,9 @@ class TrainingLoop:
             return "episode_return_mean"
         if s.wall_s is not None and self.c.wall_s >= s.wall_s:
             return "wall_s"
+        scored = self.evals.last_return if self.evals is not None else None
+        if s.eval_return_mean is not None and scored is not None and scored >= s.eval_return_mean:
+            return "eval_return_mean"
         return None
 
     def _record(self, metrics: dict[str, Any], startup_s: float | None) -> dict[str, Any]:
@@ -221,6 +231,8 @@ class TrainingLoop:
         finally:
             writer.close()
             self.notices.close()
+            if self.evals is not None:
+                self.evals.close()
             progress.close(self.stopped_by)
         if self.c.iteration > self._last_ckpt:
             self._final_checkpoint()
@@ -255,8 +267,9 @@ class TrainingLoop:
             return
         self._idle_rounds = 0
         self.c.iteration += 1
+        scores = self.evals.after_iteration(self.c.iteration, self.c) if self.evals is not None else {}
         rec = self._record(
-            {**out.metrics, **self._take_phases()}, startup_s if self.c.iteration == 1 else None
+            {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
         )
         writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
         progress.update(rec)

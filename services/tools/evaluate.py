@@ -10,28 +10,29 @@ names no env relay trusts: those need `--env`.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
-import torch
-
 from contracts.config import EnvConfig
-from contracts.segment import Fields
-from policy.actor_critic import draw_noise, fields_to_torch
-from rollout_workers.envs import EnvSpecError, check_env_id
-from rollout_workers.evaluation import EVAL_SEED_STREAM, Act, EvalResult, Frames, render_first, run_episodes
+from rollout_workers.envs import EnvSpecError
+from rollout_workers.evaluation import (
+    EVAL_SEED_STREAM,
+    MAX_EVAL_ENVS,
+    EvalResult,
+    Frames,
+    build_eval_env,
+    eval_env_config,
+    model_act,
+    render_first,
+    run_episodes,
+)
 from rollout_workers.preprocess import preprocessor
-from rollout_workers.vector_backends import make_vector_env
-from rollout_workers.video import encode_mp4
+from rollout_workers.video import encode_mp4, video_stem
 from services.driver.checkpoints import BEST_NAME, load_newest_valid
 from services.files import write_numbered
 from services.tools.handle import PolicyHandle, PolicyLoadError
 from services.tools.load import check_env_fits
 
-MAX_EVAL_ENVS = 8  # envs stepped side by side; fewer when fewer episodes are asked for
 MAX_EPISODES = 100_000
 
 
@@ -44,25 +45,7 @@ class EvalOptions:
     video: bool = False  # keep the frames of one episode
 
 
-def policy_act(handle: PolicyHandle, stochastic: bool, seed: int) -> Act:
-    """The policy's acting step on numpy fields: greedy, or sampled with noise from a seeded CPU
-    generator; continuous actions through the file's action transform (ML-Agents' clip)."""
-    model, gen = handle.model, torch.Generator().manual_seed(seed)
-
-    @torch.no_grad()
-    def act(fields: Fields) -> tuple[np.ndarray, np.ndarray | None]:
-        x = fields_to_torch(handle.as_input(fields))
-        batch = len(next(iter(x.values())))
-        noise = draw_noise(model.action, batch, gen) if stochastic else None
-        actions, state = model.choose(x, noise)
-        if model.action.kind == "continuous":
-            actions = handle.action_transform(actions)
-        return actions.numpy(), None if state is None else state.numpy()
-
-    return act
-
-
-def eval_env_config(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
+def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
     """The env config episodes run in (see the module docstring for which env that is)."""
     stored = handle.config.env if handle.config is not None else None
     if env_id is None:
@@ -78,33 +61,7 @@ def eval_env_config(handle: PolicyHandle, env_id: str | None, num_envs: int, vid
         ec = stored.model_copy(update={"kwargs": {}})  # the user's factory never gets a file's kwargs
     else:
         ec = EnvConfig(id=env_id)
-    vectorization = "sync" if video or ec.vectorization == "async" else ec.vectorization
-    kwargs = {**ec.kwargs, "render_mode": "rgb_array"} if video else ec.kwargs
-    return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})
-
-
-def _build(ec: EnvConfig) -> gym.vector.VectorEnv:
-    # rgb_array rendering needs no display: SDL (pygame's, for the classic-control envs) would
-    # otherwise look for one and print that it found none.
-    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    try:
-        check_env_id(ec.id)
-        return make_vector_env(ec)
-    except EnvSpecError as err:
-        raise PolicyLoadError(str(err)) from None
-    except Exception as err:
-        raise PolicyLoadError(f"env {ec.id}: cannot be built ({type(err).__name__}: {err})") from None
-
-
-def _build_for_video(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
-    """The env with rgb_array rendering, or (when it refuses render_mode) without, and why."""
-    try:
-        return _build(ec), None
-    except PolicyLoadError:
-        plain = ec.model_copy(update={"kwargs": {k: v for k, v in ec.kwargs.items() if k != "render_mode"}})
-        envs = _build(plain)
-        return envs, f"{ec.id} takes no render_mode='rgb_array': no video"
+    return eval_env_config(ec, num_envs, video)
 
 
 def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
@@ -112,8 +69,11 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
     act in."""
     if not 1 <= opts.episodes <= MAX_EPISODES:
         raise PolicyLoadError(f"--episodes {opts.episodes}: must be 1 to {MAX_EPISODES}")
-    ec = eval_env_config(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
-    envs, note = _build_for_video(ec) if opts.video else (_build(ec), None)
+    ec = eval_env(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
+    try:
+        envs, note = build_eval_env(ec)
+    except EnvSpecError as err:
+        raise PolicyLoadError(str(err)) from None
     try:
         seed = opts.seed if opts.seed is not None else ec.seed
         info = envs.reset(seed=seed)[1]
@@ -123,7 +83,7 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         result = run_episodes(
             envs,
             handle.env,
-            policy_act(handle, opts.stochastic, seed + EVAL_SEED_STREAM),
+            model_act(handle.model, opts.stochastic, seed + EVAL_SEED_STREAM, handle.action_transform),
             opts.episodes,
             seed,
             handle.model.acting_state_size,
@@ -167,7 +127,9 @@ def policy_file(path: Path, best: bool) -> Path:
             raise PolicyLoadError(f"{path}: no valid checkpoint in {folder}")
         return newest[0]
     if best:
-        raise PolicyLoadError(f"{path}: --best takes a run folder")
+        raise PolicyLoadError(
+            f"{path}: " + ("--best takes a run folder" if path.exists() else "no such run folder")
+        )
     if not path.is_file():
         raise PolicyLoadError(f"{path}: no such run folder or policy file")
     return path
@@ -183,9 +145,3 @@ def save_video(result: EvalResult, folder: Path, label: str, source: str) -> tup
         frames.images, frames.fps, {"title": source, "comment": f"return {frames.episode_return:g}"}
     )
     return write_numbered(folder, video_stem(label, frames.episode_return), ".mp4", data), None
-
-
-def video_stem(label: str, episode_return: float) -> str:
-    """`<label>-return-487` (the return rounded; `m` for a minus sign, so names sort and read)."""
-    r = round(episode_return)
-    return f"{label}-return-{'m' if r < 0 else ''}{abs(r)}"

@@ -1,0 +1,28 @@
+"""Evaluation during training on Ray: an evaluation actor beside the rollout workers plays the
+published weights, and its scores, videos and best checkpoint land in the run as in local mode."""
+
+import pytest
+
+from services.cli import main
+from tests.helpers import train_in_process
+from tests.helpers_proc import metrics_lines
+
+pytestmark = pytest.mark.ray
+
+
+def test_an_evaluation_actor_scores_published_weights_while_training_goes_on(tmp_path, capsys):
+    run = tmp_path / "run"
+    sets = ["rollout.num_workers=2", "rollout.mode=async", "learner.buffer_size=2048", "stop.env_steps=16000"]
+    evals = ["eval.every_iterations=2", "eval.episodes=3", "eval.video_every=2", "checkpoint.keep_best=true"]
+    assert train_in_process("cartpole_ppo.yaml", run, *sets, *evals) == 0
+    lines = metrics_lines(run)
+    scored = [line for line in lines if "eval_return_mean" in line]
+    assert len(scored) >= 2
+    # Training does not wait for evaluations: the evaluated weights trail the newest ones.
+    assert all(line["eval_weights_version"] <= line["weights_version"] for line in scored)
+    assert any(line["eval_iteration"] < line["iteration"] for line in scored)
+    assert list((run / "videos").glob("iter-*-return-*.mp4"))
+    best = max(line["eval_return_mean"] for line in scored)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--best", "--episodes", "3", "--json"]) == 0
+    assert f'"return_mean": {best}' in capsys.readouterr().out
