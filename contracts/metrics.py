@@ -73,6 +73,13 @@ METRICS: dict[str, str] = {
     "core shows here; recurrent policies)",
     "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
     "segment (recurrent policies)",
+    # the learner's device, where it can tell (learner/device_health.py)
+    "device_utilization": "fraction of time the device computed (NVML, pyACL's AI Core use; on the CPU the "
+    "learner process's share of its reserved cores)",
+    "device_memory_used_bytes": "device memory in use (NVML, torch_npu; on the CPU the learner's RSS)",
+    "device_memory_total_bytes": "device memory in all (on the CPU the host's)",
+    "device_temperature_c": "device temperature in degrees C (NVML, npu-smi; the hottest CPU sensor)",
+    "device_power_w": "device power draw in watts (NVML, npu-smi)",
     # evaluation during training (eval.every_iterations; on the line where one finished)
     "eval_return_mean": "mean return of the evaluation's episodes (the policy's mode, unless "
     "eval.deterministic=false)",
@@ -154,7 +161,17 @@ CHARTS: list[dict[str, Any]] = [
     },
     {"id": "lag", "title": "Policy lag and weights version", "keys": ["policy_lag_mean", "weights_version"]},
     {"id": "buffer", "title": "Buffer fill", "keys": ["buffer_fill"]},
-    {"id": "busy", "title": "Learner busy (fraction of wall time computing)", "keys": ["learner_busy"]},
+    {
+        "id": "busy",
+        "title": "Learner busy and device utilization (fractions of wall time)",
+        "keys": ["learner_busy", "device_utilization"],
+    },
+    {
+        "id": "device_health",
+        "title": "Device temperature (C) and power (W)",
+        "keys": ["device_temperature_c", "device_power_w"],
+        "optional": True,
+    },
     {
         "id": "phases",
         "title": "Learner seconds by phase (wait, ingest, update, publish)",
@@ -163,8 +180,13 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "workers", "title": "Rollout workers", "keys": ["num_workers"]},
     {
         "id": "memory",
-        "title": "Device memory (bytes, allocated / peak)",
-        "keys": ["device_memory_bytes", "device_memory_peak_bytes"],
+        "title": "Device memory (bytes: allocated / peak by torch, used / total by the device)",
+        "keys": [
+            "device_memory_bytes",
+            "device_memory_peak_bytes",
+            "device_memory_used_bytes",
+            "device_memory_total_bytes",
+        ],
     },
     {
         "id": "host_memory",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import resource
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class, segment_layout
 from learner.buffer import SegmentRingBuffer
 from learner.device import DeviceContext, resolve_device
+from learner.device_health import DeviceHealth
 from learner.distributed import gather_moments, world_size
 from learner.update import run_update
 from policy.models import ActorCritic, build_policy, weights_mismatch
@@ -105,6 +107,9 @@ class Learner:
         self.cfg = cfg
         self.env = env
         self.dev = dev or resolve_device(cfg.learner.device, cfg.learner.npu_ids)
+        self.health = DeviceHealth(self.dev, cfg.learner.num_cpus)  # utilization, memory, temperature, power
+        if self.health.problem:
+            print(f"relay learner: {self.health.problem}", file=sys.stderr, flush=True)
         torch.manual_seed(cfg.env.seed)
         algo_cls = algorithm_class(cfg.learner.algo)
         self.model: ActorCritic = build_policy(cfg, env, critic=algo_cls.critic).to(self.dev.device)
@@ -293,6 +298,7 @@ class Learner:
             "learner_state_bytes": self.state_bytes(),
             "host_memory_peak_bytes": _peak_rss_bytes(),
             "learner_rss_bytes": rss_bytes(),
+            **self.health.sample(),
         }
         return UpdateOutcome(metrics, result.skipped_steps)
 

@@ -11,8 +11,9 @@ ROOT = Path(__file__).parents[1]
 PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # Imported inside functions on purpose: heavy or optional (ray in the device layer, which must
 # work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
-# ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; services.serving brings
-# Ray Serve, the serve extra, for `relay serve` alone).
+# ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; pynvml and acl read a
+# CUDA or Ascend device's health where one is; services.serving brings Ray Serve, the serve extra,
+# for `relay serve` alone).
 LAZY_OK = (
     "services.serving",
     "ray",
@@ -25,6 +26,8 @@ LAZY_OK = (
     "envpool",
     "minigrid",
     "imageio_ffmpeg",
+    "pynvml",
+    "acl",
 )
 
 

@@ -6,6 +6,8 @@ charts without reloading:
 
     GET /api/runs                          the runs under PATH (a run directory is one run)
     GET /api/metrics?run=NAME&since=K      complete metrics.jsonl lines from line K on
+    GET /api/videos?run=NAME               the run's evaluation videos, oldest first
+    GET /video?run=NAME&name=FILE          one of them (video/mp4, with HTTP range requests)
 
 A missing run, an empty or torn metrics file, or a run directory that disappears gets a clear
 JSON message, never a crash. It keeps serving whatever is in the folder:
@@ -16,7 +18,8 @@ JSON message, never a crash. It keeps serving whatever is in the folder:
 - only regular files are read (a FIFO or a directory named metrics.jsonl gets an error, never a
   hung thread), a line over MAX_LINE_BYTES is skipped, and one response carries at most
   MAX_RESPONSE_BYTES of lines (the page asks again for the rest);
-- no path leaves the served folder, symbolic links included (403);
+- no path leaves the served folder, symbolic links included (403); a video is a file of the run's
+  videos/ folder named as relay names them, served in ranges (browsers seek with them);
 - on a loopback address only requests whose Host header names that address are answered (a DNS
   rebinding page cannot read the metrics through the victim's browser).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import sys
 import threading
@@ -42,6 +46,10 @@ MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB
 MAX_RESPONSE_BYTES = 4 << 20
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
+# What relay writes into RUN/videos (services/driver/evaluations.py): iteration, return, and a
+# number when the name was taken.
+VIDEO_NAME = re.compile(r"^iter-(\d{1,12})-return-(m?)(\d{1,15})(?:-\d{1,4})?\.mp4$")
+VIDEO_CHUNK = 1 << 20  # a video is sent in pieces this large, never read whole
 
 
 class DashboardError(Exception):
@@ -96,6 +104,45 @@ class RunStore:
             os.close(fd)
             raise DashboardError(HTTPStatus.CONFLICT, f"metrics.jsonl of run {name!r} is not a regular file")
         return fd, st
+
+    def videos(self, name: str) -> dict[str, Any]:
+        """The run's videos, by iteration: name, iteration, return, bytes."""
+        folder = self.run_dir(name) / "videos"
+        found = []
+        if folder.is_dir() and not folder.is_symlink():
+            for path in folder.iterdir():
+                m = VIDEO_NAME.match(path.name)
+                if m and path.is_file() and not path.is_symlink():
+                    ret = int(m.group(3)) * (-1 if m.group(2) else 1)
+                    found.append(
+                        {
+                            "name": path.name,
+                            "iteration": int(m.group(1)),
+                            "return": ret,
+                            "bytes": path.stat().st_size,
+                        }
+                    )
+        found.sort(key=lambda v: (v["iteration"], v["name"]))
+        return {"run": name, "videos": found}
+
+    def open_video(self, name: str, video: str) -> tuple[int, int]:
+        """(descriptor, size) of a video of the run: a regular file in its videos/ folder, named as
+        relay names them, no link anywhere on the way."""
+        if not VIDEO_NAME.match(video):
+            raise DashboardError(HTTPStatus.NOT_FOUND, f"no video {video!r}")
+        folder = self.run_dir(name) / "videos"
+        path = folder / video
+        if folder.is_symlink() or path.is_symlink():
+            raise DashboardError(HTTPStatus.FORBIDDEN, f"video {video!r} is behind a link")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise DashboardError(HTTPStatus.NOT_FOUND, f"no video {video!r} in run {name!r}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise DashboardError(HTTPStatus.CONFLICT, f"video {video!r} is not a regular file")
+        return fd, st.st_size
 
     def metrics(self, name: str, since: int) -> dict[str, Any]:
         """Complete lines from `since` on, at most MAX_RESPONSE_BYTES of them; a torn last line (a
@@ -208,6 +255,33 @@ class Handler(BaseHTTPRequestHandler):
             HTTPStatus.OK, path.read_bytes(), STATIC_TYPES.get(path.suffix, "application/octet-stream")
         )
 
+    def _video(self, run: str, name: str) -> None:
+        """The file, whole (200) or the byte range the browser asks for (206; 416 past the end)."""
+        fd, size = self.store.open_video(run, name)
+        with os.fdopen(fd, "rb") as f:
+            try:
+                span = byte_range(self.headers.get("Range"), size)
+            except Unsatisfiable:
+                self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            start, end = (0, size - 1) if span is None else span
+            length = max(end - start + 1, 0)
+            self.send_response(HTTPStatus.OK if span is None else HTTPStatus.PARTIAL_CONTENT)
+            self.send_header("Content-Type", "video/mp4")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(length))
+            if span is not None:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            f.seek(start)
+            while length > 0 and (chunk := f.read(min(length, VIDEO_CHUNK))):  # streamed, never whole
+                self.wfile.write(chunk)
+                length -= len(chunk)
+
     def _route(self, path: str, query: dict[str, str]) -> None:
         if path in ("/", "/index.html"):
             self._static("index.html")
@@ -217,6 +291,10 @@ class Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.OK, {"charts": CHARTS})
         elif path == "/api/runs":
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
+        elif path == "/api/videos":
+            self._json(HTTPStatus.OK, self.store.videos(query.get("run", ".")))
+        elif path == "/video":
+            self._video(query.get("run", "."), query.get("name", ""))
         elif path == "/api/metrics":
             since = min(max(int(query.get("since", "0")), 0), 1 << 40)
             self._json(HTTPStatus.OK, self.store.metrics(query.get("run", "."), since))
@@ -234,6 +312,32 @@ class Handler(BaseHTTPRequestHandler):
             self._json(err.status, {"error": str(err)})
         except ValueError:
             self._json(HTTPStatus.BAD_REQUEST, {"error": "since must be a whole number"})
+
+
+class Unsatisfiable(ValueError):
+    """A range that starts past the end of the file (416)."""
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The one byte range a `Range: bytes=a-b` header asks for, as (first, last) within the file;
+    None without a usable header (the whole file); Unsatisfiable when it starts past the end.
+    Several ranges are answered with the first (browsers ask for one)."""
+    if not header or not header.strip().startswith("bytes="):
+        return None
+    first = header.strip().removeprefix("bytes=").split(",")[0].strip()
+    a, sep, b = first.partition("-")
+    if not sep or not (a.isdigit() or b.isdigit()) or (a and not a.isdigit()) or (b and not b.isdigit()):
+        return None
+    if not a:  # the last b bytes
+        n = int(b)
+        if n == 0 or size == 0:
+            raise Unsatisfiable(header)
+        return max(size - n, 0), size - 1
+    start = int(a)
+    if start >= size:
+        raise Unsatisfiable(header)
+    end = min(int(b), size - 1) if b else size - 1
+    return (start, end) if end >= start else None
 
 
 def make_handler(store: RunStore) -> type[Handler]:
