@@ -6,8 +6,8 @@ to the OS only from the top of each heap, so with several threads' arenas (Ray's
 the prefetch thread, torch's pool) freed memory trapped below live chunks accumulates: measured
 on CartPole, about 1 KB a round, which one `malloc_trim(0)` gave back at once (383.4 -> 381.5 MB
 after 3,000 rounds that had grown 1.4 MB). The learner trims at most once an `interval_s`, which
-costs about a millisecond; a 30-minute soak still measured ~23 MB an hour of growth with it
-(docs/benchmarks.md, "Long runs").
+costs about a millisecond. (The rest of the learner's growth was Ray's bookkeeping of the weights
+it published by `ray.put`: see learner/actor.py and docs/benchmarks.md, "Long runs".)
 """
 
 from __future__ import annotations
