@@ -11,6 +11,7 @@ not over-counted just because they finish first.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,9 +111,12 @@ def build_eval_env(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
     """The vector env of `ec` (EnvSpecError in one line when it cannot be built); asked for
     rgb_array rendering and refusing it, the env without, and the line saying there is no video."""
     # rgb_array rendering needs no display: SDL (pygame's, for the classic-control envs) would
-    # otherwise look for one and print that it found none.
+    # otherwise look for one and print that it found none; MuJoCo's default GLFW needs one, EGL
+    # renders offscreen without (the user's own MUJOCO_GL wins).
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    if not os.environ.get("DISPLAY") and "render_mode" in ec.kwargs:
+        os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         return _make(ec), None
     except EnvSpecError:
@@ -198,7 +202,7 @@ def run_episodes(
                     frames.recording, frames.episode_return = False, result[0]
         ep_return[done], ep_len[done] = 0.0, 0
         if frames is not None and frames.recording and render is not None:
-            _keep(frames, render())
+            _grab(frames, render)
         if state is not None and after is not None:
             state = np.where(done[:, None], np.float32(0.0), after)
     return EvalResult(returns, lengths, steps, time.perf_counter() - t0, frames)
@@ -208,8 +212,31 @@ def _first_frame(render: Callable[[], np.ndarray | None] | None) -> Frames | Non
     if render is None:
         return None
     frames = Frames()
-    _keep(frames, render())
+    _grab(frames, render)
     return frames
+
+
+# What a render that raises most likely lacks, by the env's family (MuJoCo's offscreen GL).
+GL_HINT = (
+    "MuJoCo renders offscreen through EGL here (MUJOCO_GL=egl): install libegl1 (Debian/Ubuntu), "
+    "or set MUJOCO_GL=osmesa with libosmesa6"
+)
+
+
+GL_WORDS = re.compile(r"opengl|glfw|egl|osmesa|gl\w*error", re.IGNORECASE)
+
+
+def _grab(frames: Frames, render: Callable[[], np.ndarray | None]) -> None:
+    """One frame of env 0; a render that raises stops the recording, saying why in one line."""
+    try:
+        image = render()
+    except Exception as err:
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+        hint = f"; {GL_HINT}" if GL_WORDS.search(why) else ""
+        frames.note, frames.recording = f"rendering failed ({why}){hint}: no video", False
+        frames.images.clear()
+        return
+    _keep(frames, image)
 
 
 def _keep(frames: Frames, image: Any) -> None:

@@ -198,3 +198,34 @@ def test_every_policy_kind_is_scored(config, tmp_path, capsys):
         assert got["len_mean"] >= 50
     again = eval_json(capsys, str(run), "--episodes", "2", "--seed", "1")
     assert again["return_mean"] == got["return_mean"]  # a seed fixes the result, whatever the kind
+
+
+def test_mujoco_renders_offscreen_without_a_display(tmp_path, capsys, monkeypatch):
+    """Hopper's frames through MuJoCo's offscreen renderer on this headless machine: relay picks
+    EGL when nothing else is set (GLFW, MuJoCo's default, needs a display)."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    run = tmp_path / "hopper"
+    assert train_local("hopper_ppo.yaml", run, "learner.buffer_size=2048", "stop.env_steps=2048") == 0
+    capsys.readouterr()
+    videos = tmp_path / "videos"
+    got = eval_json(capsys, str(run), "--episodes", "1", "--video", str(videos))
+    info = ffmpeg_info(Path(got["video"]))
+    assert "Video: h264" in info and "480x480" in info
+
+
+def test_a_render_that_raises_is_one_line_and_the_episodes_still_count(monkeypatch):
+    from rollout_workers.envs import env_spec
+    from rollout_workers.evaluation import run_episodes
+
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    spec = env_spec(envs.single_observation_space, envs.single_action_space, None, {})
+
+    def broken():
+        raise AttributeError("'OffScreenViewer' object has no attribute 'opengl_context'")
+
+    result = run_episodes(envs, spec, lambda f: (np.zeros(2, dtype=np.int64), None), 2, 0, render=broken)
+    assert len(result.returns) == 2 and result.frames is not None and not result.frames.images
+    assert "rendering failed" in result.frames.note and "libegl1" in result.frames.note
