@@ -67,13 +67,15 @@ class EvalResult:
     def summary(self) -> dict[str, Any]:
         """mean, std (population, as SB3 reports it), min and max of the return; mean length."""
         r = np.asarray(self.returns, dtype=np.float64)
+        if not len(r):  # cancelled before any episode ended
+            r = np.full(1, np.nan)
         return {
             "episodes": len(self.returns),
             "return_mean": float(r.mean()),
             "return_std": float(r.std()),
             "return_min": float(r.min()),
             "return_max": float(r.max()),
-            "len_mean": float(np.mean(self.lengths)),
+            "len_mean": float(np.mean(self.lengths)) if self.lengths else float("nan"),
             "env_steps": self.steps,
             "seconds": self.seconds,
             "episodes_per_s": len(self.returns) / self.seconds if self.seconds > 0 else float("inf"),
@@ -159,6 +161,7 @@ def run_episodes(
     state_size: int = 0,
     reports_episodes: bool = False,
     render: Callable[[], np.ndarray | None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> EvalResult:
     """Run `episodes` whole episodes on envs seeded from `seed` (EVAL_SEED_STREAM).
 
@@ -167,6 +170,7 @@ def run_episodes(
     Atari, as in training) ends. `reports_episodes`: episodes are the ones the env reports in
     `info["episode"]` (Atari's true game), not the sampler's own count. `render` returns env 0's
     RGB frame (None when it cannot render): the frames of its first counted episode are kept.
+    `cancelled` ends the episodes early (a run that stops does not wait for its evaluation).
     """
     n = envs.num_envs
     t0 = time.perf_counter()
@@ -181,7 +185,7 @@ def run_episodes(
     state = np.zeros((n, state_size), dtype=np.float32) if state_size else None
     frames = _first_frame(render)
     steps = 0
-    while (counts < targets).any():
+    while (counts < targets).any() and not (cancelled is not None and cancelled()):
         fields = reader.read(obs, info)
         actions, after = act(fields if state is None else {**fields, STATE: state})
         obs, reward, terminated, truncated, info = envs.step(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ class Evaluator:
         self.cfg, self.spec = cfg, spec
         self.model = build_policy(cfg, spec, traits.critic).eval()
         self._envs: dict[bool, tuple[gym.vector.VectorEnv, str | None]] = {}
+        self._cancel = threading.Event()  # set by `cancel` from another thread: stop playing now
 
     def _env(self, video: bool) -> tuple[gym.vector.VectorEnv, str | None]:
         if video not in self._envs:
@@ -84,6 +86,7 @@ class Evaluator:
             self.model.acting_state_size,
             prep.reports_episodes,
             render_first(envs) if video and note is None else None,
+            self._cancel.is_set,
         )
         report = EvalReport(iteration, version, result.summary(), note=note)
         frames = result.frames
@@ -100,6 +103,11 @@ class Evaluator:
         elif frames is not None and frames.note:
             report.note = frames.note
         return report
+
+    def cancel(self) -> None:
+        """End an evaluation that is playing (from another thread); its report counts what it
+        played."""
+        self._cancel.set()
 
     def close(self) -> None:
         for envs, _ in self._envs.values():

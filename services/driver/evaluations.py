@@ -68,6 +68,7 @@ class ThreadEvalRunner:
         return future.result(), lambda: weights
 
     def close(self) -> None:
+        self.evaluator.cancel()  # a stop does not wait for the episodes still playing
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.evaluator.close()
 

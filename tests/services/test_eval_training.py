@@ -109,3 +109,28 @@ def test_a_resumed_run_keeps_its_best_until_a_better_one(run, tmp_path):
 def test_eval_config_rules(sets, says):
     with pytest.raises(ConfigError, match=says.replace(".", r"\.").replace("=", "=")):
         build_config({}, sets)
+
+
+def test_a_stopping_run_does_not_wait_for_the_episodes_still_playing():
+    """Local mode's evaluation thread is told to stop: closing it takes well under the time its
+    10,000 episodes would."""
+    import time
+
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.evaluator import Evaluator
+    from services.driver.backends import LocalBackend
+    from services.driver.evaluations import ThreadEvalRunner
+
+    cfg = build_config({}, ["eval.every_iterations=1", "eval.episodes=10000", "rollout.num_workers=0"])
+    backend = LocalBackend(cfg)
+    runner = ThreadEvalRunner(
+        Evaluator(cfg, backend.env_spec, algorithm_traits(cfg)),
+        lambda: (backend.learner.version, backend.learner.weights()),
+    )
+    runner.submit(1, video=False)
+    time.sleep(0.5)
+    assert runner.busy() and runner.poll() is None  # still playing
+    t0 = time.perf_counter()
+    runner.close()
+    assert time.perf_counter() - t0 < 2.0
+    backend.close()
