@@ -123,6 +123,13 @@ TIMING_KEYS = {
     "host_memory_peak_bytes",
     "learner_rss_bytes",
     "driver_rss_bytes",
+    # the machine's readings of the learner's device (learner/device_health.py)
+    "device_utilization",
+    "device_memory_used_bytes",
+    "device_memory_total_bytes",
+    "device_temperature_c",
+    "device_power_w",
+    "eval_s",
 }
 
 
