@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, read_metrics, table
 
 ROOT = Path(__file__).parents[1]
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # CartPole's renders need no display
 
 
 def frames_of(env_id: str, n: int, **kwargs) -> list[np.ndarray]:
@@ -119,6 +121,7 @@ class RelayForSB3:
 
     def __init__(self, handle) -> None:
         self.handle = handle
+        self.space = gym.make(handle.config.env.id).action_space
 
     def predict(self, obs, state=None, episode_start=None, deterministic=True):
         import torch
@@ -127,8 +130,7 @@ class RelayForSB3:
 
         with torch.no_grad():
             actions = self.handle.model.choose({"obs": torch.as_tensor(obs, dtype=torch.float32)})[0].numpy()
-        space = gym.make(self.handle.config.env.id).action_space
-        return env_actions(self.handle.env.action, space, actions), None
+        return env_actions(self.handle.env.action, self.space, actions), None
 
 
 def sb3_returns(run: Path, episodes: int, seed: int) -> tuple[float, float]:
@@ -176,6 +178,7 @@ def bench_sb3() -> str:
     runs = {
         "CartPole-v1": ("configs/cartpole_ppo.yaml", ["stop.env_steps=30000"]),
         "Pendulum-v1": ("configs/pendulum_ppo.yaml", ["stop.env_steps=30000"]),
+        "Hopper-v5": ("configs/hopper_ppo.yaml", ["stop.env_steps=30000"]),
     }
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
