@@ -123,6 +123,13 @@ def eval_metrics(report: EvalReport) -> dict[str, Any]:
     }
 
 
+def _tensor_copy(value: Any) -> torch.Tensor:
+    """A tensor of its own: a copy of a tensor (local mode), or of an array (from Ray)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return torch.from_numpy(np.array(value))  # np.array copies: the store's view is read-only
+
+
 def best_return(run: RunDir) -> float | None:
     """The score of the run's best.pt, None when it has none (or an unreadable one)."""
     path = run.checkpoints / BEST_NAME
@@ -178,7 +185,8 @@ class Evaluations:
 
     def _save_best(self, report: EvalReport, weights: Weights, counters: RunCounters) -> None:
         learner = {
-            "model": {k: torch.as_tensor(np.asarray(v)).clone() for k, v in weights.items()},
+            # A copy: weights fetched from Ray's object store are read-only views of it.
+            "model": {k: _tensor_copy(v) for k, v in weights.items()},
             "version": report.version,
             "updates": 0,
             "eval": {**report.summary, "iteration": report.iteration},
