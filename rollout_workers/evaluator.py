@@ -39,6 +39,8 @@ from rollout_workers.preprocess import preprocessor
 from rollout_workers.video import VideoError, encode_mp4
 from rollout_workers.worker import adopt_workdir
 
+EVAL_NICENESS = 10  # the evaluation actor's nice level: it runs on CPU training leaves idle
+
 
 @dataclass
 class EvalReport:
@@ -70,7 +72,13 @@ class Evaluator:
         self, iteration: int, version: int, weights: dict[str, np.ndarray | torch.Tensor], video: bool
     ) -> EvalReport:
         """Play eval.episodes episodes with `weights`; an env that cannot render still scores."""
-        self.model.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        # Copies: arrays fetched from Ray's object store are read-only views of it.
+        self.model.load_state_dict(
+            {
+                k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))
+                for k, v in weights.items()
+            }
+        )
         try:
             envs, note = self._env(video)
         except EnvSpecError as err:  # the env for videos: the run's own env already works
@@ -122,6 +130,10 @@ class EvaluatorActor:
         self, cfg_data: dict[str, Any], spec: EnvSpec, traits: AlgorithmTraits, workdir: str
     ) -> None:
         torch.set_num_threads(1)
+        # Below the rollout workers and the learner in the OS scheduler's eyes: on a busy node the
+        # evaluation waits for idle CPU instead of taking it from training.
+        with contextlib.suppress(OSError, AttributeError):
+            os.nice(EVAL_NICENESS)
         cfg = RelayConfig.model_validate(cfg_data)
         adopt_workdir(workdir, cfg.env.id)
         self.evaluator = Evaluator(cfg, spec, traits)

@@ -26,3 +26,25 @@ def test_an_evaluation_actor_scores_published_weights_while_training_goes_on(tmp
     capsys.readouterr()
     assert main(["eval", str(run), "--best", "--episodes", "3", "--json"]) == 0
     assert f'"return_mean": {best}' in capsys.readouterr().out
+
+
+def test_the_evaluation_actor_yields_the_cpu_to_training():
+    """Niced below the workers and the learner: on a busy node it takes only CPU they leave idle."""
+    import os
+
+    import psutil
+    import ray
+
+    from contracts.config import build_config
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.evaluator import EVAL_NICENESS, create_evaluator
+    from services.driver.preflight import check_env
+
+    cfg = build_config({}, ["eval.every_iterations=1"])
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        actor = create_evaluator(cfg, check_env(cfg), algorithm_traits(cfg))
+        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+        assert psutil.Process(pid).nice() >= EVAL_NICENESS
+    finally:
+        ray.shutdown()
