@@ -30,6 +30,7 @@ from policy.models import ActorCritic
 from rollout_workers.continuing import reported_episodes
 from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_seeds
 from rollout_workers.observations import ObsReader
+from rollout_workers.preprocess import preprocessor
 from rollout_workers.vector_backends import make_vector_env
 
 # Env seeds of evaluation episodes: a stream no training run uses (a fresh run is stream 0, a
@@ -136,6 +137,42 @@ def _make(ec: EnvConfig) -> gym.vector.VectorEnv:
         raise
     except Exception as err:
         raise EnvSpecError(f"env {ec.id}: cannot be built ({type(err).__name__}: {err})") from None
+
+
+def play(
+    envs: gym.vector.VectorEnv,
+    spec: EnvSpec,
+    model: ActorCritic,
+    ec: EnvConfig,
+    episodes: int,
+    seed: int,
+    stochastic: bool = False,
+    video: bool = False,
+    note: str | None = None,
+    transform: Callable[[Tensor], Tensor] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> EvalResult:
+    """`run_episodes` of `model` in `envs` (built from `ec` by `build_eval_env`, whose `note` says
+    why they cannot render), the way `relay eval` and the training-time evaluator both play:
+    noise seeded apart from the env seeds, the env's own episode reporting, env 0's frames at the
+    game's speed when `video` is asked for and possible (else the note in `frames`)."""
+    prep = preprocessor(ec.preprocess)
+    result = run_episodes(
+        envs,
+        spec,
+        model_act(model, stochastic, seed + EVAL_SEED_STREAM, transform),
+        episodes,
+        seed,
+        model.acting_state_size,
+        prep.reports_episodes,
+        render_first(envs) if video and note is None else None,
+        cancelled,
+    )
+    if result.frames is not None:
+        result.frames.fps = float(envs.metadata.get("render_fps") or 30) / prep.frames_per_step
+    if video and note is not None:
+        result.frames = Frames(recording=False, note=note)
+    return result
 
 
 def episode_targets(episodes: int, num_envs: int) -> np.ndarray:

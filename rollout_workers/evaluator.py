@@ -27,15 +27,11 @@ from contracts.spaces import EnvSpec
 from policy.models import build_policy
 from rollout_workers.envs import EnvSpecError
 from rollout_workers.evaluation import (
-    EVAL_SEED_STREAM,
     MAX_EVAL_ENVS,
     build_eval_env,
     eval_env_config,
-    model_act,
-    render_first,
-    run_episodes,
+    play,
 )
-from rollout_workers.preprocess import preprocessor
 from rollout_workers.video import VideoError, encode_mp4
 from rollout_workers.worker import adopt_workdir
 
@@ -83,27 +79,26 @@ class Evaluator:
             envs, note = self._env(video)
         except EnvSpecError as err:  # the env for videos: the run's own env already works
             envs, note = self._env(False)[0], str(err)
-        ev, seed = self.cfg.eval, self.cfg.env.seed
-        prep = preprocessor(self.cfg.env.preprocess)
-        result = run_episodes(
+        ev = self.cfg.eval
+        result = play(
             envs,
             self.spec,
-            model_act(self.model, not ev.deterministic, seed + EVAL_SEED_STREAM),
+            self.model,
+            self.cfg.env,
             ev.episodes,
-            seed,
-            self.model.acting_state_size,
-            prep.reports_episodes,
-            render_first(envs) if video and note is None else None,
-            self._cancel.is_set,
+            self.cfg.env.seed,
+            stochastic=not ev.deterministic,
+            video=video,
+            note=note,
+            cancelled=self._cancel.is_set,
         )
         report = EvalReport(iteration, version, result.summary(), note=note)
         frames = result.frames
         if frames is not None and frames.images and frames.episode_return is not None:
-            fps = float(envs.metadata.get("render_fps") or 30) / prep.frames_per_step
             meta = {"title": f"iteration {iteration}", "comment": f"return {frames.episode_return:g}"}
             try:
                 report.video, report.video_return = (
-                    encode_mp4(frames.images, fps, meta),
+                    encode_mp4(frames.images, frames.fps, meta),
                     frames.episode_return,
                 )
             except VideoError as err:

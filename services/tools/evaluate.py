@@ -16,17 +16,12 @@ from pathlib import Path
 from contracts.config import EnvConfig
 from rollout_workers.envs import EnvSpecError
 from rollout_workers.evaluation import (
-    EVAL_SEED_STREAM,
     MAX_EVAL_ENVS,
     EvalResult,
-    Frames,
     build_eval_env,
     eval_env_config,
-    model_act,
-    render_first,
-    run_episodes,
+    play,
 )
-from rollout_workers.preprocess import preprocessor
 from rollout_workers.video import encode_mp4, video_stem
 from services.driver.checkpoints import BEST_NAME, load_newest_valid
 from services.files import write_numbered
@@ -78,25 +73,21 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         seed = opts.seed if opts.seed is not None else ec.seed
         info = envs.reset(seed=seed)[1]
         check_env_fits(handle, envs, ec.id, info, acting=True)
-        render = render_first(envs) if opts.video and note is None else None
-        prep = preprocessor(ec.preprocess)
-        result = run_episodes(
+        result = play(
             envs,
             handle.env,
-            model_act(handle.model, opts.stochastic, seed + EVAL_SEED_STREAM, handle.action_transform),
+            handle.model,
+            ec,
             opts.episodes,
             seed,
-            handle.model.acting_state_size,
-            prep.reports_episodes,
-            render,
+            opts.stochastic,
+            opts.video,
+            note,
+            handle.action_transform,
         )
-        if result.frames is not None:
-            result.frames.fps = float(envs.metadata.get("render_fps") or 30) / prep.frames_per_step
     finally:
         with contextlib.suppress(Exception):
             envs.close()
-    if note is not None:
-        result.frames = Frames(recording=False, note=note)
     return result
 
 
