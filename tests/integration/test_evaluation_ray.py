@@ -12,7 +12,7 @@ pytestmark = pytest.mark.ray
 
 def test_an_evaluation_actor_scores_published_weights_while_training_goes_on(tmp_path, capsys):
     run = tmp_path / "run"
-    sets = ["rollout.num_workers=2", "rollout.mode=async", "learner.buffer_size=2048", "stop.env_steps=16000"]
+    sets = ["rollout.num_workers=2", "rollout.mode=async", "learner.buffer_size=2048", "stop.env_steps=48000"]
     evals = ["eval.every_iterations=2", "eval.episodes=3", "eval.video_every=2", "checkpoint.keep_best=true"]
     assert train_in_process("cartpole_ppo.yaml", run, *sets, *evals) == 0
     lines = metrics_lines(run)
