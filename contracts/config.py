@@ -244,6 +244,18 @@ class LearnerConfig(_Section):
         "learner.batch_size / grad_accum_steps must then be a multiple of rollout.rollout_len).",
     )
     grad_checkpointing: bool = Field(False, description="Recompute the MLP trunk in backward to save memory.")
+    compile: bool = Field(
+        False,
+        description="Compile the update's loss (forward and backward) with torch.compile for the "
+        "fixed minibatch shape; the metrics count compiles and graph breaks (after the first "
+        "update no compile may follow).",
+    )
+    compile_backend: Literal["auto", "inductor", "aot_eager", "eager"] = Field(
+        "auto",
+        description="torch.compile backend: auto (torchair's NPU backend on npu, inductor "
+        "elsewhere), inductor, or aot_eager / eager (trace and guard without generating code: "
+        "for checking recompiles).",
+    )
     use_amp: bool = Field(False, description="Autocast the forward/backward on the learner device.")
     amp_dtype: Literal["bfloat16", "float16"] = Field(
         "bfloat16", description="Autocast dtype; float16 adds a GradScaler on npu/cuda."

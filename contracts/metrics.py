@@ -69,6 +69,9 @@ METRICS: dict[str, str] = {
     "learner_rss_bytes": "resident memory of the learner process now",
     "driver_rss_bytes": "resident memory of the driver process now",
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
+    "compiles": "graphs torch.compile has compiled for the update since the learner started "
+    "(learner.compile; flat after the first update: fixed shapes never recompile)",
+    "graph_breaks": "graph breaks dynamo took in the compiled update (learner.compile)",
     "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a diverging "
     "core shows here; recurrent policies)",
     "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "

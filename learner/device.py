@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch._dynamo
 
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -186,6 +187,23 @@ class DeviceContext:
         if self.type == "npu":
             return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+
+    def compile_backend(self, name: str = "auto") -> Any:
+        """The torch.compile backend for `learner.compile_backend`: auto is torchair's NPU graph
+        backend on npu (imported only there) and inductor on cpu/cuda; inductor, aot_eager and
+        eager name torch's own (aot_eager and eager compile nothing: they trace, guard and count,
+        which is what a recompile check needs and costs seconds, not minutes)."""
+        if name == "auto" and self.type == "npu":
+            try:
+                torchair = importlib.import_module("torchair")
+                compiler_config = importlib.import_module("torchair.configs.compiler_config")
+            except ImportError as err:
+                raise DeviceError(
+                    "learner.compile on npu needs torchair (shipped with torch_npu); "
+                    "set learner.compile_backend=aot_eager to trace without it"
+                ) from err
+            return torchair.get_npu_backend(compiler_config=compiler_config.CompilerConfig())
+        return torch._dynamo.lookup_backend("inductor" if name == "auto" else name)
 
     def distributed_backend(self) -> str:
         """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""

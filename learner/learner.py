@@ -22,6 +22,7 @@ from contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected, state_re
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class, segment_layout
 from learner.buffer import SegmentRingBuffer
+from learner.compiled import CompiledLoss
 from learner.device import DeviceContext, resolve_device
 from learner.device_health import DeviceHealth
 from learner.distributed import gather_moments, world_size
@@ -116,6 +117,11 @@ class Learner:
         self.model.set_checkpointing(cfg.learner.grad_checkpointing)
         self.algo = algo_cls(cfg.learner, self.model, self.dev)
         self.optimizer = self.dev.adam(self.model.parameters(), lr=cfg.learner.lr, eps=1e-5)
+        self.loss = (
+            CompiledLoss(self.algo.loss, self.dev.compile_backend(cfg.learner.compile_backend))
+            if cfg.learner.compile
+            else None
+        )
         self.scaler = self.dev.grad_scaler(cfg.learner.use_amp, cfg.learner.amp_dtype)
         self.buffer = SegmentRingBuffer(segment_layout(cfg, env), cfg.buffer_segments, self.dev.device)
         self.generator = torch.Generator(device=self.dev.device)
@@ -257,7 +263,7 @@ class Learner:
                 self.model,
                 self.optimizer,
                 batch,
-                self.algo.loss,
+                self.loss or self.algo.loss,
                 self.cfg.learner,
                 self.dev,
                 self.scaler,
@@ -283,6 +289,7 @@ class Learner:
             **result.stats,
             **algo_stats,
             **state_stats,
+            **(self.loss.counts() if self.loss else {}),
             "lr": lr,
             "learner_samples_per_s": result.samples / max(timings["update_s"], 1e-9),
             "epochs_run": result.epochs_run,
