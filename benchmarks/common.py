@@ -17,11 +17,25 @@ from typing import Any
 def machine_header(title: str) -> str:
     import torch
 
+    from learner.device import CPU_BF16_FLAGS, cpu_flags
+
     cpu = platform.processor() or platform.machine()
+    # The CPU model and its bf16 units: the machine this project runs on changes between sessions,
+    # and whether bf16 is computed or emulated decides the pixel learner's precision.
+    model = _cpu_model()
+    bf16 = ",".join(f for f in CPU_BF16_FLAGS if f in cpu_flags()) or "none"
     return (
-        f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M')}  {cpu}  {os.cpu_count()} cores  "
-        f"python {platform.python_version()}  torch {torch.__version__}"
+        f"# {title}\n# {time.strftime('%Y-%m-%d %H:%M')}  {cpu}  {model}  bf16 units: {bf16}  "
+        f"{os.cpu_count()} cores  python {platform.python_version()}  torch {torch.__version__}"
     )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -256,9 +256,21 @@ class LearnerConfig(_Section):
         "elsewhere), inductor, or aot_eager / eager (trace and guard without generating code: "
         "for checking recompiles).",
     )
-    use_amp: bool = Field(False, description="Autocast the forward/backward on the learner device.")
+    use_amp: bool | Literal["auto"] = Field(
+        "auto",
+        description="Autocast the forward/backward on the learner device. auto: bf16 autocast for "
+        "a convolutional policy (pixels) where the device computes bf16 in hardware (a CPU with "
+        "avx512_bf16/amx_bf16, CUDA 8.0+, the NPU), float32 otherwise and for MLPs (too small to "
+        "gain); `relay validate` prints the choice.",
+    )
     amp_dtype: Literal["bfloat16", "float16"] = Field(
         "bfloat16", description="Autocast dtype; float16 adds a GradScaler on npu/cuda."
+    )
+    channels_last: bool | Literal["auto"] = Field(
+        "auto",
+        description="Keep a convolutional policy's weights and frames channels-last (NHWC) on the "
+        "learner, the layout oneDNN and cuDNN convolve fastest. auto: on for cpu and cuda, off "
+        "on npu (which keeps its own layouts).",
     )
     broadcast_interval: int = Field(
         1, ge=1, le=1_000_000, description="Publish new weights every this many updates."

@@ -69,6 +69,8 @@ METRICS: dict[str, str] = {
     "learner_rss_bytes": "resident memory of the learner process now",
     "driver_rss_bytes": "resident memory of the driver process now",
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
+    "precision": "what the learner computes in: float32, bfloat16 or float16 autocast, +channels_last "
+    "(learner.use_amp, learner.channels_last; auto decides by the device's bf16 units)",
     "compiles": "graphs torch.compile has compiled for the update since the learner started "
     "(learner.compile; flat after the first update: fixed shapes never recompile)",
     "graph_breaks": "graph breaks dynamo took in the compiled update (learner.compile)",

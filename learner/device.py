@@ -72,6 +72,26 @@ def ray_accelerator_ids(device_type: str) -> list[str]:
         return []
 
 
+# /proc/cpuinfo flags of CPUs that compute bf16 in hardware: AVX512-BF16 (AMD Zen 4, Intel Cooper
+# Lake / Sapphire Rapids), AMX-BF16 (Intel Sapphire Rapids), Armv8.6's BF16 (Graviton3, Neoverse).
+# Without them torch emulates bf16 and autocast is slower than float32 (measured:
+# docs/benchmarks.md "Pixels").
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`); empty where the file is absent."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
 def _pick_auto() -> str:
     if _npu_available():
         return "npu"
@@ -154,6 +174,17 @@ class DeviceContext:
         if not enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=AMP_DTYPES[dtype])
+
+    def bf16_units(self) -> str | None:
+        """What computes bf16 in hardware on this device (a CPU flag, a CUDA compute capability,
+        the NPU), or None where bf16 is only emulated. CUDA: capability 8.0 (Ampere) on, since
+        `torch.cuda.is_bf16_supported()` also answers yes for emulation."""
+        if self.type == "cpu":
+            return next((f for f in CPU_BF16_FLAGS if f in cpu_flags()), None)
+        if self.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(self.device)
+            return f"compute capability {major}.{minor}" if major >= 8 else None
+        return "npu" if backend_module("npu").is_bf16_supported() else None
 
     def grad_scaler(self, enabled: bool, dtype: str = "bfloat16") -> Any | None:
         """A GradScaler for fp16 on an accelerator; None where none is needed (bf16, fp32, cpu)."""

@@ -26,6 +26,7 @@ from learner.compiled import CompiledLoss
 from learner.device import DeviceContext, resolve_device
 from learner.device_health import DeviceHealth
 from learner.distributed import gather_moments, world_size
+from learner.precision import is_convolutional, resolve_precision
 from learner.update import run_update
 from policy.models import ActorCritic, build_policy, weights_mismatch
 from policy.normalizer import Moments
@@ -105,7 +106,6 @@ class Learner:
     `weights` out."""
 
     def __init__(self, cfg: RelayConfig, env: EnvSpec, dev: DeviceContext | None = None) -> None:
-        self.cfg = cfg
         self.env = env
         self.dev = dev or resolve_device(cfg.learner.device, cfg.learner.npu_ids)
         self.health = DeviceHealth(self.dev, cfg.learner.num_cpus)  # utilization, memory, temperature, power
@@ -115,6 +115,13 @@ class Learner:
         algo_cls = algorithm_class(cfg.learner.algo)
         self.model: ActorCritic = build_policy(cfg, env, critic=algo_cls.critic).to(self.dev.device)
         self.model.set_checkpointing(cfg.learner.grad_checkpointing)
+        # `auto` precision and layout made concrete once: everything below reads plain values.
+        self.precision = resolve_precision(cfg.learner, self.dev, is_convolutional(self.model))
+        cfg = cfg.model_copy(update={"learner": self.precision.applied(cfg.learner)})
+        self.cfg = cfg
+        if self.precision.channels_last:
+            # 4-D kernels only (torch's stubs omit the argument); frames follow them
+            self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.algo = algo_cls(cfg.learner, self.model, self.dev)
         self.optimizer = self.dev.adam(self.model.parameters(), lr=cfg.learner.lr, eps=1e-5)
         self.loss = (
@@ -122,7 +129,7 @@ class Learner:
             if cfg.learner.compile
             else None
         )
-        self.scaler = self.dev.grad_scaler(cfg.learner.use_amp, cfg.learner.amp_dtype)
+        self.scaler = self.dev.grad_scaler(self.precision.use_amp, cfg.learner.amp_dtype)
         self.buffer = SegmentRingBuffer(segment_layout(cfg, env), cfg.buffer_segments, self.dev.device)
         self.generator = torch.Generator(device=self.dev.device)
         self.generator.manual_seed(cfg.env.seed)
@@ -299,6 +306,7 @@ class Learner:
             "buffer_bytes": self.buffer.nbytes(),
             "segment_bytes": self.buffer.layout.nbytes(),
             "device": str(self.dev),
+            "precision": self.precision.name,
             "device_memory_bytes": mem["allocated"],
             "device_memory_peak_bytes": mem["peak"],
             "parameters": self.parameter_count,
@@ -324,7 +332,12 @@ class Learner:
     # ---- weights and state -----------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
         """Policy state (normalizer statistics included) as CPU tensors, for the rollout workers."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        # Contiguous whatever the learner's layout (channels-last kernels): workers, checkpoints
+        # and exports read plain tensors.
+        return {
+            k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            for k, v in self.model.state_dict().items()
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint needs to continue this learner exactly: a snapshot (torch's

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from contracts.config import LearnerConfig
 from learner.device import DeviceContext
 from learner.distributed import average_gradients, mean_across_learners
+from learner.precision import amp_enabled
 from policy.actor_critic import STATE, ActorCritic
 
 Batch = dict[str, Tensor]
@@ -120,7 +121,7 @@ def run_update(
                 micro_batch = {name: t.index_select(0, idx) for name, t in batch.items() if name != STATE}
                 if STATE in batch:  # per column: a sequence's row at t = 0 is its column's index
                     micro_batch[STATE] = batch[STATE].index_select(0, idx.view(-1, seq_len or 1)[:, 0])
-                with dev.autocast(cfg.use_amp, cfg.amp_dtype):
+                with dev.autocast(amp_enabled(cfg), cfg.amp_dtype):
                     loss, stats = loss_fn(model, micro_batch)
                 scaled = loss / cfg.grad_accum_steps
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from rollout_workers.video import VideoError
 from services.driver import run as driver
 from services.driver.checkpoints import ResumeError
 from services.driver.cluster import ClusterError
-from services.driver.preflight import CHOICES, PreflightError, preflight
+from services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
 from services.driver.run_dir import RunDirError
 from services.driver.signals import exit_code, sigterm_raises, stop_reason
 from services.files import OutputError, check_output
@@ -216,7 +216,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         raise InputError("a config file is required (or --help-config)")
     cfg = load_config(args.config, args.overrides)
     allow_env_module(cfg.env.id, os.getcwd())
-    preflight(cfg, args.address)
+    env = preflight(cfg, args.address)
+    # A YAML comment, so the output stays a config file to save and train from.
+    sys.stdout.write(f"# learner precision: {learner_precision(cfg, env, args.address)}\n")
     sys.stdout.write(dump_config(cfg))
     return EXIT_OK
 

@@ -14,6 +14,7 @@ from contracts.algorithm import AlgorithmTraits
 from contracts.config import LearnerConfig, RelayConfig
 from contracts.segment import is_policy_input, state_resets
 from learner.device import DeviceContext
+from learner.precision import amp_enabled
 from learner.update import column_rows
 from policy.actor_critic import STARTS, STATE, ActorCritic
 
@@ -52,7 +53,7 @@ def evaluate_in_chunks(
     if state is not None:  # the E columns one after another, as a recurrent policy reads them
         order = column_rows(steps, columns, torch.arange(columns, device=actions.device))
     logps, values = [], []
-    with dev.autocast(cfg.use_amp, cfg.amp_dtype):
+    with dev.autocast(amp_enabled(cfg), cfg.amp_dtype):
         for start in range(0, size if state is None else columns, per_chunk):
             if order is None:
                 rows = slice(start, start + per_chunk)

@@ -59,6 +59,11 @@ class NatureCNN(TrunkModule):
         x = obs.to(next(self.fc.parameters()).dtype) / 255.0
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
+        kernel = next(self.convs.parameters())  # the first convolution's [32, C, 8, 8]
+        if kernel.is_contiguous(memory_format=torch.channels_last) and not kernel.is_contiguous():
+            # A learner that keeps its kernels NHWC (learner.channels_last) gets frames to match:
+            # oneDNN/cuDNN then convolve without reordering either.
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
-from learner.device import check_device, parse_device_spec
+from learner.device import DeviceContext, check_device, parse_device_spec
+from learner.precision import is_convolutional, resolve_precision
 from policy import cores
 from policy.encoders import ENCODERS, encoder_plan
-from policy.models import MODEL_KINDS, model_kind
+from policy.models import MODEL_KINDS, build_policy, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
@@ -88,6 +89,17 @@ def check_env(cfg: RelayConfig) -> EnvSpec:
     for note in notes:
         print(f"relay: {note}", file=sys.stderr)
     return env
+
+
+def learner_precision(cfg: RelayConfig, env: EnvSpec, address: str | None = None) -> str:
+    """What the learner will compute in (`learner/precision.py`), for `relay validate`: decided
+    here when the learner runs on this machine, else said to be the learner host's decision."""
+    model = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
+    lc = cfg.learner
+    if not runs_here(cfg, address) and "auto" in (lc.use_amp, lc.channels_last):
+        return "decided on the learner's host by its device's bf16 units (learner.use_amp=auto)"
+    dev = DeviceContext(check_device(lc.device, lc.npu_ids))
+    return resolve_precision(lc, dev, is_convolutional(model)).describe()
 
 
 def runs_here(cfg: RelayConfig, address: str | None) -> bool:

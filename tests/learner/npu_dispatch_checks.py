@@ -42,6 +42,9 @@ class FakeNpuBackend:
     def reset_peak_memory_stats(self, d):
         self.calls.append(("reset", str(d)))
 
+    def is_bf16_supported(self):
+        return True
+
 
 def install_fake() -> FakeNpuBackend:
     torch.utils.rename_privateuse1_backend("npu")  # what real torch_npu does on import
@@ -84,8 +87,28 @@ def check_explicit_index_and_ids() -> None:
     assert str(dev) == "npu:0" and dev.ray_ids == ("6",)
 
 
+def check_precision_and_compile_backend() -> None:
+    """bf16 units reported by torch_npu make `auto` pick bf16 autocast (no channels-last: the NPU
+    keeps its own layouts); learner.compile's auto backend is torchair's, built with a config."""
+    from contracts.config import LearnerConfig
+    from learner.precision import resolve_precision
+
+    dev = resolve_device("npu")
+    assert dev.bf16_units() == "npu"
+    assert resolve_precision(LearnerConfig(), dev, convolutional=True).name == "bfloat16"
+    made = []
+    torchair = types.ModuleType("torchair")
+    torchair.get_npu_backend = lambda compiler_config: made.append(compiler_config) or "npu-backend"
+    configs = types.ModuleType("torchair.configs.compiler_config")
+    configs.CompilerConfig = lambda: "compiler-config"
+    sys.modules["torchair"], sys.modules["torchair.configs.compiler_config"] = torchair, configs
+    assert dev.compile_backend("auto") == "npu-backend" and made == ["compiler-config"]
+    assert dev.compile_backend("aot_eager") is torch._dynamo.lookup_backend("aot_eager")
+
+
 if __name__ == "__main__":
     fake = install_fake()
     check_auto_prefers_npu(fake)
     check_explicit_index_and_ids()
+    check_precision_and_compile_backend()
     print("all npu dispatch checks passed")

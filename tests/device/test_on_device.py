@@ -1,0 +1,114 @@
+"""The learner, its ring buffer, AMP, the compiled update, `relay verify` and serving on the device
+`RELAY_TEST_DEVICE` names: cpu by default (here and in CI, where these run as every other test),
+cuda or npu under `benchmarks/device_check.sh` on a host that has one. Nothing is stood in for:
+on the CPU they check the CPU path, on a GPU the GPU's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from contracts.config import build_config
+from learner.algorithms import algorithm_traits
+from learner.device import backend_module, resolve_device
+from learner.learner import Learner
+from rollout_workers.sampler import make_sampler
+from services.cli import main
+from services.driver.checkpoints import list_checkpoints
+from services.serving.service import ActRequest, PolicyService
+from tests.helpers import train_in_process, train_local
+
+DEVICE = os.environ.get("RELAY_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.device
+SMALL = {
+    "rollout": {"num_workers": 1, "rollout_len": 16},
+    "env": {"num_envs": 4},
+    "learner": {"buffer_size": 128, "batch_size": 32, "epochs": 2, "device": DEVICE},
+}
+
+
+def _learner(*sets: str):
+    cfg = build_config(SMALL, list(sets))
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    return sampler, Learner(cfg, sampler.spec)
+
+
+def test_the_learner_and_its_ring_buffer_live_on_the_device():
+    sampler, learner = _learner()
+    kind = resolve_device(DEVICE).type
+    assert {p.device.type for p in learner.model.parameters()} == {kind}
+    assert {t.device.type for t in learner.buffer.storage.values()} == {kind}
+    segment = sampler.sample()
+    metrics = learner.train_round([segment]).metrics
+    assert metrics is not None and metrics["device"].startswith(kind)
+    back = learner.buffer.gather(learner.buffer.latest_slots(1))
+    np.testing.assert_array_equal(back["rewards"][0].cpu().numpy(), segment["rewards"])
+    np.testing.assert_array_equal(back["obs"][0].cpu().numpy(), segment["obs"])
+    assert {w.device.type for w in learner.weights().values()} == {"cpu"}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_amp_updates_on_the_device(dtype):
+    """fp16 gets a GradScaler on an accelerator (none on the CPU, where a non-finite gradient
+    skips the step instead); bf16 never needs one. Weights stay finite over three updates."""
+    sampler, learner = _learner("learner.use_amp=true", f"learner.amp_dtype={dtype}")
+    scaled = dtype == "float16" and learner.dev.is_accelerator
+    assert (learner.scaler is not None) == scaled
+    for _ in range(3):
+        out = learner.train_round([sampler.sample()])
+        assert out.metrics is not None and out.metrics["precision"].startswith(dtype)
+    assert all(torch.isfinite(p).all() for p in learner.model.parameters())
+    if scaled:
+        assert learner.scaler.get_scale() > 0
+
+
+def test_the_compiled_update_on_the_device_never_recompiles():
+    """The device's own compiler (inductor on cuda, torchair on npu); on the CPU aot_eager traces
+    (inductor on the CPU is tests/learner/test_compile.py's)."""
+    backend = "aot_eager" if DEVICE == "cpu" else "auto"
+    sampler, learner = _learner("learner.compile=true", f"learner.compile_backend={backend}")
+    counts = [learner.train_round([sampler.sample()]).metrics["compiles"] for _ in range(3)]
+    assert counts[0] >= 1 and counts == [counts[0]] * 3
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = tmp_path_factory.mktemp("device") / "run"
+    assert train_local("cartpole_ppo.yaml", run, f"learner.device={DEVICE}", "stop.env_steps=2048") == 0
+    return list_checkpoints(run / "checkpoints")[-1]
+
+
+def test_relay_verify_on_the_device(trained, capsys):
+    assert main(["verify", str(trained), "--device", DEVICE, "--dtypes", "float32,bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert f"device={resolve_device(DEVICE)}" in out and "bfloat16" in out
+
+
+def test_serving_on_the_device_answers_as_the_cpu_does(trained):
+    on_device = PolicyService(str(trained), runtime="torch", device=DEVICE)
+    on_cpu = PolicyService(str(trained), runtime="torch", device="cpu")
+    assert on_device.metadata()["device"] == str(resolve_device(DEVICE))
+    obs = np.random.default_rng(0).standard_normal((32, 4))
+    request = [ActRequest(obs, deterministic=True)]
+    assert on_device.act(request)[0]["actions"] == on_cpu.act(request)[0]["actions"]
+
+
+def _devices() -> int:
+    kind = resolve_device(DEVICE).type
+    return 0 if kind == "cpu" else int(backend_module(kind).device_count())
+
+
+@pytest.mark.skipif(
+    DEVICE == "cpu" or _devices() < 2,
+    reason="two accelerators (data-parallel CPU learners: tests/integration/test_data_parallel.py)",
+)
+def test_data_parallel_learners_on_two_devices(tmp_path):
+    """Two learner actors, one device each, gradients averaged over NCCL/HCCL, on a local Ray."""
+    run = tmp_path / "run"
+    sets = ["learner.num_learners=2", f"learner.device={DEVICE}", "stop.env_steps=8192"]
+    assert train_in_process("cartpole_ppo.yaml", run, *sets) == 0
+    assert (run / "metrics.jsonl").read_text().count("\n") >= 2
