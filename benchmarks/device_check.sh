@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The accelerator check, one script, under 8 minutes: on a host with a CUDA GPU or an Ascend NPU it
+# runs the device-marked tests there (learner and ring buffer on the device, AMP with and without
+# GradScaler, the compiled update, relay verify --device, serving, data-parallel learners when
+# there are two devices) and prints benchmarks/device_report.py's numbers. On a plain CPU machine
+# it runs the same on the CPU and says what it skipped.
+#
+#   bash benchmarks/device_check.sh [--quick]      # PYTHON=... to pick the interpreter
+#
+# What it needs: the project's own packages come from this folder (PYTHONPATH); Python packages the
+# host lacks are installed from wheels in .whl/ (made on a machine with an index:
+# `bash benchmarks/device_wheels.sh`), else from the package index if one answers, else the parts
+# needing them are skipped. Its log is also written to $OUT/device_check.log when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+QUICK=()
+[[ "${1:-}" == "--quick" ]] && QUICK=(--quick)
+LOG="${OUT:-$(mktemp -d)}/device_check.log"
+exec > >(tee "$LOG") 2>&1
+START=$SECONDS
+say() { echo "device_check [$((SECONDS - START))s]: $*"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    say "installing $(ls .whl/*.whl | wc -l) carried wheels into /tmp/relay-site"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/relay-site .whl/*.whl && export PYTHONPATH="/tmp/relay-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# The packages relay cannot import without (the rest are per section, reported there).
+NEEDED=$("$PY" - <<'PYEOF'
+import importlib.util
+need = {"torch": "torch", "numpy": "numpy", "gymnasium": "gymnasium", "pydantic": "pydantic",
+        "yaml": "pyyaml", "pytest": "pytest", "hypothesis": "hypothesis"}
+print(" ".join(pkg for mod, pkg in need.items() if importlib.util.find_spec(mod) is None))
+PYEOF
+)
+if [[ -n "$NEEDED" ]]; then
+    say "missing: $NEEDED; trying the package index (60 s at most)"
+    timeout 60 "$PY" -m pip install -q $NEEDED || { say "could not install $NEEDED: stopping"; exit 2; }
+fi
+
+DEVICE=$("$PY" -c "from learner.device import check_device; print(check_device('auto').type)") || exit 2
+say "device: $DEVICE"
+[[ "$DEVICE" == "cpu" ]] && say "no accelerator here: everything below runs on the CPU (cuda/npu parts are skipped)"
+
+say "device-marked tests on $DEVICE"
+RELAY_TEST_DEVICE="$DEVICE" timeout 240 "$PY" -m pytest -q -m device tests/device -p no:cacheprovider -rs
+TESTS=$?
+say "device tests: exit $TESTS"
+
+say "device report"
+timeout $((470 - (SECONDS - START))) "$PY" benchmarks/device_report.py --device "$DEVICE" "${QUICK[@]}"
+REPORT=$?
+say "report: exit $REPORT; log: $LOG"
+exit $((TESTS != 0 || REPORT != 0))

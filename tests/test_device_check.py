@@ -1,0 +1,34 @@
+"""benchmarks/device_check.sh's CPU path, as it runs on a machine without an accelerator: the
+device tests on the CPU, every report section printed or skipped with its reason, the log kept."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    proc = subprocess.run(
+        ["bash", "benchmarks/device_check.sh", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-2000:]
+    assert "device: cpu" in out and "no accelerator here" in out
+    assert "6 passed, 1 skipped" in out and "two accelerators" in out  # the data-parallel test's reason
+    sections = ("1. The learner alone", "2. Breakout end to end", "3. relay verify", "4. Serving latency")
+    for section in sections:
+        assert f"## {section}" in out
+    assert "| cartpole_ppo |  eager |" in out and "compiled skipped (--quick on cpu" in out
+    assert "skipped: --quick" in out and "failed:" not in out
+    assert "bfloat16 |" in out and "pass" in out  # verify's precision table
+    assert "## 4. Serving latency" in (tmp_path / "device_check.log").read_text()
