@@ -195,13 +195,13 @@ def mujoco(keys: list[str], seeds: list[int], steps: int, extra: list[str]) -> N
 ATARI_SETS = ["env.vectorization=envpool", "rollout.num_workers=2"]
 
 
-def _relay_sampling(seconds: float) -> float:
+def _relay_sampling(seconds: float, extra: list[str]) -> float:
     """RolloutWorker.sample() alone, 2 workers, CNN acting on the CPU, segments through Ray."""
     import ray
 
     from contracts.config import load_config
 
-    cfg = load_config(ROOT / "configs/breakout_ppo.yaml", ATARI_SETS)
+    cfg = load_config(ROOT / "configs/breakout_ppo.yaml", [*ATARI_SETS, *extra])
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         return sampling_rate(cfg, 2, seconds, in_flight=1, num_cpus=1)
@@ -209,7 +209,7 @@ def _relay_sampling(seconds: float) -> float:
         ray.shutdown()
 
 
-def _update_breakdown() -> tuple[float, int, dict[str, float]]:
+def _update_breakdown(extra: list[str]) -> tuple[float, int, dict[str, float]]:
     """One Breakout update in-process: learner samples/s, its torch threads and ms per minibatch
     by phase."""
     import torch
@@ -221,7 +221,7 @@ def _update_breakdown() -> tuple[float, int, dict[str, float]]:
 
     cfg = load_config(
         ROOT / "configs/breakout_ppo.yaml",
-        ["env.vectorization=envpool", "rollout.num_workers=0", "learner.buffer_size=1024"],
+        ["env.vectorization=envpool", *extra, "rollout.num_workers=0", "learner.buffer_size=1024"],
     )
     torch.set_num_threads(cfg.learner.num_cpus)  # the learner actor's threads (learner.num_cpus)
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -254,9 +254,10 @@ def _update_breakdown() -> tuple[float, int, dict[str, float]]:
     return samples_per_s, torch.get_num_threads(), {k: v / reps * 1e3 for k, v in phases.items()}
 
 
-def _relay_training(seconds: float) -> float:
+def _relay_training(seconds: float, extra: list[str]) -> float:
     lines = train_relay(
-        "configs/breakout_ppo.yaml", [*ATARI_SETS, "stop.env_steps=100000000", f"stop.wall_s={seconds}"]
+        "configs/breakout_ppo.yaml",
+        [*ATARI_SETS, "stop.env_steps=100000000", f"stop.wall_s={seconds}", *extra],
     )
     return lines[-1]["env_steps_per_s"]
 
@@ -355,10 +356,10 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
     return model.num_timesteps / (time.perf_counter() - budget.t0), curve
 
 
-def atari_throughput(seconds: float, others: list[str]) -> None:
-    sampling = _relay_sampling(seconds)
-    learner_sps, threads, phases = _update_breakdown()
-    training = _relay_training(seconds)
+def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> None:
+    sampling = _relay_sampling(seconds, extra)
+    learner_sps, threads, phases = _update_breakdown(extra)
+    training = _relay_training(seconds, extra)
     rllib = _rllib_atari(seconds) if "rllib" in others else None
     sb3 = _sb3_atari(seconds)[0] if "sb3" in others else None
     print(machine_header(f"Breakout throughput, W = 2 x 8 envs, {seconds:.0f} s each, env (agent) steps/s"))
@@ -380,8 +381,9 @@ def atari_throughput(seconds: float, others: list[str]) -> None:
 
 
 # ---- 4. Breakout learning --------------------------------------------------------------------------
-def atari_learning(wall: float, device: str) -> None:
+def atari_learning(wall: float, device: str, extra: list[str]) -> None:
     sets = [*ATARI_SETS, f"learner.device={device}", "stop.env_steps=100000000", f"stop.wall_s={wall}"]
+    sets += extra
     lines = train_relay("configs/breakout_ppo.yaml", sets)
     _, sb3_curve = _sb3_atari(wall)
     print(
@@ -407,27 +409,57 @@ def atari_learning(wall: float, device: str) -> None:
     print(table(["wall s", "relay env steps", "relay return", "sb3 env steps", "sb3 return"], rows))
 
 
+# The flags each section reads; a flag given to a section that does not read it is refused (a table
+# printed "as if" a flag applied would be a wrong measurement).
+SECTION_FLAGS = {
+    "ceilings": {"seconds"},
+    "mujoco": {"envs", "seeds", "steps", "relay_set"},
+    "atari-throughput": {"seconds", "others", "relay_set"},
+    "atari-learning": {"wall", "device", "relay_set"},
+}
+DEFAULTS = {
+    "seconds": 30.0,
+    "envs": "hopper,halfcheetah",
+    "seeds": "0,1,2",
+    "steps": 1_000_000,
+    "wall": 1800.0,
+    "device": "cpu",
+    "relay_set": [],
+    "others": "rllib,sb3",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=["ceilings", "mujoco", "atari-throughput", "atari-learning"])
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--envs", default="hopper,halfcheetah")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--wall", type=float, default=1800.0)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--relay-set", action="append", default=[], help="extra --set for relay runs")
-    parser.add_argument("--others", default="rllib,sb3", help="atari-throughput: the other systems to run")
+    parser.add_argument("section", choices=list(SECTION_FLAGS))
+    parser.add_argument("--seconds", type=float, help="ceilings, atari-throughput: seconds per measurement")
+    parser.add_argument("--envs", help="mujoco: env keys")
+    parser.add_argument("--seeds", help="mujoco: seeds")
+    parser.add_argument("--steps", type=int, help="mujoco: env steps per run")
+    parser.add_argument("--wall", type=float, help="atari-learning: seconds per system")
+    parser.add_argument("--device", help="atari-learning: relay's learner device")
+    parser.add_argument("--relay-set", action="append", help="mujoco, atari-*: extra --set for relay runs")
+    parser.add_argument("--others", help="atari-throughput: the other systems to run")
     args = parser.parse_args()
+    unread = sorted(k for k, v in vars(args).items() if k != "section" and v is not None)
+    unread = [k for k in unread if k not in SECTION_FLAGS[args.section]]
+    if unread:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unread)
+        reads = ", ".join("--" + k.replace("_", "-") for k in sorted(SECTION_FLAGS[args.section]))
+        print(f"workloads.py: {flags} does not apply to {args.section} (it reads {reads})", file=sys.stderr)
+        sys.exit(2)
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     if args.section == "ceilings":
         ceilings(min(args.seconds, 10.0))
     elif args.section == "mujoco":
         mujoco(args.envs.split(","), [int(s) for s in args.seeds.split(",")], args.steps, args.relay_set)
     elif args.section == "atari-throughput":
-        atari_throughput(args.seconds, [o for o in args.others.split(",") if o])
+        atari_throughput(args.seconds, [o for o in args.others.split(",") if o], args.relay_set)
     else:
-        atari_learning(args.wall, args.device)
+        atari_learning(args.wall, args.device, args.relay_set)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""benchmarks/device_check.sh's CPU path, as it runs on a machine without an accelerator: the
-device tests on the CPU, every report section printed or skipped with its reason, the log kept."""
+"""The benchmark scripts as a user runs them: benchmarks/device_check.sh's CPU path on a machine
+without an accelerator (the device tests on the CPU, every report section printed or skipped with
+its reason, the log kept), and the refusal of a flag a benchmark section does not read."""
 
 import os
 import subprocess
@@ -32,3 +33,19 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     assert "skipped: --quick" in out and "failed:" not in out
     assert "bfloat16 |" in out and "pass" in out  # verify's precision table
     assert "## 4. Serving latency" in (tmp_path / "device_check.log").read_text()
+
+
+def test_a_benchmark_flag_a_section_does_not_read_is_refused():
+    """`workloads.py atari-throughput --relay-set ...` once printed a table as if the flag applied;
+    every section now reads each flag it is given, or refuses it in one line, exit 2."""
+    script = str(ROOT / "benchmarks" / "workloads.py")
+    proc = subprocess.run(
+        [sys.executable, script, "ceilings", "--relay-set", "learner.use_amp=true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "workloads.py: --relay-set does not apply to ceilings (it reads --seconds)"
+    ]
