@@ -197,7 +197,7 @@ def test_the_elastic_fleet_grows_onto_new_nodes_and_they_leave_after(fake_cluste
     try:
         assert len([n for n in _alive_nodes() if n["Resources"].get("CPU") == 2]) == 1
         loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
-        watcher = _NodeWatcher()
+        watcher = _NodeWatcher(loop)
         loop.run_until_stop()
         watcher.stop()
         workers = [json.loads(x)["num_workers"] for x in loop.run.metrics_path.read_text().splitlines()]
@@ -209,11 +209,14 @@ def test_the_elastic_fleet_grows_onto_new_nodes_and_they_leave_after(fake_cluste
 
 
 class _NodeWatcher:
-    """Counts the rollout nodes alive, every second, on a thread."""
+    """Counts the rollout nodes alive, every second, on a thread; once the fleet has reached 4
+    workers on 2 rollout nodes, ends the run within 10 s (stop.wall_s brought forward): what the
+    test waits for has happened, and its 120 s budget stays for a slow machine."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: TrainingLoop) -> None:
         import threading
 
+        self.loop = loop
         self.most_rollout_nodes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -223,6 +226,13 @@ class _NodeWatcher:
         while not self._stop.wait(1.0):
             count = len([n for n in _alive_nodes() if n["Resources"].get("CPU") == 2])
             self.most_rollout_nodes = max(self.most_rollout_nodes, count)
+            path = self.loop.run.metrics_path
+            # The last line may be half written: complete lines only.
+            lines = path.read_text().splitlines()[:-1] if path.exists() else []
+            grown = any(json.loads(x)["num_workers"] == 4 for x in lines)
+            if grown and self.most_rollout_nodes == 2 and self.loop.cfg.stop.wall_s == 120:
+                stop = self.loop.cfg.stop.model_copy(update={"wall_s": self.loop.c.wall_s + 10})
+                self.loop.cfg = self.loop.cfg.model_copy(update={"stop": stop})
 
     def stop(self) -> None:
         self._stop.set()
