@@ -74,8 +74,8 @@ def ray_accelerator_ids(device_type: str) -> list[str]:
 
 # /proc/cpuinfo flags of CPUs that compute bf16 in hardware: AVX512-BF16 (AMD Zen 4, Intel Cooper
 # Lake / Sapphire Rapids), AMX-BF16 (Intel Sapphire Rapids), Armv8.6's BF16 (Graviton3, Neoverse).
-# Without them torch emulates bf16 and autocast is slower than float32 (measured:
-# docs/benchmarks.md "Pixels").
+# Without them torch emulates bf16 and autocast is slower than float32 (measured: docs/benchmarks.md,
+# "Speed: compiled updates, pixel precision").
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 

@@ -64,7 +64,8 @@ def resolve_precision(cfg: LearnerConfig, dev: DeviceContext, convolutional: boo
         why = "learner.use_amp=" + str(cfg.use_amp).lower()
         return Precision(cfg.use_amp, cfg.amp_dtype, channels_last and convolutional, why)
     if not convolutional:
-        return Precision(False, "bfloat16", False, "auto: an MLP policy gains nothing from autocast")
+        why = "auto: a policy without convolutions gains nothing from autocast"
+        return Precision(False, "bfloat16", False, why)
     units = dev.bf16_units()
     if units is None:
         why = f"auto: {dev.type} has no bf16 units (emulated bf16 is slower than float32)"

@@ -15,6 +15,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from contracts.config import ConfigError, RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
@@ -94,11 +96,13 @@ def check_env(cfg: RelayConfig) -> EnvSpec:
 def learner_precision(cfg: RelayConfig, env: EnvSpec, address: str | None = None) -> str:
     """What the learner will compute in (`learner/precision.py`), for `relay validate`: decided
     here when the learner runs on this machine, else said to be the learner host's decision."""
-    model = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
     lc = cfg.learner
-    if not runs_here(cfg, address) and "auto" in (lc.use_amp, lc.channels_last):
+    here = runs_here(cfg, address)
+    if not here and "auto" in (lc.use_amp, lc.channels_last):
         return "decided on the learner's host by its device's bf16 units (learner.use_amp=auto)"
-    dev = DeviceContext(check_device(lc.device, lc.npu_ids))
+    # Set explicitly, neither reads the device: a remote learner's is not looked up here.
+    dev = DeviceContext(check_device(lc.device, lc.npu_ids) if here else torch.device("cpu"))
+    model = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
     return resolve_precision(lc, dev, is_convolutional(model)).describe()
 
 

@@ -122,3 +122,21 @@ def test_validate_prints_the_precision_as_a_comment(capsys):
     )
     assert main(["validate", "configs/cartpole_ppo.yaml", "--set", "learner.use_amp=true"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "# learner precision: bfloat16 (learner.use_amp=true)"
+
+
+def test_validate_for_a_remote_learner_leaves_auto_to_its_host():
+    """A learner on a cluster (an address given) is not on this machine: `auto` is its host's
+    decision, and settings made explicit are told without looking up a device here (a cuda
+    learner's driver may have none)."""
+    from contracts.config import load_config
+    from services.driver.preflight import check_env, learner_precision
+
+    cfg = load_config("configs/breakout_ppo.yaml", [])
+    env = check_env(cfg)
+    assert "decided on the learner's host" in learner_precision(cfg, env, "127.0.0.1:6379")
+    explicit = load_config(
+        "configs/breakout_ppo.yaml",
+        ["learner.device=cuda", "learner.use_amp=true", "learner.channels_last=true"],
+    )
+    told = learner_precision(explicit, env, "127.0.0.1:6379")
+    assert told == "bfloat16+channels_last (learner.use_amp=true)"
