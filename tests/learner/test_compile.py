@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from contracts.config import load_config
 from learner.compiled import CompiledLoss
 from services.cli import main
 from tests.helpers import ROOT, train_local
@@ -48,11 +49,7 @@ def _lines(run: Path) -> list[dict]:
 
 def _train(config: str, run: Path, *sets: str) -> list[dict]:
     small = SMALL.get(config, [])
-    buffer = next((int(s.split("=")[1]) for s in small if s.startswith("learner.buffer_size=")), None)
-    if buffer is None:
-        import yaml
-
-        buffer = yaml.safe_load((ROOT / "configs" / config).read_text())["learner"]["buffer_size"]
+    buffer = load_config(ROOT / "configs" / config, ["rollout.num_workers=0", *small]).learner.buffer_size
     rc = train_local(
         config,
         run,
