@@ -16,9 +16,7 @@ few minutes should bring back, each section skipped with its reason where this h
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import io
 import statistics
 import sys
 import tempfile
@@ -142,27 +140,32 @@ def breakout_end_to_end(device: str, quick: bool) -> str:
 
 
 def _checkpoint(device: str, tmp: Path) -> Path:
-    from services.cli import main
-    from services.driver.checkpoints import list_checkpoints
+    """A CartPole learner trained for 8 rounds on the device, checkpointed as the training loop
+    does (in-process: no Ray needed)."""
+    from contracts.checkpoint import RunCounters
+    from learner.algorithms import algorithm_traits
+    from learner.learner import Learner
+    from rollout_workers.sampler import make_sampler
+    from services.driver.checkpoints import write_learner_checkpoint
 
-    run = tmp / "run"
-    args = ["train", str(ROOT / "configs/cartpole_ppo.yaml"), "--run-dir", str(run)]
-    sets = ["metrics.progress=none", "rollout.num_workers=0", f"learner.device={device}"]
-    sets.append("stop.env_steps=4096")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        rc = main([*args, *(a for kv in sets for a in ("--set", kv))])
-    if rc != 0:
-        raise RuntimeError(f"training the CartPole checkpoint failed (exit {rc})")
-    return list_checkpoints(run / "checkpoints")[-1]
+    cfg = _load("cartpole_ppo", [f"learner.device={device}", "learner.buffer_size=512"])
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    rounds = 8
+    for _ in range(rounds):
+        learner.train_round([sampler.sample() for _ in range(cfg.segments_per_update)])
+    counters = RunCounters(iteration=rounds, env_steps=rounds * cfg.segments_per_update * cfg.segment_steps)
+    return write_learner_checkpoint(
+        tmp / "checkpoints", learner.cfg, sampler.spec, learner.state_dict(), counters
+    )
 
 
 def verify_on_device(device: str, ckpt: Path) -> str:
-    from services.cli import main
+    from services.tools.load import load_policy
+    from services.tools.verify import VerifyOptions, run_verify
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(["verify", str(ckpt), "--device", device, "--dtypes", "float32,bfloat16,float16"])
-    return out.getvalue().rstrip()
+    text, _ = run_verify(load_policy(ckpt), VerifyOptions(["float32", "bfloat16", "float16"], device))
+    return text.rstrip()
 
 
 def serving_latency(device: str, ckpt: Path, quick: bool) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from contracts.checkpoint import Checkpoint, CheckpointError
+from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
 from contracts.config import RelayConfig
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
@@ -31,6 +31,15 @@ BEST_NAME = "best.pt"  # checkpoint.keep_best: the best evaluation's, never prun
 
 def checkpoint_path(folder: Path, iteration: int) -> Path:
     return folder / f"ckpt-{iteration:08d}.pt"
+
+
+def write_learner_checkpoint(
+    folder: Path, cfg: RelayConfig, env: EnvSpec, learner_state: dict[str, Any], counters: RunCounters
+) -> Path:
+    """A learner's state with the run's counters, config and env spec, written as the training loop
+    writes its checkpoints (atomically, the newest `checkpoint.keep` kept)."""
+    ckpt = Checkpoint(learner=learner_state, counters=counters, config=cfg.model_dump(mode="json"), env=env)
+    return save_checkpoint(folder, counters.iteration, ckpt.to_dict(), cfg.checkpoint.keep)
 
 
 def list_checkpoints(folder: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from contracts.metrics import PHASES
 from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
-from services.driver.checkpoints import load_newest_valid, save_checkpoint
+from services.driver.checkpoints import load_newest_valid, write_learner_checkpoint
 from services.driver.evaluations import EvalRunner, Evaluations
 from services.driver.fleet import FleetScaler
 from services.driver.health import FleetLost
@@ -150,15 +150,8 @@ class TrainingLoop:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, timeout_s: float | None = None) -> Path:
-        ckpt = Checkpoint(
-            learner=self.backend.state_dict(timeout_s),
-            counters=self.c,
-            config=self.cfg.model_dump(mode="json"),
-            env=self.backend.env_spec,
-        )
-        return save_checkpoint(
-            self.run.checkpoints, self.c.iteration, ckpt.to_dict(), self.cfg.checkpoint.keep
-        )
+        state = self.backend.state_dict(timeout_s)
+        return write_learner_checkpoint(self.run.checkpoints, self.cfg, self.backend.env_spec, state, self.c)
 
     def restore(self, ckpt: Checkpoint, counters: bool) -> None:
         """The one restore path: load a checkpoint into the learner; with `counters` (a resume) the

@@ -1,7 +1,8 @@
 """The learner, its ring buffer, AMP, the compiled update, `relay verify` and serving on the device
 `RELAY_TEST_DEVICE` names: cpu by default (here and in CI, where these run as every other test),
 cuda or npu under `benchmarks/device_check.sh` on a host that has one. Nothing is stood in for:
-on the CPU they check the CPU path, on a GPU the GPU's.
+on the CPU they check the CPU path, on a GPU the GPU's. None needs Ray but the data-parallel
+one (a lent GPU host may have no Ray: its wheel is too large to carry there).
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ import numpy as np
 import pytest
 import torch
 
+from contracts.checkpoint import RunCounters
 from contracts.config import build_config
 from learner.algorithms import algorithm_traits
 from learner.device import backend_module, resolve_device
 from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
-from services.cli import main
-from services.driver.checkpoints import list_checkpoints
+from services.driver.checkpoints import write_learner_checkpoint
 from services.serving.service import ActRequest, PolicyService
-from tests.helpers import train_in_process, train_local
+from services.tools.load import load_policy
+from services.tools.verify import VerifyOptions, run_verify
 
 DEVICE = os.environ.get("RELAY_TEST_DEVICE", "cpu")
 pytestmark = pytest.mark.device
@@ -77,15 +79,19 @@ def test_the_compiled_update_on_the_device_never_recompiles():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    run = tmp_path_factory.mktemp("device") / "run"
-    assert train_local("cartpole_ppo.yaml", run, f"learner.device={DEVICE}", "stop.env_steps=2048") == 0
-    return list_checkpoints(run / "checkpoints")[-1]
+    """A checkpoint of a learner trained on the device, written as the training loop writes one
+    (in-process: a GPU host without Ray runs these tests too)."""
+    sampler, learner = _learner()
+    for _ in range(4):
+        learner.train_round([sampler.sample()])
+    folder = tmp_path_factory.mktemp("device") / "checkpoints"
+    counters = RunCounters(iteration=4, env_steps=4 * learner.cfg.segment_steps)
+    return write_learner_checkpoint(folder, learner.cfg, sampler.spec, learner.state_dict(), counters)
 
 
-def test_relay_verify_on_the_device(trained, capsys):
-    assert main(["verify", str(trained), "--device", DEVICE, "--dtypes", "float32,bfloat16"]) == 0
-    out = capsys.readouterr().out
-    assert f"device={resolve_device(DEVICE)}" in out and "bfloat16" in out
+def test_relay_verify_on_the_device(trained):
+    text, passed = run_verify(load_policy(str(trained)), VerifyOptions(["float32", "bfloat16"], DEVICE))
+    assert passed and f"device={resolve_device(DEVICE)}" in text and "bfloat16" in text
 
 
 def test_serving_on_the_device_answers_as_the_cpu_does(trained):
@@ -108,6 +114,9 @@ def _devices() -> int:
 )
 def test_data_parallel_learners_on_two_devices(tmp_path):
     """Two learner actors, one device each, gradients averaged over NCCL/HCCL, on a local Ray."""
+    pytest.importorskip("ray", reason="data-parallel learners are Ray actors")
+    from tests.helpers import train_in_process
+
     run = tmp_path / "run"
     sets = ["learner.num_learners=2", f"learner.device={DEVICE}", "stop.env_steps=8192"]
     assert train_in_process("cartpole_ppo.yaml", run, *sets) == 0
