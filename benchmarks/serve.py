@@ -64,7 +64,9 @@ def _breakout_cnn(folder: Path) -> Path:
     from rollout_workers.sampler import make_sampler
     from services.driver.checkpoints import write_learner_checkpoint
 
-    cfg = load_config("configs/breakout_ppo.yaml", ["rollout.num_workers=0", "env.num_envs=1"])
+    cfg = load_config(
+        "configs/breakout_ppo.yaml", ["rollout.num_workers=0", "env.num_envs=1", "learner.batch_size=128"]
+    )
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     return write_learner_checkpoint(folder / "cnn", cfg, sampler.spec, learner.state_dict(), RunCounters())
