@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +46,17 @@ PIXEL_VARIANTS = {
 CONFIG_SETS = {"breakout_ppo": ["env.vectorization=envpool"]}
 
 
-def _round(config: str) -> tuple[Any, Any, list[Any]]:
+def one_round(config: str, sets: Sequence[str] = ()) -> tuple[Any, Any, list[Any]]:
     """The config's env spec and one round of its segments (the learner's input for an update)."""
     from learner.algorithms import algorithm_traits
     from rollout_workers.sampler import make_sampler
 
-    cfg = _config(config, [])
+    cfg = shipped_config(config, list(sets))
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     return cfg, sampler.spec, [sampler.sample() for _ in range(cfg.segments_per_update)]
 
 
-def _config(config: str, sets: list[str]) -> Any:
+def shipped_config(config: str, sets: list[str]) -> Any:
     from contracts.config import load_config
 
     return load_config(
@@ -68,7 +69,7 @@ def _time_variant(config: str, spec: Any, segments: list[Any], sets: list[str], 
 
     from learner.learner import Learner
 
-    cfg = _config(config, sets)
+    cfg = shipped_config(config, sets)
     torch.set_num_threads(cfg.learner.num_cpus)
     learner = Learner(cfg, spec)
     t0 = time.perf_counter()
@@ -108,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for config in args.configs.split(","):
-        cfg, spec, segments = _round(config)
+        cfg, spec, segments = one_round(config)
         pixels = cfg.model.kind == "cnn"
         variants = PIXEL_VARIANTS if pixels else MLP_VARIANTS
         best: dict[str, dict[str, Any]] = {}

@@ -67,6 +67,10 @@ METRICS: dict[str, str] = {
     "learner_state_bytes": "bytes the learner keeps on its device",
     "host_memory_peak_bytes": "peak resident memory of the learner process",
     "learner_rss_bytes": "resident memory of the learner process now",
+    "learner_heap_in_use_bytes": "bytes the learner process has allocated and not freed (glibc, every arena; "
+    "read at most every 10 s): growth here is a leak",
+    "learner_heap_free_bytes": "freed bytes glibc keeps in the learner process for reuse (a trim once a "
+    "minute returns their pages): growth here is the allocator's, bounded by the largest working set",
     "driver_rss_bytes": "resident memory of the driver process now",
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
     "precision": "what the learner computes in: float32, bfloat16 or float16 autocast, +channels_last "
@@ -195,8 +199,15 @@ CHARTS: list[dict[str, Any]] = [
     },
     {
         "id": "host_memory",
-        "title": "Host memory by process (bytes: learner, driver, largest rollout worker)",
-        "keys": ["learner_rss_bytes", "driver_rss_bytes", "rollout_rss_bytes"],
+        "title": "Host memory by process (bytes: learner, driver, largest rollout worker; the learner's "
+        "heap in use and freed-but-kept)",
+        "keys": [
+            "learner_rss_bytes",
+            "driver_rss_bytes",
+            "rollout_rss_bytes",
+            "learner_heap_in_use_bytes",
+            "learner_heap_free_bytes",
+        ],
     },
     {
         "id": "recurrent",

@@ -26,6 +26,7 @@ from learner.compiled import CompiledLoss
 from learner.device import DeviceContext, resolve_device
 from learner.device_health import DeviceHealth
 from learner.distributed import gather_moments, world_size
+from learner.heap import HeapGauge
 from learner.precision import is_convolutional, resolve_precision
 from learner.update import run_update
 from policy.models import ActorCritic, build_policy, weights_mismatch
@@ -109,6 +110,7 @@ class Learner:
         self.env = env
         self.dev = dev or resolve_device(cfg.learner.device, cfg.learner.npu_ids)
         self.health = DeviceHealth(self.dev, cfg.learner.num_cpus)  # utilization, memory, temperature, power
+        self.heap = HeapGauge()  # live heap vs freed-but-kept: tells a leak from the allocator's swing
         if self.health.problem:
             print(f"relay learner: {self.health.problem}", file=sys.stderr, flush=True)
         torch.manual_seed(cfg.env.seed)
@@ -313,6 +315,7 @@ class Learner:
             "learner_state_bytes": self.state_bytes(),
             "host_memory_peak_bytes": _peak_rss_bytes(),
             "learner_rss_bytes": rss_bytes(),
+            **{f"learner_{k}": v for k, v in self.heap.sample().items()},
             **self.health.sample(),
         }
         return UpdateOutcome(metrics, result.skipped_steps)

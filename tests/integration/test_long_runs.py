@@ -96,3 +96,6 @@ def test_metrics_lines_carry_host_memory_by_process(tmp_path):
     last = metrics_lines(run)[-1]
     for key in ("learner_rss_bytes", "driver_rss_bytes", "rollout_rss_bytes"):
         assert 50 * 2**20 < last[key] < 8 * 2**30, (key, last[key])
+    # the learner's live heap (torch, numpy, Ray's core worker) is megabytes, and below its resident memory
+    assert 2**20 < last["learner_heap_in_use_bytes"] < last["learner_rss_bytes"], last
+    assert 0 <= last["learner_heap_free_bytes"] < last["learner_rss_bytes"], last

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from learner.heap import HeapTrimmer
+from learner.heap import HeapGauge, HeapTrimmer, heap_stats
 
 
 def rss_mb() -> float:
@@ -36,3 +36,28 @@ def test_it_trims_at_most_once_an_interval():
     trimmer._last -= 3601
     assert trimmer.maybe_trim() and not trimmer.maybe_trim()
     assert trimmer.trims == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallinfo2 is glibc's")
+def test_heap_stats_tell_live_chunks_from_freed_ones():
+    """80 MB of 800-byte arrays: in use while they live, then free (kept by glibc), until trimmed."""
+    start = heap_stats()
+    arrays = [np.empty(100, dtype=np.float64) for _ in range(100_000)]
+    live = heap_stats()
+    assert live["heap_in_use_bytes"] - start["heap_in_use_bytes"] > 80e6
+    arrays.clear()
+    freed = heap_stats()
+    assert live["heap_in_use_bytes"] - freed["heap_in_use_bytes"] > 80e6
+    assert freed["heap_free_bytes"] - live["heap_free_bytes"] > 80e6
+    HeapTrimmer(interval_s=0.0).maybe_trim()
+    assert heap_stats()["heap_free_bytes"] < freed["heap_free_bytes"]
+
+
+def test_the_gauge_reads_the_heap_at_most_once_an_interval():
+    gauge = HeapGauge(interval_s=3600.0)
+    first = gauge.sample()
+    arrays = [np.empty(100, dtype=np.float64) for _ in range(50_000)]
+    assert gauge.sample() is first  # within the interval: the last reading
+    gauge._last -= 3601
+    assert gauge.sample()["heap_in_use_bytes"] - first["heap_in_use_bytes"] > 35e6
+    assert len(arrays) == 50_000

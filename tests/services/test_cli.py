@@ -122,6 +122,8 @@ TIMING_KEYS = {
     "startup_s",
     "host_memory_peak_bytes",
     "learner_rss_bytes",
+    "learner_heap_in_use_bytes",
+    "learner_heap_free_bytes",
     "driver_rss_bytes",
     # the machine's readings of the learner's device (learner/device_health.py)
     "device_utilization",
