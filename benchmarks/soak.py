@@ -11,7 +11,9 @@ the end of the warm-up and at the end, and the growth per hour of a least-square
 the samples after the warm-up (default 5 minutes), of all resident memory and of its private part
 (without shared pages: a process that writes or reads segments in Ray's object store touches more
 of the store's shared pages as the store hands out new places, which counts in its resident memory
-but is the store's, bounded by its size, not the process's); then env steps/s over minutes 5-10 against the
+but is the store's, bounded by its size, not the process's), and the learner's glibc heap from its
+metrics lines (in use: allocated and not freed, where a leak grows; free: freed and kept by the
+allocator); then env steps/s over minutes 5-10 against the
 last 5 minutes, with the learner's update time (the same work every iteration: it measures the
 machine) and the CPU time the hypervisor stole in each window, and the learner's device memory
 (allocated, peak) from its metrics lines.
@@ -226,7 +228,27 @@ def report(
         ["device", "allocated after warm-up", "allocated at the end", "peak at the end"],
         [[lines[-1].get("device"), warm[1], device[-1][1], device[-1][2]]],
     )
-    return "\n".join([*head, "", mem, "", speed, "", dev])
+    return "\n".join([*head, "", mem, "", speed, "", dev, "", heap_table(lines, warmup_s)])
+
+
+HEAP_KEYS = {"heap in use (allocated, not freed)": "learner_heap_in_use_bytes"}
+HEAP_KEYS["heap free (freed, kept by glibc)"] = "learner_heap_free_bytes"
+
+
+def heap_table(lines: list[dict], warmup_s: float) -> str:
+    """The learner's glibc heap from its metrics lines: what it has allocated (a leak grows here)
+    and what glibc keeps freed (the allocator's swing), each fitted after the warm-up."""
+    rows = []
+    for label, key in HEAP_KEYS.items():
+        points = [(x["wall_s"], x[key] / MB) for x in lines if key in x and x["wall_s"] >= warmup_s]
+        if len(points) < 2:
+            continue
+        ys = [y for _, y in points]
+        growth = slope_per_hour([t for t, _ in points], ys)
+        rows.append([label, ys[0], ys[-1], min(ys), max(ys), growth])
+    if not rows:
+        return "(no learner heap readings: glibc < 2.33 or no mallinfo2)"
+    return table(["learner heap", "MB after warm-up", "MB at the end", "min", "max", "growth MB/h"], rows)
 
 
 def verdict(growth: float, private: float) -> str:
