@@ -9,7 +9,9 @@ the learner actor's heap trim once a minute (learner/heap.py), no Ray. After eve
 reads the process's private resident memory (RssAnon), what glibc holds allocated
 (`heap_in_use_bytes`) and freed-but-kept (`heap_free_bytes`), and prints each one's growth per
 1,000 rounds (least squares after the first `--warmup` rounds), its range, and the growth per
-hour at this machine's round rate.
+hour at this machine's round rate. `--mmap-threshold BYTES` fixes glibc's mmap threshold first
+(`mallopt(M_MMAP_THRESHOLD)`: chunks that large are mapped and unmapped on their own instead of
+kept in a heap; glibc otherwise raises the threshold to the largest chunk freed, up to 32 MB).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def rss_anon_bytes() -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no RssAnon in /proc/self/status")
+
+
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def fix_mmap_threshold(nbytes: int) -> None:
+    import ctypes
+    import ctypes.util
+
+    if not ctypes.CDLL(ctypes.util.find_library("c")).mallopt(M_MMAP_THRESHOLD, nbytes):
+        raise SystemExit(f"mallopt(M_MMAP_THRESHOLD, {nbytes}) refused")
 
 
 def run(config: str, sets: list[str], rounds: int) -> tuple[list[float], dict[str, list[float]], int]:
@@ -69,7 +82,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20, help="rounds before the fit starts")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES")
     args = parser.parse_args()
+    if args.mmap_threshold is not None:
+        fix_mmap_threshold(args.mmap_threshold)
     if args.rounds < args.warmup + 3:
         parser.error(f"--rounds must exceed --warmup ({args.warmup}) by at least 3")
     sets = ["env.vectorization=envpool", *args.sets] if args.config == "breakout_ppo" else args.sets
@@ -87,8 +103,9 @@ def main() -> None:
             f"learner memory, {' '.join([args.config, *sets])}: {args.rounds} rounds in this process, no Ray"
         )
     )
+    fixed = f"mmap threshold fixed at {args.mmap_threshold:,} B" if args.mmap_threshold else "glibc defaults"
     print(
-        f"# {times[-1] / len(times):.2f} s a round, {trims} heap trims; "
+        f"# {fixed}; {times[-1] / len(times):.2f} s a round, {trims} heap trims; "
         f"fitted after round {w}, growth per hour at this round rate"
     )
     print(
