@@ -87,7 +87,10 @@ def main() -> None:
     if args.mmap_threshold is not None:
         fix_mmap_threshold(args.mmap_threshold)
     if args.rounds < args.warmup + 3:
-        parser.error(f"--rounds must exceed --warmup ({args.warmup}) by at least 3")
+        print(
+            f"learner_memory.py: --rounds must exceed --warmup ({args.warmup}) by at least 3", file=sys.stderr
+        )
+        raise SystemExit(2)
     sets = ["env.vectorization=envpool", *args.sets] if args.config == "breakout_ppo" else args.sets
     times, series, trims = run(args.config, sets, args.rounds)
     w = args.warmup

@@ -49,3 +49,35 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
     assert proc.stderr.strip().splitlines() == [
         "workloads.py: --relay-set does not apply to ceilings (it reads --seconds)"
     ]
+
+
+def test_the_learner_memory_harness_reads_the_heap_after_every_round():
+    """benchmarks/learner_memory.py on CartPole: a row per series, the heap in use below the
+    private resident memory, the fixed threshold said in the header."""
+    script = str(ROOT / "benchmarks" / "learner_memory.py")
+    args = ["--config", "cartpole_ppo", "--rounds", "8", "--warmup", "2", "--mmap-threshold", "1048576"]
+    proc = subprocess.run(
+        [sys.executable, script, *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "mmap threshold fixed at 1,048,576 B" in proc.stdout
+    rows = {
+        cells[0]: [float(c.replace(",", "")) for c in cells[1:]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("|") and not line.startswith("|--") and "series" not in line
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert set(rows) == {"RssAnon", "heap in use", "heap free"}
+    assert 1 < rows["heap in use"][1] < rows["RssAnon"][1]  # MB at the end
+    assert rows["heap free"][2] <= rows["heap free"][3]  # min <= max
+
+
+def test_the_learner_memory_harness_refuses_too_few_rounds():
+    script = str(ROOT / "benchmarks" / "learner_memory.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--rounds", "5"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "learner_memory.py: --rounds must exceed --warmup (20) by at least 3"
+    ]
