@@ -8,9 +8,11 @@ SB3's `evaluate_policy` scores.
 
 encode: 1,000 real frames (CartPole's 600x400 renders, Breakout's 210x160 full-colour ALE frames)
 encoded to H.264 MP4 by imageio-ffmpeg and by PyAV, alternately, best of `--repeats`.
-sb3: a CartPole and a Pendulum policy trained by relay (local mode), scored by `relay eval` (10
-deterministic episodes) and by SB3's `evaluate_policy` on the same env seeds with the same policy
-(relay's, wrapped in SB3's `predict` interface), plus relay eval's episodes per second.
+sb3: CartPole, Pendulum, Hopper and Breakout policies trained by relay (local mode), scored by
+`relay eval` (10 episodes, greedy; Breakout's sampled, `--stochastic`) and by SB3's
+`evaluate_policy` on the same env seeds with the same policy (relay's, behind SB3's `predict`,
+drawing relay's noise; for Breakout SB3's Monitor sits under the life-loss wrapper, where it counts
+whole games), plus relay eval's episodes per second.
 cost: async CartPole, W = 2, on Ray, for `--seconds` each, with `eval.every_iterations=10` and
 without, alternating, `--repeats` times: env steps per second of each and their ratio (target:
 with evaluation >= 95% of without).
@@ -117,25 +119,44 @@ def trained(config: str, sets: list[str], tmp: Path) -> Path:
 
 
 class RelayForSB3:
-    """relay's policy behind SB3's `predict` (what `evaluate_policy` calls)."""
+    """relay's policy behind SB3's `predict` (what `evaluate_policy` calls): greedy, or sampled with
+    the noise generator `relay eval --stochastic --seed S` seeds (both step every env each step,
+    so the draws line up)."""
 
-    def __init__(self, handle) -> None:
+    def __init__(self, handle, space: gym.Space, stochastic: bool, seed: int) -> None:
+        from rollout_workers.evaluation import EVAL_SEED_STREAM, model_act
+
         self.handle = handle
-        self.space = gym.make(handle.config.env.id).action_space
+        self.space = space  # one env's action space
+        self.act = model_act(handle.model, stochastic, seed + EVAL_SEED_STREAM)
 
     def predict(self, obs, state=None, episode_start=None, deterministic=True):
-        import torch
-
         from rollout_workers.envs import env_actions
 
-        with torch.no_grad():
-            actions = self.handle.model.choose({"obs": torch.as_tensor(obs, dtype=torch.float32)})[0].numpy()
+        actions = self.act({"obs": np.asarray(obs)})[0]
         return env_actions(self.handle.env.action, self.space, actions), None
 
 
-def sb3_returns(run: Path, episodes: int, seed: int) -> tuple[float, float]:
-    from stable_baselines3.common.evaluation import evaluate_policy
+def monitored_env(ec):
+    """One env of `ec` as relay builds it, with SB3's Monitor where it scores the whole episode:
+    for Atari in place of relay's RecordEpisodeStatistics, under the life-loss and reward-clipping
+    wrappers (so SB3 counts the true game, as relay does), elsewhere outermost."""
     from stable_baselines3.common.monitor import Monitor
+
+    from rollout_workers.envs import make_env_fn
+
+    env = make_env_fn(ec)()
+    layer = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer.env, gym.wrappers.RecordEpisodeStatistics):
+            layer.env = Monitor(layer.env.env)
+            return env
+        layer = layer.env
+    return Monitor(env)
+
+
+def sb3_returns(run: Path, episodes: int, seed: int, stochastic: bool) -> tuple[float, float]:
+    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from rollout_workers.envs import env_seeds
@@ -146,13 +167,18 @@ def sb3_returns(run: Path, episodes: int, seed: int) -> tuple[float, float]:
     handle = load_policy(policy_file(run, best=False))
     n = min(episodes, MAX_EVAL_ENVS)
     ec = handle.config.env
-    venv = DummyVecEnv([lambda: Monitor(gym.make(ec.id, max_episode_steps=ec.max_episode_steps))] * n)
+    venv = DummyVecEnv([lambda: monitored_env(ec)] * n)
     venv._seeds = env_seeds(seed, 0, n, EVAL_SEED_STREAM)  # relay's evaluation seeds, one per env
-    mean, std = evaluate_policy(RelayForSB3(handle), venv, n_eval_episodes=episodes, deterministic=True)
+    mean, std = evaluate_policy(
+        RelayForSB3(handle, venv.action_space, stochastic, seed),
+        venv,
+        n_eval_episodes=episodes,
+        deterministic=not stochastic,
+    )
     return float(mean), float(std)
 
 
-def relay_eval(run: Path, episodes: int, seed: int) -> dict:
+def relay_eval(run: Path, episodes: int, seed: int, stochastic: bool) -> dict:
     out = subprocess.run(
         [
             sys.executable,
@@ -165,6 +191,7 @@ def relay_eval(run: Path, episodes: int, seed: int) -> dict:
             "--seed",
             str(seed),
             "--json",
+            *(["--stochastic"] if stochastic else []),
         ],
         cwd=ROOT,
         check=True,
@@ -176,19 +203,27 @@ def relay_eval(run: Path, episodes: int, seed: int) -> dict:
 
 def bench_sb3() -> str:
     runs = {
-        "CartPole-v1": ("configs/cartpole_ppo.yaml", ["stop.env_steps=30000"]),
-        "Pendulum-v1": ("configs/pendulum_ppo.yaml", ["stop.env_steps=30000"]),
-        "Hopper-v5": ("configs/hopper_ppo.yaml", ["stop.env_steps=30000"]),
+        "CartPole-v1": ("configs/cartpole_ppo.yaml", ["stop.env_steps=30000"], False),
+        "Pendulum-v1": ("configs/pendulum_ppo.yaml", ["stop.env_steps=30000"], False),
+        "Hopper-v5": ("configs/hopper_ppo.yaml", ["stop.env_steps=30000"], False),
+        # Sampled actions and 2,000 frames (500 agent steps) a game: a briefly trained greedy
+        # policy scores 0 (it never presses FIRE after a lost life) and plays out the time limit.
+        "ALE/Breakout-v5": (
+            "configs/breakout_ppo.yaml",
+            ["stop.env_steps=20480", "env.max_episode_steps=2000"],
+            True,
+        ),
     }
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for env_id, (config, sets) in runs.items():
+        for env_id, (config, sets, stochastic) in runs.items():
             run = trained(config, sets, Path(tmp))
-            ours = relay_eval(run, 10, 7)
-            mean, std = sb3_returns(run, 10, 7)
+            ours = relay_eval(run, 10, 7, stochastic)
+            mean, std = sb3_returns(run, 10, 7, stochastic)
             rows.append(
                 [
                     env_id,
+                    "sampled" if stochastic else "greedy",
                     ours["return_mean"],
                     ours["return_std"],
                     mean,
@@ -200,6 +235,7 @@ def bench_sb3() -> str:
     return table(
         [
             "env",
+            "actions",
             "relay eval mean",
             "relay std",
             "SB3 evaluate_policy mean",
