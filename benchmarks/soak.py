@@ -11,8 +11,8 @@ the end of the warm-up and at the end, and the growth per hour of a least-square
 the samples after the warm-up (default 5 minutes), of all resident memory and of its private part
 (without shared pages: a process that writes or reads segments in Ray's object store touches more
 of the store's shared pages as the store hands out new places, which counts in its resident memory
-but is the store's, bounded by its size, not the process's), and the learner's glibc heap from its
-metrics lines (in use: allocated and not freed, where a leak grows; free: freed and kept by the
+but is the store's, bounded by its size, not the process's), and the learner's and the driver's glibc
+heap from the metrics lines (in use: allocated and not freed, where a leak grows; free: freed and kept by the
 allocator); then env steps/s over minutes 5-10 against the
 last 5 minutes, with the learner's update time (the same work every iteration: it measures the
 machine) and the CPU time the hypervisor stole in each window, and the learner's device memory
@@ -133,7 +133,11 @@ def steps_per_s(lines: list[dict], start_s: float, end_s: float) -> float | None
     return (last["env_steps"] - first["env_steps"]) / max(last["wall_s"] - first["wall_s"], 1e-9)
 
 
-def soak(config: str, sets: list[str], minutes: float, every: float, warmup_min: float) -> str:
+def soak(
+    config: str, sets: list[str], minutes: float, every: float, warmup_min: float, keep: Path | None = None
+) -> str:
+    """The report; with `keep`, the raw samples and the run's metrics lines written there too
+    (JSON: {"samples": [[seconds, {kind: bytes}]], "lines": [...]}) to look at step by step."""
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     run = Path(tempfile.mkdtemp()) / "run"
     argv = [sys.executable, "-m", "services.train", config, "--run-dir", str(run)]
@@ -164,6 +168,8 @@ def soak(config: str, sets: list[str], minutes: float, every: float, warmup_min:
     if proc.returncode not in (0, 143):
         raise SystemExit(f"the run failed ({proc.returncode}): {err[-1500:]}")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    if keep is not None:
+        keep.write_text(json.dumps({"samples": samples, "lines": lines}))
     return report(config, sets, samples, lines, warmup_min * 60, minutes)
 
 
@@ -231,13 +237,16 @@ def report(
     return "\n".join([*head, "", mem, "", speed, "", dev, "", heap_table(lines, warmup_s)])
 
 
-HEAP_KEYS = {"heap in use (allocated, not freed)": "learner_heap_in_use_bytes"}
-HEAP_KEYS["heap free (freed, kept by glibc)"] = "learner_heap_free_bytes"
+HEAP_KEYS = {
+    f"{proc} heap {what}": f"{proc}_heap_{key}_bytes"
+    for proc in ("learner", "driver")
+    for what, key in (("in use (allocated, not freed)", "in_use"), ("free (freed, kept by glibc)", "free"))
+}
 
 
 def heap_table(lines: list[dict], warmup_s: float) -> str:
-    """The learner's glibc heap from its metrics lines: what it has allocated (a leak grows here)
-    and what glibc keeps freed (the allocator's swing), each fitted after the warm-up."""
+    """The learner's and the driver's glibc heap from the metrics lines: what each has allocated
+    (a leak grows here) and what glibc keeps freed (the allocator's swing), fitted after the warm-up."""
     rows = []
     for label, key in HEAP_KEYS.items():
         points = [(x["wall_s"], x[key] / MB) for x in lines if key in x and x["wall_s"] >= warmup_s]
@@ -247,8 +256,8 @@ def heap_table(lines: list[dict], warmup_s: float) -> str:
         growth = slope_per_hour([t for t, _ in points], ys)
         rows.append([label, ys[0], ys[-1], min(ys), max(ys), growth])
     if not rows:
-        return "(no learner heap readings: glibc < 2.33 or no mallinfo2)"
-    return table(["learner heap", "MB after warm-up", "MB at the end", "min", "max", "growth MB/h"], rows)
+        return "(no heap readings: glibc < 2.33 or no mallinfo2)"
+    return table(["glibc heap", "MB after warm-up", "MB at the end", "min", "max", "growth MB/h"], rows)
 
 
 def verdict(growth: float, private: float) -> str:
@@ -274,9 +283,15 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--every", type=float, default=30.0, help="seconds between memory samples")
     parser.add_argument("--warmup", type=float, default=5.0, help="minutes before the fit starts")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="write the raw samples and metrics lines here"
+    )
     args = parser.parse_args()
+    if args.keep is not None and args.keep.exists():
+        print(f"soak.py: --keep {args.keep}: exists (never overwritten)", file=sys.stderr)
+        raise SystemExit(2)
     sets = args.sets if args.sets is not None else ["rollout.mode=async"]
-    print(soak(args.config, sets, args.minutes, args.every, args.warmup))
+    print(soak(args.config, sets, args.minutes, args.every, args.warmup, args.keep))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,8 @@ METRICS: dict[str, str] = {
     "learner_heap_free_bytes": "freed bytes glibc keeps in the learner process for reuse (a trim once a "
     "minute returns their pages): growth here is the allocator's, bounded by the largest working set",
     "driver_rss_bytes": "resident memory of the driver process now",
+    "driver_heap_in_use_bytes": "bytes the driver has allocated and not freed (glibc; a leak grows here)",
+    "driver_heap_free_bytes": "freed bytes glibc keeps in the driver for reuse (the allocator's part)",
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
     "precision": "what the learner computes in: float32, bfloat16 or float16 autocast, +channels_last "
     "(learner.use_amp, learner.channels_last; auto decides by the device's bf16 units)",
@@ -200,13 +202,15 @@ CHARTS: list[dict[str, Any]] = [
     {
         "id": "host_memory",
         "title": "Host memory by process (bytes: learner, driver, largest rollout worker; the learner's "
-        "heap in use and freed-but-kept)",
+        "and the driver's heap in use and freed-but-kept)",
         "keys": [
             "learner_rss_bytes",
             "driver_rss_bytes",
             "rollout_rss_bytes",
             "learner_heap_in_use_bytes",
             "learner_heap_free_bytes",
+            "driver_heap_in_use_bytes",
+            "driver_heap_free_bytes",
         ],
     },
     {

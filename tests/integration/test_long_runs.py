@@ -99,3 +99,4 @@ def test_metrics_lines_carry_host_memory_by_process(tmp_path):
     # the learner's live heap (torch, numpy, Ray's core worker) is megabytes, and below its resident memory
     assert 2**20 < last["learner_heap_in_use_bytes"] < last["learner_rss_bytes"], last
     assert 0 <= last["learner_heap_free_bytes"] < last["learner_rss_bytes"], last
+    assert 2**20 < last["driver_heap_in_use_bytes"] < last["driver_rss_bytes"], last

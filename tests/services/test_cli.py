@@ -125,6 +125,8 @@ TIMING_KEYS = {
     "learner_heap_in_use_bytes",
     "learner_heap_free_bytes",
     "driver_rss_bytes",
+    "driver_heap_in_use_bytes",
+    "driver_heap_free_bytes",
     # the machine's readings of the learner's device (learner/device_health.py)
     "device_utilization",
     "device_memory_used_bytes",
