@@ -40,7 +40,8 @@ class FireReset(gym.Wrapper):
 
 class EpisodicLife(gym.Wrapper):
     """A lost life ends the episode for learning; `reset` then only continues the same game
-    (a no-op step) until the real game over."""
+    (a no-op step) until the real game over. A reset given a seed always starts a new game: the
+    caller asked for that game (an evaluation's seed stream, a reseeded worker)."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
@@ -57,7 +58,7 @@ class EpisodicLife(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        if self.game_over:
+        if self.game_over or kwargs.get("seed") is not None:
             obs, info = self.env.reset(**kwargs)
         else:
             obs, _, terminated, truncated, info = self.env.step(0)

@@ -48,6 +48,34 @@ def test_atari_frames_stay_uint8_and_the_true_game_is_reported(backend):
     assert sampler.layout.nbytes() < 600 * 2 * (4 * 84 * 84 + 64)  # 28 KB a step, not 113 KB
 
 
+def test_a_seeded_reset_starts_a_new_atari_game_even_mid_game():
+    """After a lost life, a plain reset continues the same game (learning sees lives); a reset
+    given a seed starts that seed's game. `relay eval` resets with its own seed stream after a
+    first reset: it used to keep playing the first reset's game, two steps into it, so its scores
+    differed from SB3's evaluate_policy on the same seeds."""
+    from rollout_workers.atari import atari_env
+    from rollout_workers.envs import register_family
+
+    register_family("ALE/Breakout-v5")
+
+    def first_frames(env, seed):
+        obs, _ = env.reset(seed=seed)
+        return obs, [env.step(3)[0] for _ in range(5)]
+
+    fresh = atari_env("ALE/Breakout-v5")
+    want_obs, want_steps = first_frames(fresh, 11)
+    played = atari_env("ALE/Breakout-v5")
+    played.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(40):  # into the game (its first reset pressed FIRE: no longer a game over)
+        played.step(int(rng.integers(4)))
+    got_obs, got_steps = first_frames(played, 11)
+    assert np.array_equal(got_obs, want_obs)
+    assert all(np.array_equal(a, b) for a, b in zip(got_steps, want_steps, strict=True))
+    lives = played.unwrapped.ale.lives()
+    assert lives == 5  # a new game: every life back
+
+
 def test_envpool_segments_match_gymnasiums_in_shape_masks_and_episodes():
     """Same env, same settings: the layouts are identical, every step is valid, every finished
     episode is counted once, and truncation bootstraps from the final observation."""
