@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, table
-from learner_speed import one_round, shipped_config
+from learner_speed import one_round
 from soak import slope_per_hour
 
 MB = 2**20
@@ -58,7 +58,6 @@ def run(config: str, sets: list[str], rounds: int) -> tuple[list[float], dict[st
     from learner.learner import Learner
 
     cfg, spec, segments = one_round(config, sets)
-    cfg = shipped_config(config, sets)
     torch.set_num_threads(cfg.learner.num_cpus)
     learner = Learner(cfg, spec)
     trimmer = HeapTrimmer()  # as the learner actor: at most once a minute
