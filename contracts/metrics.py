@@ -91,6 +91,10 @@ METRICS: dict[str, str] = {
     "device_memory_total_bytes": "device memory in all (on the CPU the host's)",
     "device_temperature_c": "device temperature in degrees C (NVML, npu-smi; the hottest CPU sensor)",
     "device_power_w": "device power draw in watts (NVML, npu-smi)",
+    # tracking and sweeps
+    "tracking_errors": "failed calls to the tracking servers (metrics.mlflow, metrics.wandb) and lines "
+    "dropped while one was away; training never waits for them",
+    "pbt_exploits": "times a PBT sweep replaced this trial's learner with a better trial's checkpoint",
     # evaluation during training (eval.every_iterations; on the line where one finished)
     "eval_return_mean": "mean return of the evaluation's episodes (the policy's mode, unless "
     "eval.deterministic=false)",

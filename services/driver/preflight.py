@@ -1,7 +1,8 @@
 """Every check a config passes before anything starts: `relay validate` and `relay train` (and
 `relay resume`) run exactly these, so they accept and refuse the same configs with the same line.
 
-1. registry names and each entry's own rules (algorithm, model kind, vector backend);
+1. registry names and each entry's own rules (algorithm, model kind, vector backend), and the
+   packages of the trackers it names (metrics.mlflow, metrics.wandb);
 2. the env: it builds, its spaces are supported, the model kind can read its observations;
 3. the learner device: it parses, and where the learner runs on this machine, it exists here;
 4. memory: what the config implies (ring buffer, segments in flight) fits this machine.
@@ -28,6 +29,7 @@ from policy.models import MODEL_KINDS, build_policy, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
+from services.tracking import missing_tracker
 
 # Registry-backed leaves and their names, for `relay validate --help-config`.
 CHOICES = {
@@ -161,6 +163,9 @@ def check_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> None:
 def preflight(cfg: RelayConfig, address: str | None = None) -> EnvSpec:
     """All checks, in order; returns the env spec. ConfigError, PreflightError or DeviceError."""
     check_config(cfg)
+    missing = missing_tracker(cfg)
+    if missing:
+        raise PreflightError(missing)
     parse_device_spec(cfg.learner.device)
     env = check_env(cfg)
     if runs_here(cfg, address):

@@ -154,7 +154,12 @@ def _train(
             file=sys.stderr,
             flush=True,
         )
-        reason = loop.run_until_stop(startup_s=time.perf_counter() - t_start)
+        failed = True
+        try:
+            reason = loop.run_until_stop(startup_s=time.perf_counter() - t_start)
+            failed = False
+        finally:
+            loop.close_tracking(failed)
         return STOP_CODES.get(reason, EXIT_OK)
     except Exception:
         if run is not None:

@@ -176,6 +176,17 @@ class RunDir:
             if file.exists() and not file.is_file():
                 raise RunDirError(f"{file} is not a regular file")
 
+    def artifacts(self) -> list[tuple[Path, str]]:
+        """(file, folder) of what a tracker keeps of the run: config.yaml, the newest checkpoint,
+        best.pt, ONNX exports beside the checkpoints, evaluation videos. Regular files only."""
+        ckpts = sorted(self.checkpoints.glob("ckpt-*.pt")) if self.checkpoints.is_dir() else []
+        files = [(self.config_path, "")]
+        files += [(p, "checkpoints") for p in ckpts[-1:]]
+        files += [(self.checkpoints / "best.pt", "checkpoints")]
+        files += [(p, "checkpoints") for p in sorted(self.checkpoints.glob("*.onnx"))]
+        files += [(p, "videos") for p in sorted((self.root / "videos").glob("*.mp4"))]
+        return [(p, folder) for p, folder in files if p.is_file() and not p.is_symlink()]
+
     def write_error_log(self, text: str) -> None:
         """error.log, replaced (never written through a link)."""
         atomic_write(self.error_log, text.encode("utf-8", "replace"))

@@ -140,15 +140,18 @@ class PrometheusSink:
 class MetricsSinks:
     """One record in, every enabled sink out. A failing optional sink is logged, never fatal."""
 
-    def __init__(self, run: RunDir, tensorboard: bool, prometheus: bool) -> None:
+    def __init__(self, run: RunDir, tensorboard: bool, prometheus: bool, tracking: Any = None) -> None:
         self.jsonl = MetricsWriter(run.metrics_path)
-        self.extra: list[Any] = []
+        self.tracking = tracking  # services.tracking.Tracking: buffered, closed by the loop after the run
+        self.extra: list[Any] = [tracking] if tracking else []
         if tensorboard:
             self.extra.append(TensorBoardSink(run))
         if prometheus:
             self.extra.append(PrometheusSink(run.root.name))
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.tracking:
+            record["tracking_errors"] = self.tracking.errors
         self.jsonl.write(record)
         for sink in self.extra:
             try:
@@ -159,4 +162,5 @@ class MetricsSinks:
     def close(self) -> None:
         self.jsonl.close()
         for sink in self.extra:
-            sink.close()
+            if sink is not self.tracking:
+                sink.close()

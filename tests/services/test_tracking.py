@@ -1,0 +1,139 @@
+"""Tracking: a real MLflow tracking server (tests/conftest.py's `mlflow_server`: 127.0.0.1, SQLite
+store, local artifact folder) read back through MLflow's client; W&B in offline mode, its run file
+read back; servers that refuse or never answer cost training nothing but a counted error and one
+line.
+"""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.helpers import ROOT, train_local
+from tests.helpers_proc import metrics_lines, wait_for
+from tests.wandb_records import read_wandb_run
+
+
+def test_a_run_is_tracked_in_mlflow(mlflow_server, tmp_path):
+    from mlflow import MlflowClient
+
+    run = tmp_path / "run"
+    sets = [f"metrics.mlflow.tracking_uri={mlflow_server}", "metrics.mlflow.experiment=relay-test"]
+    assert (
+        train_local("cartpole_ppo.yaml", run, "stop.env_steps=2048", "checkpoint.keep_best=false", *sets) == 0
+    )
+    client = MlflowClient(mlflow_server)
+    found = client.search_runs([client.get_experiment_by_name("relay-test").experiment_id])
+    assert len(found) == 1
+    tracked = found[0]
+    assert tracked.info.status == "FINISHED" and tracked.info.run_name == "run"
+    assert tracked.data.params["learner.lr"] == "0.002" and tracked.data.params["env.id"] == "CartPole-v1"
+    lines = metrics_lines(run)
+    history = client.get_metric_history(tracked.info.run_id, "episode_return_mean")
+    assert [m.step for m in history] == [
+        x["env_steps"] for x in lines if x["episode_return_mean"] is not None
+    ]
+    assert history[-1].value == pytest.approx(lines[-1]["episode_return_mean"])
+    assert all(x["tracking_errors"] == 0 for x in lines)
+    files = {a.path for a in client.list_artifacts(tracked.info.run_id)}
+    files |= {a.path for a in client.list_artifacts(tracked.info.run_id, "checkpoints")}
+    assert {"config.yaml", "checkpoints/ckpt-00000008.pt"} <= files
+
+
+def test_a_refusing_server_costs_one_line_and_a_count(tmp_path):
+    port = free_port()  # nothing listens there
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "services.train", "configs/cartpole_ppo.yaml",
+            "--run-dir", str(tmp_path / "run"), "--set", "rollout.num_workers=0",
+            "--set", "stop.env_steps=2048", "--set", "metrics.progress=none",
+            "--set", f"metrics.mlflow.tracking_uri=http://127.0.0.1:{port}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if "tracking failed" in ln]
+    assert len(failed) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "8 metrics lines were not delivered" in proc.stderr
+    lines = metrics_lines(tmp_path / "run")
+    assert len(lines) == 8 and lines[-1]["tracking_errors"] >= 1
+
+
+def test_a_server_that_never_answers_does_not_hold_training(tmp_path):
+    """A listener that accepts connections and never replies: the training loop's writes return at
+    once while the tracker's thread waits on it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        from contracts.config import load_config
+        from services.tracking import RunInfo, Tracking
+
+        cfg = load_config(None, [f"metrics.mlflow.tracking_uri=http://127.0.0.1:{listener.getsockname()[1]}"])
+        tracking = Tracking.from_config(
+            cfg, RunInfo(tmp_path, cfg.model_dump(mode="json")), warn=lambda _: None
+        )
+        wait_for(lambda: held, 30, "the tracker to connect")
+        for i in range(2000):
+            tracking.write({"iteration": i, "env_steps": i, "episode_return_mean": 1.0})
+        assert held and tracking.trackers[0]._thread.is_alive()  # still waiting on the silent server
+        t0 = time.monotonic()
+        tracking.close("FINISHED", [])
+        assert time.monotonic() - t0 < 5  # never answered once: not waited for
+    finally:
+        stop.set()
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_run_is_tracked_in_wandb_offline(tmp_path):
+    run = tmp_path / "run"
+    assert train_local("cartpole_ppo.yaml", run, "stop.env_steps=2048", "metrics.wandb.mode=offline") == 0
+    record = read_wandb_run(run / "wandb")
+    lines = metrics_lines(run)
+    assert [h["env_steps"] for h in record.history] == [x["env_steps"] for x in lines]
+    assert record.history[-1]["episode_return_mean"] == pytest.approx(lines[-1]["episode_return_mean"])
+    assert record.config["learner.lr"] == "0.002"  # flattened as MLflow params are
+    assert record.exit_code == 0
+    kept = {p.relative_to(record.folder / "files").as_posix() for p in (record.folder / "files").rglob("*.*")}
+    assert {"config.yaml", "checkpoints/ckpt-00000008.pt"} <= kept
+
+
+def test_a_missing_tracker_package_is_refused_up_front(capsys, tmp_path, monkeypatch):
+    """The package is hidden from the import system (it is installed here): `relay train` then
+    refuses the config in one line, creating nothing, as on a machine without the extra."""
+    from services.cli import main
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        str(ROOT / "configs/cartpole_ppo.yaml"),
+        "--run-dir",
+        str(run),
+        "--set",
+        "metrics.wandb.mode=offline",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "relay-rl[wandb]" in err, err
+    assert not Path(run).exists()
