@@ -391,6 +391,22 @@ class EvalConfig(_Section):
     )
 
 
+class MlflowConfig(_Section):
+    tracking_uri: str = Field(
+        ...,
+        min_length=1,
+        description="MLflow tracking server (http://host:5000), or a local store (sqlite:///mlflow.db).",
+    )
+    experiment: str = Field("relay", min_length=1, description="MLflow experiment the run is logged in.")
+
+
+class WandbConfig(_Section):
+    project: str = Field("relay", min_length=1, description="W&B project the run is logged in.")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="online: sent to W&B as it runs; offline: kept under the run's wandb/."
+    )
+
+
 class MetricsConfig(_Section):
     runs_dir: str = Field("runs", min_length=1, description="Folder holding run directories.")
     run_name: str | None = Field(
@@ -399,6 +415,12 @@ class MetricsConfig(_Section):
     tensorboard: bool = Field(True, description="Also write TensorBoard event files under events/.")
     progress: Literal["auto", "bar", "lines", "none"] = Field(
         "auto", description="Terminal progress: a bar on a TTY, plain lines otherwise."
+    )
+    mlflow: MlflowConfig | None = Field(
+        None, description="Track the run in MLflow (extra mlflow): {tracking_uri, experiment}; null: off."
+    )
+    wandb: WandbConfig | None = Field(
+        None, description="Track the run in Weights & Biases (extra wandb): {project, mode}; null: off."
     )
 
     @field_validator("run_name")
@@ -410,6 +432,47 @@ class MetricsConfig(_Section):
         return name
 
 
+class SweepConfig(_Section):
+    params: dict[str, str] = Field(
+        default_factory=dict,
+        description="`relay sweep`: config leaf -> uniform(a,b), loguniform(a,b), randint(a,b), "
+        "choice(v1,v2,...) or grid(v1,v2,...) (--param adds to these; `relay train` ignores the section).",
+    )
+    samples: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="Trials of a random or optuna search (null: 8); a grid runs each point this many "
+        "times (null: once).",
+    )
+    search: Literal["random", "grid", "optuna"] = Field(
+        "random", description="How trials' values are chosen."
+    )
+    scheduler: Literal["fifo", "asha", "pbt"] = Field(
+        "fifo",
+        description="fifo: every trial runs to its stop; asha: poor trials stop early; pbt: "
+        "population-based training (exploit the best trials' checkpoints, perturb the params).",
+    )
+    metric: str = Field(
+        "episode_return_mean", min_length=1, description="The metrics key trials are ranked by."
+    )
+    mode: Literal["max", "min"] = Field("max", description="Whether a higher or lower metric is better.")
+    max_concurrent: int | None = Field(
+        None, ge=1, le=10_000, description="Trials running at once (null: as many as the cluster holds)."
+    )
+    dir: str | None = Field(
+        None,
+        description="The sweep's folder (default: <metrics.runs_dir>/sweep-<env>-<time>); one run "
+        "directory per trial inside.",
+    )
+    grace_iterations: int = Field(
+        10, ge=1, le=1_000_000, description="asha: iterations every trial runs before it may be stopped."
+    )
+    perturbation_interval: int = Field(
+        10, ge=1, le=1_000_000, description="pbt: iterations between exploit/explore decisions."
+    )
+
+
 class RelayConfig(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout workers.")
@@ -419,6 +482,7 @@ class RelayConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during training.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Metrics and progress.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="`relay sweep` (Ray Tune).")
 
     @property
     def segment_steps(self) -> int:

@@ -1,4 +1,4 @@
-"""The `relay` command line: train, resume, validate, dashboard, export, verify, serve, eval.
+"""The `relay` command line: train, resume, validate, dashboard, export, verify, serve, eval, sweep.
 
 Bad input gets one line on stderr and exit 2, with nothing created; a failure gets one line and
 exit 1 (the traceback goes to the run directory's error.log, not the terminal); Ctrl-C exits 130,
@@ -29,6 +29,7 @@ from services.driver.preflight import CHOICES, PreflightError, learner_precision
 from services.driver.run_dir import RunDirError
 from services.driver.signals import exit_code, sigterm_raises, stop_reason
 from services.files import OutputError, check_output
+from services.sweep.params import SweepError
 from services.tools.evaluate import (
     MAX_EPISODES,
     EvalOptions,
@@ -56,6 +57,7 @@ BAD_INPUT = (
     driver.DashboardError,
     OutputError,
     VideoError,
+    SweepError,
 )
 
 
@@ -169,7 +171,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env_arg(verify, "judge precision on")
     _add_serve_parser(sub)
     _add_eval_parser(sub)
+    _add_sweep_parser(sub)
     return parser
+
+
+def _add_sweep_parser(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="hyperparameter sweeps and PBT on Ray Tune (one relay run per trial)")
+    sw.add_argument("config", nargs="?", help="YAML config file (its sweep: section is read too)")
+    sw.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=EXPR",
+        help="a swept leaf: uniform(a,b), loguniform(a,b), randint(a,b), choice(v,...), grid(v,...)",
+    )
+    sw.add_argument("--samples", type=int, help="trials of a random/optuna search; repeats of a grid")
+    sw.add_argument("--search", help="random, grid or optuna")
+    sw.add_argument("--scheduler", help="fifo, asha or pbt")
+    sw.add_argument("--metric", help="the metrics key trials are ranked by (default episode_return_mean)")
+    sw.add_argument("--mode", help="max or min")
+    sw.add_argument("--max-concurrent", type=int, help="trials running at once")
+    sw.add_argument("--dir", help="the sweep's folder (new or empty)")
+    sw.add_argument("--resume", metavar="DIR", help="continue an interrupted sweep's unfinished trials")
+    _add_set_arg(sw, "stop.env_steps=50000")
+    _add_address_arg(sw)
 
 
 def _add_eval_parser(sub: Any) -> None:
@@ -345,6 +371,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InputError(str(err)) from None
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    try:
+        from services.sweep import runner
+        from services.sweep.params import parse_cli_param
+    except ImportError as err:
+        raise InputError(
+            f"needs the sweep extra ({err.name} is missing): pip install 'relay-rl[sweep]'"
+        ) from None
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise InputError(f"--max-concurrent {args.max_concurrent}: must be at least 1")
+    if args.resume:
+        if args.config or args.params:
+            raise InputError("--resume continues a sweep as planned: give no config or --param")
+        return runner.resume(Path(args.resume), args.overrides, args.address, args.max_concurrent)
+    if args.config is None:
+        raise InputError("a config file is required (or --resume DIR)")
+    flags = {k: getattr(args, k) for k in ("samples", "search", "scheduler", "metric", "mode")}
+    sets = [f"sweep.{k}={v}" for k, v in flags.items() if v is not None]
+    cfg = load_config(args.config, [*args.overrides, *sets])
+    extra = dict(parse_cli_param(item) for item in args.params)
+    cfg = cfg.model_copy(
+        update={"sweep": cfg.sweep.model_copy(update={"params": {**cfg.sweep.params, **extra}})}
+    )
+    allow_env_module(cfg.env.id, os.getcwd())
+    preflight(cfg, args.address)
+    return runner.start(cfg, Path(args.dir) if args.dir else None, args.address, args.max_concurrent)
+
+
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args = build_parser().parse_args(argv)
@@ -357,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         "verify": lambda: _cmd_verify(args),
         "serve": lambda: _cmd_serve(args),
         "eval": lambda: _cmd_eval(args),
+        "sweep": lambda: _cmd_sweep(args),
     }
     try:
         return handlers[args.command]()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,8 +30,9 @@ from services.driver.memory import HostMemory
 from services.driver.notices import Notices
 from services.driver.progress import Progress
 from services.driver.run_dir import RunDir
-from services.driver.signals import raise_pending, stop_reason
+from services.driver.signals import STOP_CODES, raise_pending, stop_reason
 from services.driver.sinks import MetricsSinks, truncate_metrics
+from services.tracking import RunInfo, Tracking
 
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
 MAX_IDLE_ROUNDS = 20
@@ -38,6 +40,10 @@ MAX_LEARNER_RESTARTS = 3
 # A signal's stop waits at most this long for the learner's state for the final checkpoint (the
 # rollout workers are ended first, so only a learner stuck itself can take that long).
 STOP_CHECKPOINT_S = 30.0
+
+
+# Stops by a signal, not by the run's own criteria: a tracked run ends as KILLED.
+INTERRUPTIONS = tuple(STOP_CODES)
 
 
 class LearnerLost(RuntimeError):
@@ -77,7 +83,9 @@ def _mean(xs: list[float] | list[int]) -> float | None:
 class TrainingLoop:
     """One run: the backend's rounds in, metrics lines and checkpoints out."""
 
-    def __init__(self, cfg: RelayConfig, run: RunDir, backend: Backend) -> None:
+    def __init__(
+        self, cfg: RelayConfig, run: RunDir, backend: Backend, tracking_tags: dict[str, str] | None = None
+    ) -> None:
         self.cfg = cfg
         self.run = run
         self.backend = backend
@@ -96,10 +104,29 @@ class TrainingLoop:
             if cfg.eval.every_iterations
             else None
         )
+        info = RunInfo(run.root, cfg.model_dump(mode="json"), tags=tracking_tags or {})
+        self.tracking = Tracking.from_config(cfg, info)
+        self.line_extras: dict[str, Any] = {}  # keys a caller adds to every line (a sweep's pbt_exploits)
 
     def _progress_fraction(self) -> float:
         budget = self.cfg.stop.env_steps
         return min(self.c.env_steps / budget, 1.0) if budget else 0.0
+
+    def stop_reason(self) -> str | None:
+        """The stop criterion met now, or None."""
+        return self._stop_reason()
+
+    def close_tracking(self, failed: bool) -> None:
+        """Send the tracked run (metrics.mlflow, metrics.wandb) its files and its status."""
+        if not self.tracking:
+            return
+        if failed:
+            status = "FAILED"
+        elif self.stopped_by in INTERRUPTIONS:
+            status = "KILLED"
+        else:
+            status = "FINISHED"
+        self.tracking.close(status, self.run.artifacts())
 
     def _stop_reason(self) -> str | None:
         s = self.cfg.stop
@@ -143,6 +170,7 @@ class TrainingLoop:
             "amp_skipped_steps": c.amp_skipped_steps,
             "env_faults": sum(faults.values()),
             **faults,
+            **self.line_extras,
         }
         if startup_s is not None:
             rec["startup_s"] = round(startup_s, 4)
@@ -199,39 +227,64 @@ class TrainingLoop:
         """Train until a stop criterion; returns which one, or 'interrupted' (Ctrl-C), 'terminated'
         (SIGTERM) or 'hangup' (SIGHUP). Either way the metrics are flushed and a final checkpoint
         written; too few live rollout workers (FleetLost) checkpoint too, then raise."""
+        lost: FleetLost | None = None
+        try:
+            for _ in self.iterations(startup_s):
+                pass
+        except FleetLost as err:
+            lost = err
+        except KeyboardInterrupt:
+            pass
+        self.final_checkpoint()
+        if lost is not None:
+            raise lost
+        return self.stopped_by or "error"
+
+    def iterations(self, startup_s: float | None = None) -> Generator[dict[str, Any], None, None]:
+        """Each metrics record as it is written, until a stop criterion (then `stopped_by` names it).
+
+        The sinks and the progress display are open while this runs and closed when it ends,
+        raises, or is closed by its caller (a sweep trial that Tune stops: the caller sets
+        `stopped_by` first). Ctrl-C, SIGTERM, SIGHUP and FleetLost set `stopped_by`, end the
+        rollout workers (a stop ends in bounded time whatever a worker is doing: a learner waiting
+        on a stuck worker's segment is freed to hand over its state), and propagate.
+        """
         writer = MetricsSinks(
-            self.run, self.cfg.metrics.tensorboard, prometheus=self.cfg.rollout.num_workers > 0
+            self.run,
+            self.cfg.metrics.tensorboard,
+            prometheus=self.cfg.rollout.num_workers > 0,
+            tracking=self.tracking,
         )
         progress = Progress(self.cfg)
         clock = (self.c.wall_s, time.perf_counter())  # wall_s so far, and when this session started
         self._last_line_t = clock[1]
         self._last_ckpt = self.c.iteration
-        lost: FleetLost | None = None
         try:
             while (reason := self._stop_reason()) is None:
                 raise_pending()  # a stop whose exception was dropped on its way (signals.py)
                 try:
-                    self._round(writer, progress, clock, startup_s)
+                    rec = self._round(writer, progress, clock, startup_s)
                 except LearnerLost as err:
                     self._recover_learner(err)
+                    continue
+                if rec is not None:
+                    yield rec
             self.stopped_by = reason
         except (KeyboardInterrupt, FleetLost) as err:
             self.stopped_by = "fleet lost" if isinstance(err, FleetLost) else stop_reason(err)
-            lost = err if isinstance(err, FleetLost) else None
-            # A stop ends in bounded time whatever a worker is doing: the workers go first, so a
-            # learner waiting on a stuck worker's segment is freed to hand over its state.
             self.backend.stop_sampling()
+            raise
         finally:
             writer.close()
             self.notices.close()
             if self.evals is not None:
                 self.evals.close()
             progress.close(self.stopped_by)
+
+    def final_checkpoint(self) -> None:
+        """The stop's checkpoint, when an iteration came after the last one written."""
         if self.c.iteration > self._last_ckpt:
             self._final_checkpoint()
-        if lost is not None:
-            raise lost
-        return self.stopped_by or "error"
 
     def _final_checkpoint(self) -> None:
         try:
@@ -246,8 +299,8 @@ class TrainingLoop:
 
     def _round(
         self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float], startup_s: float | None
-    ) -> None:
-        """One round: its metrics line when it updated (then a checkpoint on the interval)."""
+    ) -> dict[str, Any] | None:
+        """One round: its metrics line when it updated (then a checkpoint on the interval), or None."""
         out = self.backend.step(self._progress_fraction())
         self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
         self.c.absorb(out)
@@ -257,7 +310,7 @@ class TrainingLoop:
             self._phases[key] = self._phases.get(key, 0.0) + seconds
         if out.metrics is None:
             self._count_idle_round(out)
-            return
+            return None
         self._idle_rounds = 0
         self.c.iteration += 1
         scores = self.evals.after_iteration(self.c.iteration, self.c) if self.evals is not None else {}
@@ -273,3 +326,4 @@ class TrainingLoop:
         if self.c.iteration % self.cfg.checkpoint.interval == 0:
             self.checkpoint()
             self._last_ckpt = self.c.iteration
+        return rec

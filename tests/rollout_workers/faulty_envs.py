@@ -50,3 +50,10 @@ class FaultyCartPole(gym.Wrapper):
 
 def make(**kwargs: Any) -> gym.Env:
     return FaultyCartPole(**{k: v if isinstance(v, int) else tuple(v) for k, v in kwargs.items()})
+
+
+def make_cartpole(broken: bool = False) -> gym.Env:
+    """CartPole, or with broken=True an env whose constructor raises (a sweep trial that fails alone)."""
+    if broken:
+        raise RuntimeError("this env is broken on purpose")
+    return gym.make("CartPole-v1")

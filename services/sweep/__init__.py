@@ -1,0 +1,1 @@
+"""`relay sweep`: many relay runs as Ray Tune trials (searches, ASHA, PBT)."""
