@@ -7,6 +7,7 @@ charts without reloading:
     GET /api/runs                          the runs under PATH (a run directory is one run)
     GET /api/metrics?run=NAME&since=K      complete metrics.jsonl lines from line K on
     GET /api/videos?run=NAME               the run's evaluation videos, oldest first
+    GET /api/sweep                         a sweep folder's trials: values, status, PBT exploits
     GET /video?run=NAME&name=FILE          one of them (video/mp4, with HTTP range requests)
 
 A missing run, an empty or torn metrics file, or a run directory that disappears gets a clear
@@ -39,7 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from contracts.config import ConfigError, load_config
 from contracts.metrics import CHARTS
+from services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")
 MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB
@@ -104,6 +107,30 @@ class RunStore:
             os.close(fd)
             raise DashboardError(HTTPStatus.CONFLICT, f"metrics.jsonl of run {name!r} is not a regular file")
         return fd, st
+
+    def sweep(self) -> dict[str, Any]:
+        """When the folder is a `relay sweep`'s: the ranked metric, the swept keys, and each trial's
+        values, status and PBT exploits (records read as data); {"sweep": None} otherwise."""
+        if not (self.root / SWEEP_FILE).is_file() or not (self.root / TRIALS_FILE).is_file():
+            return {"sweep": None}
+        try:
+            options = load_config(self.root / SWEEP_FILE).sweep
+        except ConfigError as err:
+            raise DashboardError(HTTPStatus.CONFLICT, f"{SWEEP_FILE}: {err}") from None
+        trials = {}
+        for name, state in sorted(TrialLog(self.root).read().items()):
+            run = self.root / name
+            if not run.is_dir() or run.is_symlink():
+                continue
+            ended = state.get("event") == "ended"
+            status = state.get("status") if ended else "running or interrupted"
+            trials[name] = {
+                "params": state.get("params", {}),
+                "status": status,
+                "exploits": read_exploits(run),
+            }
+        keys = sorted({k for t in trials.values() for k in t["params"]})
+        return {"sweep": {"metric": options.metric, "mode": options.mode, "params": keys, "trials": trials}}
 
     def videos(self, name: str) -> dict[str, Any]:
         """The run's videos, by iteration: name, iteration, return, bytes."""
@@ -291,6 +318,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.OK, {"charts": CHARTS})
         elif path == "/api/runs":
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
+        elif path == "/api/sweep":
+            self._json(HTTPStatus.OK, self.store.sweep())
         elif path == "/api/videos":
             self._json(HTTPStatus.OK, self.store.videos(query.get("run", ".")))
         elif path == "/video":

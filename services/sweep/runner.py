@@ -1,12 +1,8 @@
 """`relay sweep`: a checked plan run as one Ray Tune experiment, and its outcome as a table.
 
-The sweep's folder holds one relay run directory per trial, plus:
-
-    sweep.yaml     the base config with its sweep section (what --resume continues), written first
-    trials.jsonl   what happened to each trial: planned, started, ended (done, stopped early,
-                   error), appended as it happens
-    summary.json   the final table as data; best.yaml the best trial's config, ready for relay train
-    tune/          Ray Tune's own experiment folder (relay reads nothing back from it)
+The sweep's folder holds one relay run directory per trial, the sweep's records
+(services/sweep/records.py: sweep.yaml, trials.jsonl, summary.json, best.yaml) and `tune/`, Ray
+Tune's own experiment folder (relay reads nothing back from it).
 
 Searches: `random` and `grid` values are drawn by relay before anything starts (so each trial's
 config is checked up front and `--resume` knows every trial); `optuna` asks Tune's OptunaSearch as
@@ -19,11 +15,9 @@ graceful stop (each trial writes its final checkpoint) and exit 130, 143, 129.
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -34,8 +28,7 @@ import ray
 
 from contracts.config import RelayConfig, dump_config, load_config
 from services.driver.cluster import join_or_start_ray
-from services.driver.sinks import MAX_METRICS_BYTES
-from services.files import atomic_write, open_no_follow, read_regular
+from services.files import atomic_write
 from services.sweep.params import Param, SweepError
 from services.sweep.plan import (
     SweepPlan,
@@ -47,11 +40,10 @@ from services.sweep.plan import (
     trial_cpus,
     trial_resources,
 )
+from services.sweep.records import BEST_FILE, ENDED, SUMMARY_FILE, SWEEP_FILE, TrialLog, summarize
 from services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
 from services.tracking import PARENT_TAG, SWEEP_TAG
 
-SWEEP_FILE, TRIALS_FILE, SUMMARY_FILE, BEST_FILE = "sweep.yaml", "trials.jsonl", "summary.json", "best.yaml"
-ENDED = ("done", "stopped early", "error")
 SIGNAL_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
@@ -131,33 +123,6 @@ def _resources(plan: SweepPlan) -> Any:
 
 
 # ---- the sweep's own files ------------------------------------------------------------------------
-class TrialLog:
-    """trials.jsonl: appended as trials start and end (never through a link)."""
-
-    def __init__(self, root: Path) -> None:
-        self.path = root / TRIALS_FILE
-
-    def append(self, **line: Any) -> None:
-        with os.fdopen(open_no_follow(self.path), "a", encoding="utf-8") as f:
-            f.write(json.dumps({"t": round(time.time(), 3), **line}) + "\n")
-
-    def read(self) -> dict[str, dict[str, Any]]:
-        """{trial: its latest state} (lines that are not what relay writes are skipped)."""
-        states: dict[str, dict[str, Any]] = {}
-        if not self.path.is_file():
-            return states
-        for raw in read_regular(self.path, MAX_METRICS_BYTES).splitlines():
-            try:
-                line = json.loads(raw)
-                trial, event = line["trial"], line["event"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            if isinstance(trial, str) and isinstance(event, str):
-                state = states.setdefault(trial, {})
-                state.update({k: v for k, v in line.items() if k in ("event", "params", "status", "why")})
-        return states
-
-
 def trial_namer(taken: int) -> Any:
     """Names new trials, once, from their first config (PBT later copies other trials' configs in):
     a pre-drawn trial by its id (t000), an optuna trial by the next free number after `taken`."""
@@ -261,41 +226,6 @@ def graceful_signals() -> Iterator[dict[str, int]]:
 
 
 # ---- the outcome ----------------------------------------------------------------------------------
-def _best_of(path: Path, metric: str, mode: str) -> tuple[float | None, int, float]:
-    """(best metric, last env_steps, last wall_s) of a trial's metrics.jsonl."""
-    best: float | None = None
-    steps, wall = 0, 0.0
-    if not path.is_file():
-        return best, steps, wall
-    for raw in read_regular(path, MAX_METRICS_BYTES).splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(line, dict):
-            continue
-        value = line.get(metric)
-        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-            better = best is None or (value > best if mode == "max" else value < best)
-            best = float(value) if better else best
-        steps = line.get("env_steps", steps) if isinstance(line.get("env_steps"), int) else steps
-        wall = line.get("wall_s", wall) if isinstance(line.get("wall_s"), int | float) else wall
-    return best, steps, float(wall)
-
-
-def summarize(root: Path, metric: str, mode: str) -> list[dict[str, Any]]:
-    """One row per trial that started: params, best metric, env steps, wall, status."""
-    rows = []
-    for trial, state in sorted(TrialLog(root).read().items()):
-        if state.get("event") == "planned":
-            continue
-        best, steps, wall = _best_of(root / trial / "metrics.jsonl", metric, mode)
-        status = state.get("status") if state.get("event") == "ended" else "interrupted"
-        row = {"trial": trial, "params": state.get("params", {}), "best": best, "env_steps": steps}
-        rows.append({**row, "wall_s": round(wall, 1), "status": status, "why": state.get("why")})
-    return rows
-
-
 def format_table(rows: list[dict[str, Any]], metric: str) -> str:
     keys = sorted({k for r in rows for k in r["params"]})
     head = ["trial", *keys, f"best {metric}", "env steps", "wall s", "status"]

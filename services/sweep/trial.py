@@ -36,10 +36,10 @@ from services.driver.preflight import preflight
 from services.driver.run_dir import RunDir, RunDirError
 from services.files import atomic_write, open_no_follow
 from services.sweep.plan import quiet_tune, trial_config
+from services.sweep.records import EXPLOITS_FILE
 from services.tracking import TRIAL_TAG
 
 CKPT_FILE, ORIGIN_FILE = "relay.pt", "origin.json"
-EXPLOITS_FILE = "exploits.jsonl"  # in the trial's run directory: one line per PBT exploit
 STOPPED_BY_SWEEP = "stopped by the sweep"
 RELAY_DONE = "relay_done"  # in a trial's last result: it met its own stop criterion
 LOCK_WAIT_S = 120.0  # a stopping actor's final checkpoint waits at most 30 s for the learner

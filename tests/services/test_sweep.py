@@ -17,16 +17,8 @@ from contracts.config import load_config
 from services.cli import main
 from services.sweep.params import Param, SweepError, draw_trials, parse_param, split_args
 from services.sweep.plan import build_plan, trial_config, trial_resources
-from services.sweep.runner import (
-    BEST_FILE,
-    SUMMARY_FILE,
-    TRIALS_FILE,
-    TrialLog,
-    clip_to_ranges,
-    format_table,
-    summarize,
-    write_outcome,
-)
+from services.sweep.records import BEST_FILE, SUMMARY_FILE, TRIALS_FILE, TrialLog, read_exploits, summarize
+from services.sweep.runner import clip_to_ranges, format_table, write_outcome
 from services.sweep.trial import ORIGIN_FILE, read_origin, report
 
 ROOT = Path(__file__).parents[2]
@@ -253,3 +245,10 @@ def test_the_table_and_best_yaml_come_from_the_trials_files(tmp_path):
     assert best == plan.root / BEST_FILE
     assert load_config(best).learner.lr == 0.002  # ready for relay train
     assert json.loads((plan.root / SUMMARY_FILE).read_text())["trials"][1]["best"] == 50.0
+
+
+def test_exploit_records_are_checked_data(tmp_path):
+    good = {"iteration": 20, "from_trial": "t002", "from_iteration": 18, "params": {"learner.lr": 1e-3}}
+    bad = ['{"iteration": true, "from_trial": "t1", "from_iteration": 1}', '{"iteration": 1}', "[]", "{"]
+    (tmp_path / "exploits.jsonl").write_text("\n".join([*bad, json.dumps(good)]) + "\n")
+    assert read_exploits(tmp_path) == [{"iteration": 20, "from_trial": "t002", "from_iteration": 18}]

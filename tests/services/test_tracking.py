@@ -108,8 +108,12 @@ def test_a_server_that_never_answers_does_not_hold_training(tmp_path):
 def test_a_run_is_tracked_in_wandb_offline(tmp_path):
     run = tmp_path / "run"
     assert train_local("cartpole_ppo.yaml", run, "stop.env_steps=2048", "metrics.wandb.mode=offline") == 0
-    record = read_wandb_run(run / "wandb")
     lines = metrics_lines(run)
+    # W&B's own process (wandb-core) writes the run file; finish() can return before its last
+    # records are on disk on a loaded machine.
+    wait_for(lambda: read_wandb_run(run / "wandb").exit_code is not None, 60, "W&B's run file")
+    wait_for(lambda: len(read_wandb_run(run / "wandb").history) == len(lines), 60, "W&B's history")
+    record = read_wandb_run(run / "wandb")
     assert [h["env_steps"] for h in record.history] == [x["env_steps"] for x in lines]
     assert record.history[-1]["episode_return_mean"] == pytest.approx(lines[-1]["episode_return_mean"])
     assert record.config["learner.lr"] == "0.002"  # flattened as MLflow params are
