@@ -384,7 +384,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.params:
             raise InputError("--resume continues a sweep as planned: give no config or --param")
-        return runner.resume(Path(args.resume), args.overrides, args.address, args.max_concurrent)
+        with sigterm_raises():
+            return runner.resume(Path(args.resume), args.overrides, args.address, args.max_concurrent)
     if args.config is None:
         raise InputError("a config file is required (or --resume DIR)")
     flags = {k: getattr(args, k) for k in ("samples", "search", "scheduler", "metric", "mode")}
@@ -396,7 +397,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     )
     allow_env_module(cfg.env.id, os.getcwd())
     preflight(cfg, args.address)
-    return runner.start(cfg, Path(args.dir) if args.dir else None, args.address, args.max_concurrent)
+    with sigterm_raises():  # until the sweep's own handlers take over (runner.graceful_signals)
+        return runner.start(cfg, Path(args.dir) if args.dir else None, args.address, args.max_concurrent)
 
 
 def main(argv: list[str] | None = None) -> int:

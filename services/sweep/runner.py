@@ -28,6 +28,7 @@ import ray
 
 from contracts.config import RelayConfig, dump_config, load_config
 from services.driver.cluster import join_or_start_ray
+from services.driver.signals import Terminated
 from services.files import atomic_write
 from services.sweep.params import Param, SweepError
 from services.sweep.plan import (
@@ -211,8 +212,10 @@ def graceful_signals() -> Iterator[dict[str, int]]:
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # relay's handler below asks Tune itself
 
     def handler(signum: int, _frame: Any) -> None:
-        if seen:
-            raise KeyboardInterrupt
+        tune_listens = signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        if seen or not tune_listens:  # a second signal, or Tune not running yet (or any more)
+            seen.setdefault("code", SIGNAL_CODES[signum])
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
         seen["code"] = SIGNAL_CODES[signum]
         _say("stopping every trial (each writes its final checkpoint); once more to stop at once")
         os.kill(os.getpid(), signal.SIGUSR1)

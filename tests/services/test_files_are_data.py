@@ -178,3 +178,21 @@ def test_ray_actors_never_import_the_working_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-800:]
     assert _ran(tmp_path) == []
     assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_a_sweep_folder_naming_code_runs_nothing(tmp_path, capsys):
+    """`relay sweep --resume` and the dashboard read a sweep's sweep.yaml: neither builds its env."""
+    import yaml
+
+    from services.dashboard.server import RunStore
+
+    marker = tmp_path / "MARKER"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    data = {"env": _hostile_env(marker), "sweep": {"params": {"learner.lr": "choice(0.001)"}}}
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump(data))
+    (sweep / "trials.jsonl").write_text('{"trial": "t000", "event": "planned", "params": {}}\n')
+    assert main(["sweep", "--resume", str(sweep)]) == 2
+    assert "imports and runs code" in capsys.readouterr().err
+    assert RunStore(sweep).sweep()["sweep"]["params"] == []
+    assert not marker.exists()

@@ -252,3 +252,30 @@ def test_exploit_records_are_checked_data(tmp_path):
     bad = ['{"iteration": true, "from_trial": "t1", "from_iteration": 1}', '{"iteration": 1}', "[]", "{"]
     (tmp_path / "exploits.jsonl").write_text("\n".join([*bad, json.dumps(good)]) + "\n")
     assert read_exploits(tmp_path) == [{"iteration": 20, "from_trial": "t002", "from_iteration": 18}]
+
+
+def test_a_signal_asks_tune_to_stop_once_then_stops_at_once():
+    """Tune listens on SIGUSR1 while it runs (a stand-in handler here: it is Tune's own only inside
+    Tuner.fit); before that, or on a second signal, the sweep stops at once."""
+    import os
+    import signal
+
+    from services.driver.signals import Terminated
+    from services.sweep.runner import graceful_signals
+
+    asked: list[int] = []
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        with graceful_signals() as seen, pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)  # Tune not running: at once, as SIGTERM
+        assert seen == {"code": 143}
+        signal.signal(signal.SIGUSR1, lambda signum, frame: asked.append(signum))
+        with graceful_signals() as seen:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert asked == [signal.SIGUSR1] and seen == {"code": 130}
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
