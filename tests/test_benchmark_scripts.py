@@ -85,6 +85,8 @@ def test_the_learner_memory_harness_refuses_too_few_rounds():
 
 def test_the_sweep_benchmark_refuses_no_repeats():
     script = str(ROOT / "benchmarks" / "sweeps.py")
-    proc = subprocess.run([sys.executable, script, "--repeats", "0"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, script, "--repeats", "0"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["sweeps.py: --repeats must be at least 1"]

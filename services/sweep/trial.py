@@ -36,7 +36,7 @@ from services.driver.preflight import preflight
 from services.driver.run_dir import RunDir, RunDirError
 from services.files import atomic_write, open_no_follow
 from services.sweep.plan import quiet_tune, trial_config
-from services.sweep.records import EXPLOITS_FILE
+from services.sweep.records import EXPLOITS_FILE, read_exploits
 from services.tracking import TRIAL_TAG
 
 CKPT_FILE, ORIGIN_FILE = "relay.pt", "origin.json"
@@ -159,7 +159,16 @@ class RelayTrial(tune.Trainable):
         check_resumable(self.cfg, self.env, ckpt, f"{folder.name}/{CKPT_FILE}")
         trial, iteration = read_origin(folder)
         if trial == self.trial_key:
-            self.loop.restore(ckpt, counters=True)  # the trial's own: as relay resume
+            # The trial's own (a restart): setup already went on from the run's newest checkpoint,
+            # which the trial's last stop wrote; Tune's copy may be older and is then not taken.
+            if ckpt.counters.iteration > self.loop.c.iteration:
+                self.loop.restore(ckpt, counters=True)
+            return
+        # Tune hands the exploited checkpoint again when it resumes a paused trial that has not
+        # saved since: this trial already went on from it (its own newest checkpoint).
+        last = read_exploits(self.run.root)[-1:]
+        taken = bool(last) and (last[0]["from_trial"], last[0]["from_iteration"]) == (trial, iteration)
+        if taken and self.loop.c.iteration >= iteration:
             return
         # PBT's exploit: another trial's state and counters go on here; nothing of this trial's
         # metrics is dropped (its lines keep the lineage it had), the jump is recorded.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import queue
 import sys
 import threading
@@ -86,10 +87,15 @@ def metric_lines(record: dict[str, Any]) -> dict[str, Any]:
 class Tracker:
     """One Client behind a queue and a thread: `write` never blocks, `close` is bounded."""
 
-    def __init__(self, name: str, client: Client, warn: Callable[[str], None]) -> None:
+    def __init__(
+        self, name: str, client: Client, warn: Callable[[str], None], min_interval_s: float = 0.0
+    ) -> None:
         self.name = name
         self.client = client
         self.errors = 0
+        self.min_interval_s = min_interval_s
+        self._sent_at = -math.inf  # time.monotonic() of the last line queued
+        self._held: dict[str, Any] | None = None  # the newest line not queued yet (thinned)
         self._warn = warn
         self._warned = False
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_LINES)
@@ -97,6 +103,18 @@ class Tracker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, name=f"relay-{name}", daemon=True)
         self._thread.start()
+
+    def offer(self, record: dict[str, Any]) -> None:
+        """A metrics record: queued when `min_interval_s` has passed since the last one queued,
+        else held (the newest held one goes with the next, or at close). A line every iteration
+        of a fast run (CartPole: ~70 a second) would cost a tracking server, on the same machine,
+        a quarter of the training's throughput (benchmarks/sweeps.py)."""
+        now = time.monotonic()
+        if now - self._sent_at < self.min_interval_s:
+            self._held = record
+            return
+        self._sent_at, self._held = now, None
+        self.write(metric_lines(record))
 
     def write(self, line: dict[str, Any]) -> None:
         try:
@@ -161,6 +179,9 @@ class Tracker:
     def close(self, status: str, files: list[tuple[Path, str]], deadline: float) -> int:
         """Drain until `deadline` (time.monotonic), then send the files and the status; a tracker
         whose server never answered is not waited for. Returns the lines that never reached it."""
+        if self._held is not None:  # the run's last line always goes
+            self.write(metric_lines(self._held))
+            self._held = None
         self._queue.put(None)
         if self._ready.is_set():
             self._thread.join(max(deadline - time.monotonic(), 0.0))
@@ -192,7 +213,7 @@ class Tracking:
             settings = getattr(cfg.metrics, name)
             if settings is not None:
                 client = importlib.import_module(module).Client(settings, info)
-                trackers.append(Tracker(name, client, say))
+                trackers.append(Tracker(name, client, say, settings.min_interval_s))
         return cls(trackers)
 
     def __bool__(self) -> bool:
@@ -203,9 +224,8 @@ class Tracking:
         return sum(t.errors for t in self.trackers)
 
     def write(self, record: dict[str, Any]) -> None:
-        line = metric_lines(record)
         for tracker in self.trackers:
-            tracker.write(line)
+            tracker.offer(record)
 
     def close(self, status: str, files: list[tuple[Path, str]]) -> None:
         deadline = time.monotonic() + CLOSE_WAIT_S

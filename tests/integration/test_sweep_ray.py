@@ -4,6 +4,7 @@ sweep; PBT restores one trial's checkpoint into another; trials spread over the 
 `ray.cluster_utils.Cluster`; a sweep's trials are child runs of its MLflow run.
 """
 
+import itertools
 import json
 import signal
 import subprocess
@@ -134,6 +135,9 @@ def test_pbt_restores_better_trials_checkpoints_into_worse_ones(tmp_path, ray_tm
         for line in (trial / "exploits.jsonl").read_text().splitlines()
     ]
     assert exploits, "no trial exploited another"
+    for trial in {t for t, _ in exploits}:  # each exploit taken once (a resumed pause is no new one)
+        seen = [(e["from_trial"], e["from_iteration"]) for t, e in exploits if t == trial]
+        assert all(a != b for a, b in itertools.pairwise(seen)), seen
     for trial, exploit in exploits:
         assert exploit["from_trial"] != trial and exploit["from_trial"].startswith("t00")
         lr = exploit["params"]["learner.lr"]
