@@ -2,16 +2,66 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path, timeout_s: float = 90.0) -> Iterator[str]:
+    """`mlflow server` on a free loopback port, as a team would run one (a SQLite backend store and
+    an artifact folder in `folder`); yields its URL once /health answers, ends it after."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    cmd += [
+        "--backend-store-uri",
+        f"sqlite:///{folder}/db.sqlite",
+        "--artifacts-destination",
+        str(folder / "art"),
+    ]
+    server = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError(f"the MLflow server on port {port} did not start") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def machine_header(title: str) -> str:

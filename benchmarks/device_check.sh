@@ -2,7 +2,8 @@
 # The accelerator check, one script, under 8 minutes: on a host with a CUDA GPU or an Ascend NPU it
 # runs the device-marked tests there (learner and ring buffer on the device, AMP with and without
 # GradScaler, the compiled update, relay verify --device, serving, data-parallel learners when
-# there are two devices) and prints benchmarks/device_report.py's numbers. On a plain CPU machine
+# there are two devices) and prints benchmarks/device_report.py's numbers (the last: a one-minute
+# soak of the learner's device memory, flat after warm-up). On a plain CPU machine
 # it runs the same on the CPU and says what it skipped.
 #
 #   bash benchmarks/device_check.sh [--quick]      # PYTHON=... to pick the interpreter

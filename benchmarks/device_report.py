@@ -8,7 +8,9 @@ few minutes should bring back, each section skipped with its reason where this h
    (the ring buffer is preallocated: the two must match);
 2. learner_busy end to end for Breakout with W = 8 rollout workers (needs Ray and EnvPool or ale-py);
 3. `relay verify` of a fresh CartPole checkpoint on the device (the precision table's device column);
-4. serving latency on the device: the policy service's answer to 1 and 32 rows, p50 over 200 calls.
+4. serving latency on the device: the policy service's answer to 1 and 32 rows, p50 over 200 calls;
+5. a short soak: the CartPole learner alone for `--soak-s` seconds of rounds, its device memory
+   allocated after every round (flat after warm-up: the ring buffer is preallocated) and the peak.
 
 --quick shrinks every part to seconds (the CPU path CI runs); its numbers are not measurements.
 """
@@ -190,6 +192,43 @@ def serving_latency(device: str, ckpt: Path, quick: bool) -> str:
     return table(["device", "rows", "p50 us"], rows)
 
 
+def device_soak(device: str, seconds: float) -> str:
+    """Device memory allocated after each learner round over `seconds`: where it starts after a
+    warm-up of 5 rounds, where it ends, its least-squares growth per 1,000 rounds, and the peak."""
+    from learner.algorithms import algorithm_traits
+    from learner.learner import Learner
+    from rollout_workers.sampler import make_sampler
+
+    cfg = _load("cartpole_ppo", [f"learner.device={device}"])
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
+    readings, peak, t_end = [], 0, time.monotonic() + seconds
+    while time.monotonic() < t_end or len(readings) < 10:
+        metrics = learner.train_round(segments).metrics or {}
+        readings.append(int(metrics.get("device_memory_bytes", 0)))
+        peak = max(peak, int(metrics.get("device_memory_peak_bytes", 0)))
+    kept = readings[5:]
+    xs = range(len(kept))
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(kept)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, kept, strict=True)) / max(
+        sum((x - mean_x) ** 2 for x in xs), 1e-9
+    )
+    mib = 2**20
+    row = [
+        len(readings),
+        f"{kept[0] / mib:.2f}",
+        f"{kept[-1] / mib:.2f}",
+        f"{slope * 1000 / mib:.3f}",
+        f"{peak / mib:.1f}",
+    ]
+    head = ["rounds", "MiB after warm-up", "MiB at the end", "MiB per 1,000 rounds", "peak MiB"]
+    note = (
+        "\n(cpu: the device layer keeps no allocator statistics, so zeros; host memory: benchmarks/soak.py)"
+    )
+    return table(head, [row]) + (note if device == "cpu" else "")
+
+
 def _section(title: str, body: Callable[[], str]) -> None:
     print(f"\n## {title}")
     try:
@@ -202,6 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true", help="seconds, not measurements (the CPU path in CI)")
+    parser.add_argument("--soak-s", type=float, default=60.0, help="section 5's length in seconds")
     args = parser.parse_args()
     from learner.device import check_device
 
@@ -220,6 +260,8 @@ def main() -> None:
         _section("3. relay verify on the device", lambda: verify_on_device(device, checkpoint()))
         latency = lambda: serving_latency(device, checkpoint(), args.quick)  # noqa: E731
         _section("4. Serving latency on the device", latency)
+    soak_s = 3.0 if args.quick else args.soak_s
+    _section("5. A short soak: device memory over learner rounds", lambda: device_soak(device, soak_s))
 
 
 if __name__ == "__main__":

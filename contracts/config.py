@@ -391,33 +391,29 @@ class EvalConfig(_Section):
     )
 
 
-class MlflowConfig(_Section):
+class _TrackerSection(_Section):
+    min_interval_s: float = Field(
+        1.0,
+        ge=0,
+        le=86_400,
+        description="Send a metrics line at most this often (the newest in between, and the last, go; "
+        "0: every line; metrics.jsonl keeps them all).",
+    )
+
+
+class MlflowConfig(_TrackerSection):
     tracking_uri: str = Field(
         ...,
         min_length=1,
         description="MLflow tracking server (http://host:5000), or a local store (sqlite:///mlflow.db).",
     )
     experiment: str = Field("relay", min_length=1, description="MLflow experiment the run is logged in.")
-    min_interval_s: float = Field(
-        1.0,
-        ge=0,
-        le=86_400,
-        description="Send a metrics line at most this often (the newest in between, and the last, go; "
-        "0: every line; metrics.jsonl keeps them all).",
-    )
 
 
-class WandbConfig(_Section):
+class WandbConfig(_TrackerSection):
     project: str = Field("relay", min_length=1, description="W&B project the run is logged in.")
     mode: Literal["online", "offline"] = Field(
         "online", description="online: sent to W&B as it runs; offline: kept under the run's wandb/."
-    )
-    min_interval_s: float = Field(
-        1.0,
-        ge=0,
-        le=86_400,
-        description="Send a metrics line at most this often (the newest in between, and the last, go; "
-        "0: every line; metrics.jsonl keeps them all).",
     )
 
 

@@ -8,9 +8,12 @@ apt-get; where neither exists, the failure says what to install.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from typing import Any
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 ARGS = [
@@ -50,3 +53,21 @@ def chromium() -> str:
     if not found:
         raise RuntimeError("chromium was installed but is not on PATH")
     return found
+
+
+@contextlib.contextmanager
+def page_at(url: str, width: int = 1400, height: int = 1000) -> Iterator[tuple[Any, list[str]]]:
+    """A headless Chromium page (driven by Playwright) opened at `url`, and the list the page's
+    uncaught JavaScript errors are collected in."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url)
+            yield page, errors
+        finally:
+            browser.close()

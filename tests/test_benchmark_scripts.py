@@ -26,12 +26,19 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-2000:]
     assert "device: cpu" in out and "no accelerator here" in out
     assert "6 passed, 1 skipped" in out and "two accelerators" in out  # the data-parallel test's reason
-    sections = ("1. The learner alone", "2. Breakout end to end", "3. relay verify", "4. Serving latency")
+    sections = (
+        "1. The learner alone",
+        "2. Breakout end to end",
+        "3. relay verify",
+        "4. Serving latency",
+        "5. A short soak",
+    )
     for section in sections:
         assert f"## {section}" in out
     assert "| cartpole_ppo |  eager |" in out and "compiled skipped (--quick on cpu" in out
     assert "skipped: --quick" in out and "failed:" not in out
     assert "bfloat16 |" in out and "pass" in out  # verify's precision table
+    assert "MiB per 1,000 rounds" in out and "(cpu: the device layer keeps no allocator statistics" in out
     assert "## 4. Serving latency" in (tmp_path / "device_check.log").read_text()
 
 

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.dashboard.server import Dashboard, RunStore
-from tests.browser import ARGS as CHROMIUM_ARGS
-from tests.browser import chromium
+from tests.browser import page_at
 
 ROOT = Path(__file__).parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -133,16 +132,9 @@ def test_missing_vanished_and_outside_runs_get_clear_errors(runs):
 def test_a_real_browser_watches_the_return_chart_grow(runs):
     """Headless Chromium (found, or Debian's package installed by tests/browser.py; driven by
     Playwright) loads the page of a run being written."""
-    from playwright.sync_api import sync_playwright
-
     root, board = runs
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(board.url)
+    with page_at(board.url) as (page, errors):
         page.wait_for_function(
             "window.relayDashboard && window.relayDashboard.points('return') === 3", timeout=20000
         )
@@ -153,7 +145,6 @@ def test_a_real_browser_watches_the_return_chart_grow(runs):
         assert page.locator(".card").count() >= 14
         assert "2 run(s)" in page.locator("#status").inner_text()
         page.screenshot(path=str(ARTIFACTS / "dashboard-test.png"), full_page=True)
-        browser.close()
     assert not errors, errors
     assert (ARTIFACTS / "dashboard-test.png").stat().st_size > 10_000
 

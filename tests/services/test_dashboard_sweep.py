@@ -13,8 +13,7 @@ import pytest
 
 from contracts.config import dump_config, load_config
 from services.dashboard.server import Dashboard
-from tests.browser import ARGS as CHROMIUM_ARGS
-from tests.browser import chromium
+from tests.browser import page_at
 from tests.services.test_dashboard import ARTIFACTS, get, line
 
 ROOT = Path(__file__).parents[2]
@@ -77,16 +76,9 @@ def test_api_sweep_reads_the_records(sweep_dir, tmp_path):
 
 
 def test_a_real_browser_compares_the_trials(sweep_dir):
-    from playwright.sync_api import sync_playwright
-
     _root, board = sweep_dir
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(board.url)
+    with page_at(board.url, height=1100) as (page, errors):
         page.wait_for_function(
             "window.relayDashboard && window.relayDashboard.sweep().scatterPoints === 3", timeout=20000
         )
@@ -111,5 +103,4 @@ def test_a_real_browser_compares_the_trials(sweep_dir):
         assert "t000 took t001's checkpoint" in page.locator("#lineage").inner_text()
         assert page.locator("#runs label").count() == 3
         page.screenshot(path=str(ARTIFACTS / "dashboard-sweep.png"), full_page=True)
-        browser.close()
     assert not errors, errors

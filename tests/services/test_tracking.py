@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from benchmarks.common import free_port
 from tests.helpers import ROOT, train_local
 from tests.helpers_proc import metrics_lines, wait_for
 from tests.wandb_records import read_wandb_run
