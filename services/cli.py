@@ -29,7 +29,7 @@ from services.driver.preflight import CHOICES, PreflightError, learner_precision
 from services.driver.run_dir import RunDirError
 from services.driver.signals import exit_code, sigterm_raises, stop_reason
 from services.files import OutputError, check_output
-from services.sweep.params import SweepError
+from services.sweep.params import SweepError, parse_cli_param
 from services.tools.evaluate import (
     MAX_EPISODES,
     EvalOptions,
@@ -374,7 +374,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     try:
         from services.sweep import runner
-        from services.sweep.params import parse_cli_param
     except ImportError as err:
         raise InputError(
             f"needs the sweep extra ({err.name} is missing): pip install 'relay-rl[sweep]'"

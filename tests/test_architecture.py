@@ -13,9 +13,11 @@ PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # work without it; onnx and onnxruntime only for export/verify; tensorboard only when enabled;
 # ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; pynvml and acl read a
 # CUDA or Ascend device's health where one is; services.serving brings Ray Serve, the serve extra,
-# for `relay serve` alone).
+# for `relay serve` alone; services.sweep.runner brings Ray Tune and Optuna, the sweep extra, for
+# `relay sweep` alone).
 LAZY_OK = (
     "services.serving",
+    "services.sweep.runner",
     "ray",
     "onnx",
     "onnxruntime",

@@ -44,6 +44,7 @@ from services.sweep.plan import (
 from services.sweep.records import BEST_FILE, ENDED, SUMMARY_FILE, SWEEP_FILE, TrialLog, summarize
 from services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
 from services.tracking import PARENT_TAG, SWEEP_TAG
+from services.tracking.mlflow_client import finish_parent, start_parent
 
 SIGNAL_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
@@ -278,8 +279,6 @@ def _start_mlflow_parent(plan: SweepPlan) -> dict[str, str]:
     settings = trial_config(plan.base, {}).metrics.mlflow
     if settings is None:
         return {}
-    from services.tracking.mlflow_client import start_parent
-
     params = {p.key: p.describe() for p in plan.params}
     try:
         return {PARENT_TAG: start_parent(settings, plan.root.name, params)}
@@ -292,8 +291,6 @@ def _finish_mlflow_parent(plan: SweepPlan, tags: dict[str, str], status: str) ->
     settings = trial_config(plan.base, {}).metrics.mlflow
     if settings is None or PARENT_TAG not in tags:
         return
-    from services.tracking.mlflow_client import finish_parent
-
     with suppress(Exception):
         finish_parent(settings, tags[PARENT_TAG], status)
 
