@@ -100,8 +100,7 @@ class RelayTrial(tune.Trainable):
         self.loop = TrainingLoop(self.cfg, self.run, self.backend, tracking_tags=tags)
         if found is not None:
             self.loop.restore(found, counters=True)
-        exploits = self.run.root / EXPLOITS_FILE
-        self.exploits = len(exploits.read_bytes().splitlines()) if exploits.is_file() else 0
+        self.exploits = len(read_exploits(self.run.root))  # a restarted trial goes on counting
         self.loop.line_extras["pbt_exploits"] = self.exploits
         self.last: dict[str, Any] = report({}, sweep.metric, sweep.mode)
         self.lines: Generator[dict[str, Any], None, None] = self.loop.iterations(
