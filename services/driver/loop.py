@@ -112,10 +112,6 @@ class TrainingLoop:
         budget = self.cfg.stop.env_steps
         return min(self.c.env_steps / budget, 1.0) if budget else 0.0
 
-    def stop_reason(self) -> str | None:
-        """The stop criterion met now, or None."""
-        return self._stop_reason()
-
     def close_tracking(self, failed: bool) -> None:
         """Send the tracked run (metrics.mlflow, metrics.wandb) its files and its status."""
         if not self.tracking:
@@ -128,7 +124,8 @@ class TrainingLoop:
             status = "FINISHED"
         self.tracking.close(status, self.run.artifacts())
 
-    def _stop_reason(self) -> str | None:
+    def stop_reason(self) -> str | None:
+        """The stop criterion met now, or None."""
         s = self.cfg.stop
         if s.env_steps is not None and self.c.env_steps >= s.env_steps:
             return "env_steps"
@@ -260,7 +257,7 @@ class TrainingLoop:
         self._last_line_t = clock[1]
         self._last_ckpt = self.c.iteration
         try:
-            while (reason := self._stop_reason()) is None:
+            while (reason := self.stop_reason()) is None:
                 raise_pending()  # a stop whose exception was dropped on its way (signals.py)
                 try:
                     rec = self._round(writer, progress, clock, startup_s)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from contracts.config import RelayConfig, dump_config
+from services.driver.checkpoints import BEST_NAME, list_checkpoints
 from services.files import atomic_write, fsync_dir
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log")
@@ -179,10 +180,9 @@ class RunDir:
     def artifacts(self) -> list[tuple[Path, str]]:
         """(file, folder) of what a tracker keeps of the run: config.yaml, the newest checkpoint,
         best.pt, ONNX exports beside the checkpoints, evaluation videos. Regular files only."""
-        ckpts = sorted(self.checkpoints.glob("ckpt-*.pt")) if self.checkpoints.is_dir() else []
         files = [(self.config_path, "")]
-        files += [(p, "checkpoints") for p in ckpts[-1:]]
-        files += [(self.checkpoints / "best.pt", "checkpoints")]
+        files += [(p, "checkpoints") for p in list_checkpoints(self.checkpoints)[-1:]]
+        files += [(self.checkpoints / BEST_NAME, "checkpoints")]
         files += [(p, "checkpoints") for p in sorted(self.checkpoints.glob("*.onnx"))]
         files += [(p, "videos") for p in sorted((self.root / "videos").glob("*.mp4"))]
         return [(p, folder) for p, folder in files if p.is_file() and not p.is_symlink()]
