@@ -13,12 +13,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from contracts.rounds import RoundResult, add_faults
+from contracts.rounds import RoundResult, add_faults, add_stats
 from contracts.spaces import EnvSpec, SpecError
 
 # 1: session 1-2 checkpoints (no env spec, counters without amp_skipped_steps/env_faults).
 CHECKPOINT_FORMAT = 2
 RETURN_WINDOW = 20  # finished episodes behind episode_return_mean
+STAT_WINDOW = 100  # values behind each episode statistic's mean (a win rate needs more than 20 games)
 
 
 class CheckpointError(ValueError):
@@ -29,7 +30,8 @@ class CheckpointError(ValueError):
 class RunCounters:
     """The run's totals, owned by the driver; checkpointed, so a resumed run continues them.
 
-    returns / lengths: the last RETURN_WINDOW finished episodes.
+    returns / lengths: the last RETURN_WINDOW finished episodes; stats: the last STAT_WINDOW
+    values of each episode statistic (RoundResult.episode_stats).
     """
 
     iteration: int = 0
@@ -45,6 +47,7 @@ class RunCounters:
     env_faults: dict[str, int] = field(default_factory=dict)
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    stats: dict[str, list[float]] = field(default_factory=dict)
 
     def absorb(self, r: RoundResult) -> None:
         """Add one round's deltas."""
@@ -52,6 +55,7 @@ class RunCounters:
         self.episodes += len(r.episode_returns)
         self.returns = (self.returns + list(r.episode_returns))[-RETURN_WINDOW:]
         self.lengths = (self.lengths + list(r.episode_lengths))[-RETURN_WINDOW:]
+        self.stats = {k: v[-STAT_WINDOW:] for k, v in add_stats(self.stats, r.episode_stats).items()}
         self.worker_restarts += r.worker_restarts
         self.stuck_workers += r.stuck_workers
         self.lost_segments += r.lost_segments
@@ -81,6 +85,12 @@ class RunCounters:
             raise CheckpointError("checkpoint counters: returns are not a list of finite numbers")
         if not isinstance(c.lengths, list) or not all(_count(x) for x in c.lengths):
             raise CheckpointError("checkpoint counters: lengths are not a list of counts")
+        if not isinstance(c.stats, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(_finite(x) for x in v)
+            for k, v in c.stats.items()
+        ):
+            raise CheckpointError("checkpoint counters: stats are not a mapping of names to finite numbers")
+        c.stats = {k: v[-STAT_WINDOW:] for k, v in add_stats({}, c.stats).items()}
         c.env_faults = add_faults({}, c.env_faults)
         c.returns = [float(x) for x in c.returns][-RETURN_WINDOW:]
         c.lengths = list(c.lengths)[-RETURN_WINDOW:]

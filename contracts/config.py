@@ -442,6 +442,42 @@ class MetricsConfig(_Section):
         return name
 
 
+class SelfPlayConfig(_Section):
+    snapshot_every: int = Field(
+        10,
+        ge=1,
+        le=1_000_000,
+        description="Weights versions between snapshots of the learning policy into the opponent pool.",
+    )
+    pool_size: int = Field(
+        5, ge=1, le=1_000, description="Snapshots kept (the oldest leaves first); each game draws one."
+    )
+    random_opponent: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of games played against a uniformly random (mask-respecting) player, "
+        "scored apart as win_rate_random.",
+    )
+
+
+class MultiAgentConfig(_Section):
+    agents: list[str] = Field(
+        default_factory=lambda: ["*"],
+        min_length=1,
+        max_length=256,
+        description="PettingZoo envs: the agents the shared policy plays (fnmatch patterns, e.g. "
+        "'prey_*'); every agent of a parallel env must match. Each matched agent of each env copy is "
+        "a segment column, so env.num_envs counts columns (env copies x agents).",
+    )
+    self_play: SelfPlayConfig | None = Field(
+        None,
+        description="Turn-based (AEC) games: the policy plays one seat (alternating each game) against "
+        "frozen snapshots of itself drawn from a pool, and a random player; null: against its "
+        "current weights.",
+    )
+
+
 class SweepConfig(_Section):
     params: dict[str, str] = Field(
         default_factory=dict,
@@ -493,6 +529,9 @@ class RelayConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during training.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Metrics and progress.")
     sweep: SweepConfig = Field(default_factory=SweepConfig, description="`relay sweep` (Ray Tune).")
+    multi_agent: MultiAgentConfig = Field(
+        default_factory=MultiAgentConfig, description="PettingZoo envs: agents, self-play."
+    )
 
     @property
     def segment_steps(self) -> int:

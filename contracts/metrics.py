@@ -23,6 +23,10 @@ METRICS: dict[str, str] = {
     "episode_return_min": "min return of the last 20 episodes",
     "episode_return_max": "max return of the last 20 episodes",
     "episode_len_mean": "mean length of the last 20 episodes",
+    # episode statistics (contracts.segment.Segment.episode_stats): the mean of each one's last 100
+    "team_return_mean": "multi-agent: mean over finished env episodes of the sum of every agent's return",
+    "win_rate_pool": "self-play: the learning seat's score (win 1, draw 0.5, loss 0) against snapshots",
+    "win_rate_random": "self-play: the learning seat's score against a uniformly random player",
     "env_steps_per_s": "env_steps / wall_s",
     "worker_restarts": "rollout workers Ray restarted",
     "stuck_workers": "rollout workers killed (and restarted) for owing a segment past "
@@ -107,6 +111,19 @@ METRICS: dict[str, str] = {
     "eval_weights_version": "the weights version the evaluation played",
     "eval_s": "seconds the evaluation took (on its own actor or thread)",
 }
+
+# Episode statistics whose names carry an id: "agent_return_mean/<agent>" (each agent's mean return).
+STAT_PREFIXES: tuple[str, ...] = ("agent_return_mean/",)
+
+
+def stat_means(stats: dict[str, list[float]]) -> dict[str, float]:
+    """Each episode statistic's mean over its window (names in METRICS or under STAT_PREFIXES)."""
+    return {
+        name: float(sum(values) / len(values))
+        for name, values in sorted(stats.items())
+        if values and (name in METRICS or name.startswith(STAT_PREFIXES))
+    }
+
 
 # What DESIGN.md promises on every line (algorithm-specific keys are added by each algorithm).
 REQUIRED_KEYS: tuple[str, ...] = (
@@ -231,6 +248,13 @@ CHARTS: list[dict[str, Any]] = [
         "id": "env_faults",
         "title": "Env faults (raised, non-finite observation, non-finite reward)",
         "keys": ["env_faults", *(f"env_faults_{k}" for k in ENV_FAULT_KINDS)],
+    },
+    {
+        "id": "multi_agent",
+        "title": "Multi-agent: team return (sum over agents); self-play score against the pool and a "
+        "random player",
+        "keys": ["team_return_mean", "win_rate_pool", "win_rate_random"],
+        "optional": True,
     },
     {
         "id": "grpo",

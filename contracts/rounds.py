@@ -7,10 +7,29 @@ totals (`contracts.checkpoint.RunCounters`), so no counter has two owners.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contracts.segment import ENV_FAULT_KINDS
+
+MAX_STAT_NAMES = 256  # episode statistics a run keeps (a multi-agent env's agents each have one)
+
+
+def add_stats(total: dict[str, list[float]], more: Any) -> dict[str, list[float]]:
+    """Episode statistics by name, each name's values in order: `total`'s, then `more`'s. What
+    `more` holds that is not a short name with finite numbers is left out (it came from a worker)."""
+    out = {k: list(v) for k, v in total.items()}
+    if not isinstance(more, dict):
+        return out
+    for k, v in more.items():
+        if not (isinstance(k, str) and 0 < len(k) <= 120 and isinstance(v, list | tuple)):
+            continue
+        if k not in out and len(out) >= MAX_STAT_NAMES:
+            continue
+        values = [float(x) for x in v if isinstance(x, int | float) and math.isfinite(x)]
+        out.setdefault(k, []).extend(values)
+    return out
 
 
 def add_faults(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
@@ -43,6 +62,8 @@ class RoundResult:
     env_steps: int = 0
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    # Other values of finished episodes by name (Segment.episode_stats), in arrival order.
+    episode_stats: dict[str, list[float]] = field(default_factory=dict)
     rejected_segments: int = 0
     reject_reason: str | None = None
     lost_segments: int = 0
@@ -80,6 +101,7 @@ class RoundResult:
             out.env_steps += part.env_steps
             out.episode_returns += part.episode_returns
             out.episode_lengths += part.episode_lengths
+            out.episode_stats = add_stats(out.episode_stats, part.episode_stats)
             out.rejected_segments += part.rejected_segments
             out.reject_reason = out.reject_reason or part.reject_reason
             out.lost_segments += part.lost_segments

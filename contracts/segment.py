@@ -79,7 +79,9 @@ class Segment:
     env_faults: faults since the previous segment of this worker, by kind (ENV_FAULT_KINDS);
     obs_moments: normalizer moments of its valid observations ({"count": 0} when none);
     return_moments: moments of the discounted returns of its valid steps, for reward scaling
-    (env.normalize_reward; {"count": 0} otherwise).
+    (env.normalize_reward; {"count": 0} otherwise);
+    episode_stats: other values of the episodes that finished in it, by name (a multi-agent env's
+    team return and per-agent returns, a self-play game's outcome: contracts.metrics.EPISODE_STATS).
     """
 
     arrays: dict[str, np.ndarray]
@@ -92,6 +94,7 @@ class Segment:
     env_faults: dict[str, int] = field(default_factory=dict)
     obs_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
     return_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
+    episode_stats: dict[str, list[float]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         """A field's array; "obs" of a tree observation is the tree itself (nested dicts of the

@@ -22,6 +22,7 @@ INTEGER_ACTIONS = ("discrete", "multi_discrete", "multi_binary")
 # Leaf paths join Dict keys and Tuple indices with this; a key holding it is refused.
 PATH_SEP = "/"
 MAX_LEAVES = 256
+MAX_AGENTS = 1024  # agents of one multi-agent env copy
 # Observation dtypes a segment keeps as they are; every other dtype is stored as float32.
 # uint8 frames stay uint8 end to end (a quarter of the bytes); ids and floats become float32.
 NATIVE_STORAGE_DTYPES = ("uint8",)
@@ -237,6 +238,16 @@ class EnvSpec:
     obs_high: float = float("inf")
     leaves: tuple[ObsLeaf, ...] = ()
     action_mask: str | None = None
+    # A PettingZoo env's API ("parallel", "aec") or None, and a parallel env's agent ids: one
+    # segment column each per env copy (parameter sharing). A turn-based (aec) game is played from
+    # one seat: one column per copy, `agents` ().
+    multi_agent: str | None = None
+    agents: tuple[str, ...] = ()
+
+    @property
+    def columns(self) -> int:
+        """Segment columns one env copy fills: a parallel env's agents, else 1."""
+        return len(self.agents) if self.multi_agent == "parallel" else 1
 
     @property
     def structured(self) -> bool:
@@ -283,6 +294,9 @@ class EnvSpec:
             out["leaves"] = [leaf.to_dict() for leaf in self.leaves]
         if self.action_mask is not None:
             out["action_mask"] = self.action_mask
+        if self.multi_agent is not None:
+            out["multi_agent"] = self.multi_agent
+            out["agents"] = list(self.agents)
         return out
 
     @staticmethod
@@ -308,4 +322,18 @@ class EnvSpec:
             isinstance(mask, str) and mask.startswith(("obs:", "info:")) and len(mask) < 300
         ):
             raise SpecError(f"env spec action_mask must be 'obs:<key>' or 'info:<key>', got {str(mask)[:40]}")
-        return EnvSpec(shape, ActionSpec.from_dict(data.get("action")), dtype, low, high, leaves, mask)
+        agents = data.get("agents", [])
+        if (
+            not isinstance(agents, list)
+            or len(agents) > MAX_AGENTS
+            or not all(isinstance(a, str) and 0 < len(a) <= 100 for a in agents)
+            or len(set(agents)) != len(agents)
+        ):
+            raise SpecError(
+                f"env spec agents must be at most {MAX_AGENTS} distinct names of 1-100 characters"
+            )
+        api = data.get("multi_agent")
+        if api not in (None, "parallel", "aec"):
+            raise SpecError(f"env spec multi_agent must be parallel or aec, got {str(api)[:20]!r}")
+        action = ActionSpec.from_dict(data.get("action"))
+        return EnvSpec(shape, action, dtype, low, high, leaves, mask, api, tuple(agents))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from contracts.config import RelayConfig
-from contracts.rounds import RoundResult, add_faults
+from contracts.rounds import RoundResult, add_faults, add_stats
 from contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected, state_resets
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class, segment_layout
@@ -207,6 +207,7 @@ class Learner:
                 continue
             out.episode_returns += list(seg.episode_returns)
             out.episode_lengths += list(seg.episode_lengths)
+            out.episode_stats = add_stats(out.episode_stats, seg.episode_stats)
             out.env_steps += int(seg.env_steps)
         if self.ready and self._fresh_steps == 0 and not lockstep:
             # Every step was lost (env faults): an update on all-padding data would still move the

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from contracts.segment import Fields, Segment
+from rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY
 from rollout_workers.observations import select_rows
 from rollout_workers.sampler_core import SamplerCore
 
@@ -36,6 +37,7 @@ class ContinuingSampler(SamplerCore):
         seg = self.layout.allocate()
         noise = self._draw_segment_noise()
         episodes: tuple[list[float], list[int]] = ([], [])
+        stats: list[tuple[str, float]] = []
         for t in range(self.cfg.rollout.rollout_len):
             act = self._act_and_record(seg, t, self._obs, noise[t])
             step = self.envs.step(self._env_actions(act[0]))
@@ -51,6 +53,10 @@ class ContinuingSampler(SamplerCore):
             seg["terminated"][t] = terminated
             seg["truncated"][t] = cut
             seg["mask"][t] = 1.0 if step.ok is None else step.ok
+            active = step.info.get(ACTIVE_KEY)  # a multi-agent env's columns that really stepped
+            if active is not None:
+                seg["mask"][t] *= active
+            stats += step.info.get(STATS_KEY, ())
             if cut.any():
                 seg["bootstrap_value"][t] = self._bootstrap(cut, step.info)
             self._note_returns(t, step.reward, terminated | truncated)
@@ -61,6 +67,8 @@ class ContinuingSampler(SamplerCore):
             self._carry_state(seg, t)
             self._obs = next_obs
         seg["last_value"] = self.fast.value(self._inputs(self._obs))
+        for name, value in stats:
+            seg.episode_stats.setdefault(name, []).append(value)
         return self._finish(seg, *episodes)
 
     def _bootstrap(self, truncated: np.ndarray, info: dict[str, Any]) -> np.ndarray:

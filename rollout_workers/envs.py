@@ -18,8 +18,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from contracts.config import EnvConfig
+from contracts.config import EnvConfig, MultiAgentConfig
 from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
+from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
 from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import preprocessor
 
@@ -85,6 +86,43 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     )
 
 
+PETTINGZOO = "pettingzoo:"
+
+
+def _resolve_pettingzoo(env_id: str) -> Callable[..., Any]:
+    """`pettingzoo:<module>` (`butterfly.pistonball_v6`, `classic.connect_four_v3`, or a module of
+    its own such as `mpe2.simple_spread_v3`): the module's `parallel_env` where it has one (PettingZoo's
+    own AEC-to-parallel conversion), else its `env` (a turn-based AEC game)."""
+    path = env_id[len(PETTINGZOO) :]
+    if not path or not all(part.isidentifier() for part in path.split(".")):
+        raise EnvSpecError(f"env.id={env_id!r}: name a module, as in pettingzoo:butterfly.pistonball_v6")
+    module, errors = None, []
+    for name in (f"pettingzoo.{path}", path):
+        try:
+            module = importlib.import_module(name)
+            break
+        except ImportError as err:
+            errors.append(err)
+        except Exception as err:  # whatever the module raises on import (a deprecated env, a bad build)
+            raise EnvSpecError(f"env.id={env_id!r}: cannot import {name} ({_one_line(err)})") from None
+    if module is None:
+        raise EnvSpecError(extra_hint(f"env.id={env_id}", errors[-1])) from None
+    factory = getattr(module, "parallel_env", None) or getattr(module, "env", None)
+    if not callable(factory):
+        raise EnvSpecError(f"env.id={env_id!r}: {module.__name__} has neither parallel_env nor env")
+    return factory
+
+
+def _parallel_if_possible(env: Any) -> Any:
+    """An AEC env whose metadata says it is parallelizable, through PettingZoo's conversion;
+    anything else as it is."""
+    if getattr(env, "metadata", {}).get("is_parallelizable") and hasattr(env, "agent_iter"):
+        from pettingzoo.utils.conversions import aec_to_parallel
+
+        return aec_to_parallel(env)
+    return env
+
+
 EXTRA_FOR = {
     "mujoco": "mujoco",
     "ale": "atari",
@@ -92,6 +130,10 @@ EXTRA_FOR = {
     "cv2": "atari",
     "envpool": "envpool",
     "minigrid": "minigrid",
+    "pettingzoo": "pettingzoo",
+    "mpe2": "pettingzoo",
+    "pygame": "pettingzoo",
+    "pymunk": "pettingzoo",
 }
 
 
@@ -150,20 +192,27 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
         for top, folder in folders:
             _add_finder(top, folder)
+        if env_id.startswith(PETTINGZOO):  # a multi-agent env: no gymnasium wrapper applies
+            return _resolve_pettingzoo(env_id)(**kwargs)
         register_family(env_id)
         factory = _resolve_factory(env_id) if ":" in env_id else None
         if factory is None and prep.make is not None:
             return prep.make(env_id, max_episode_steps, kwargs)
         if factory is None:
             return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
-        env = factory(**kwargs)
-        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps is not None else env
+        env = _parallel_if_possible(factory(**kwargs))
+        if max_episode_steps is None or not isinstance(env, gym.Env):
+            return env
+        return gym.wrappers.TimeLimit(env, max_episode_steps)
 
     return thunk
 
 
 def check_env_id(env_id: str) -> None:
     """Fail early with one line if the id is neither registered nor an importable factory."""
+    if env_id.startswith(PETTINGZOO):
+        _resolve_pettingzoo(env_id)
+        return
     if ":" in env_id:
         _resolve_factory(env_id)
         return
@@ -314,10 +363,13 @@ def env_spec(
     ec: EnvConfig | None = None,
     reset_info: dict[str, Any] | None = None,
     notes: list[str] | None = None,
+    multi_agent: tuple[str | None, tuple[str, ...]] = (None, ()),
 ) -> EnvSpec:
     """The EnvSpec of an env's (single) observation and action spaces: a plain Box stays one Box,
     anything else becomes leaves. `ec` brings env.obs_keys and env.action_mask; `reset_info`, an
-    info dict of a reset, resolves info masks; `notes` collects what was skipped (one line each)."""
+    info dict of a reset, resolves info masks; `notes` collects what was skipped (one line each);
+    `multi_agent`: a PettingZoo env's API and (parallel) agent columns."""
+    api, agents = multi_agent
     action = action_spec(act)
     mask = mask_source(ec, obs, act, reset_info)
     if (
@@ -344,14 +396,17 @@ def env_spec(
         if int(np.prod(obs.shape)) == 0:
             raise EnvSpecError(f"observation space {obs} holds no numbers: there is nothing to learn from")
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
-        return EnvSpec(tuple(int(d) for d in obs.shape), action, str(obs.dtype), low, high, action_mask=mask)
+        shape = tuple(int(d) for d in obs.shape)
+        return EnvSpec(
+            shape, action, str(obs.dtype), low, high, action_mask=mask, multi_agent=api, agents=agents
+        )
     if is_text(obs):
         raise EnvSpecError(f"unsupported observation space {obs}: relay does not read text observations")
     leaves: list[ObsLeaf] = []
     _walk(obs, "", notes if notes is not None else [], leaves)
     if not leaves:
         raise EnvSpecError(f"observation space {obs} has no leaf relay reads")
-    return EnvSpec((), action, leaves=tuple(leaves), action_mask=mask)
+    return EnvSpec((), action, leaves=tuple(leaves), action_mask=mask, multi_agent=api, agents=agents)
 
 
 def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.ndarray:
@@ -365,18 +420,69 @@ def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.n
     return actions.astype(space.dtype, copy=False)
 
 
-def probe_env_spec(ec: EnvConfig, notes: list[str] | None = None) -> EnvSpec:
-    """Build one env, read its spec (one reset where masks may come from its info), close it.
-    Whatever the env does wrong is one line; what was skipped goes to `notes`."""
-    check_env_id(ec.id)
+def multi_agent_problem(ec: EnvConfig, ma: MultiAgentConfig, api: str) -> str | None:
+    """What relay cannot do with a PettingZoo env of `api` as configured, or None."""
+    if ec.vectorization != "sync":
+        return (
+            f"env.vectorization={ec.vectorization}: a PettingZoo env's copies step in the rollout "
+            "worker's own process; use sync (add rollout workers to spread them)"
+        )
+    if ec.max_episode_steps is not None:
+        return (
+            "env.max_episode_steps does not apply to PettingZoo envs: set the env's own limit in "
+            "env.kwargs (max_cycles)"
+        )
+    if ma.self_play is not None and api == "parallel":
+        return f"multi_agent.self_play is for turn-based (AEC) games; env.id={ec.id} is a parallel env"
+    return None
+
+
+def _multi_agent_spec(
+    ec: EnvConfig, ma: MultiAgentConfig, api: str, make: Callable[[], Any], env: Any, notes: list[str] | None
+) -> EnvSpec:
+    """The spec of a PettingZoo env's shared policy: one copy as a vector env of its columns."""
+    problem = multi_agent_problem(ec, ma, api)
+    if problem:
+        raise EnvSpecError(problem)
+    columns = len(env.possible_agents) if api == "parallel" else 1
     try:
-        env = make_env_fn(ec)()
+        vec = make_multi_agent(api, make, env, columns, ma, autoreset=True)
+    except MultiAgentError as err:
+        raise EnvSpecError(str(err)) from None
+    except Exception as err:  # an env whose spaces or agents cannot be read
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
+    try:
+        spec = env_spec(
+            vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
+        )
+    finally:
+        vec.close()
+    if spec.action_mask is not None and spec.action_mask.startswith("info:"):
+        raise EnvSpecError(
+            f"env.action_mask={spec.action_mask}: PettingZoo envs give masks in observations (obs:<key>)"
+        )
+    return spec
+
+
+def probe_env_spec(
+    ec: EnvConfig, notes: list[str] | None = None, ma: MultiAgentConfig | None = None
+) -> EnvSpec:
+    """Build one env, read its spec (one reset where masks may come from its info), close it.
+    Whatever the env does wrong is one line; what was skipped goes to `notes`. A PettingZoo env's
+    spec is its shared policy's, as `ma` (multi_agent) chooses its agents."""
+    check_env_id(ec.id)
+    make = make_env_fn(ec)
+    try:
+        env = make()
     except EnvSpecError:
         raise
     except gym.error.DependencyNotInstalled as err:
         raise EnvSpecError(extra_hint(f"env.id={ec.id}", err)) from None
     except Exception as err:  # a factory that raises, bad env.kwargs, a broken env
         raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
+    api = api_of(env)
+    if api is not None:
+        return _multi_agent_spec(ec, ma or MultiAgentConfig(), api, make, env, notes)
     try:
         if not isinstance(env, gym.Env):
             made = type(env).__name__

@@ -102,9 +102,11 @@ def model_act(
     return act
 
 
-def eval_env_config(ec: EnvConfig, num_envs: int, video: bool) -> EnvConfig:
+def eval_env_config(ec: EnvConfig, num_envs: int, video: bool, columns: int = 1) -> EnvConfig:
     """`ec` for evaluation: `num_envs` envs, in this process (or EnvPool's threads) rather than a
-    process each, with rgb_array rendering for a video (through gymnasium: EnvPool renders none)."""
+    process each, with rgb_array rendering for a video (through gymnasium: EnvPool renders none).
+    A multi-agent env's `columns` per copy (EnvSpec.columns) round num_envs up to whole copies."""
+    num_envs = -(-num_envs // columns) * columns
     vectorization = "sync" if video or ec.vectorization == "async" else ec.vectorization
     kwargs = {**ec.kwargs, "render_mode": "rgb_array"} if video else ec.kwargs
     return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})

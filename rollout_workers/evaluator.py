@@ -61,7 +61,7 @@ class Evaluator:
     def _env(self, video: bool) -> tuple[gym.vector.VectorEnv, str | None]:
         if video not in self._envs:
             n = min(self.cfg.eval.episodes, MAX_EVAL_ENVS)
-            self._envs[video] = build_eval_env(eval_env_config(self.cfg.env, n, video))
+            self._envs[video] = build_eval_env(eval_env_config(self.cfg.env, n, video, self.spec.columns))
         return self._envs[video]
 
     def evaluate(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -20,8 +21,10 @@ from policy.normalizer import Moments
 from policy.numpy_mirror import Acted, cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
+from rollout_workers.multi_agent import attach_opponents, columns_of
 from rollout_workers.observations import ObsReader
 from rollout_workers.preprocess import preprocessor
+from rollout_workers.self_play import SelfPlayOpponents
 from rollout_workers.vector_backends import make_vector_env
 
 
@@ -37,10 +40,15 @@ class SamplerCore:
     def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
         self.cfg = cfg
         self.worker_index = worker_index
-        self.envs = GuardedVectorEnv(lambda: make_vector_env(cfg.env, autoreset=self.autoreset), worker_index)
+        self.opponents: SelfPlayOpponents | None = None  # a turn-based game's other seats
+        self.envs = GuardedVectorEnv(self._make_envs, worker_index)
         obs_space, space = self.envs.single_observation_space, self.envs.single_action_space
         info = self.envs.reset_info(cfg.env.seed) if needs_reset_info(cfg.env, space) else None
-        self.spec = env_spec(obs_space, space, cfg.env, info)
+        self.spec = env_spec(obs_space, space, cfg.env, info, multi_agent=columns_of(self.envs.env))
+        if self.spec.multi_agent is not None and traits.grouped:
+            raise ValueError(
+                f"learner.algo={cfg.learner.algo} samples groups of whole episodes: not multi-agent envs"
+            )
         self.reader = ObsReader(self.spec, cfg.env.num_envs)
         self.envs.read_with(self.reader)
         self.plan = encoder_plan(self.spec, cfg.model.encoders) if self.spec.structured else None
@@ -59,12 +67,36 @@ class SamplerCore:
         torch.manual_seed(cfg.env.seed)
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
         self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, traits.critic))
+        if self.spec.multi_agent == "aec":
+            self._bind_opponents(traits)
         # A recurrent policy's state per env [N, S], carried from step to step and segment to
         # segment; zeroed where an episode starts (contracts.segment.state_resets).
         self._state: np.ndarray | None = None
         self._stepped: np.ndarray | None = None  # the state after the step being taken, before resets
         self.version = -1
         self.reseed(0)
+
+    def _make_envs(self) -> gym.vector.VectorEnv:
+        """The vector env (rebuilt after a fault); a turn-based game's with this sampler's opponents."""
+        envs = make_vector_env(self.cfg.env, autoreset=self.autoreset, ma=self.cfg.multi_agent)
+        if self.opponents is not None:
+            attach_opponents(envs, self.opponents)
+        return envs
+
+    def _bind_opponents(self, traits: AlgorithmTraits) -> None:
+        """A turn-based game's other seats: snapshots of this policy, a random player, or the
+        current weights (rollout_workers/self_play.py)."""
+        if self.layout.state_size:
+            raise ValueError("model.recurrent: a turn-based game's opponents play without a recurrent state")
+        obs_space, space = self.envs.single_observation_space, self.envs.single_action_space
+        self.opponents = SelfPlayOpponents(obs_space, space, self.cfg.env.seed)  # reseed() seeds it
+        self.opponents.bind(
+            self.spec,
+            self.fast,
+            lambda: cpu_policy(self.cfg.model, build_policy(self.cfg, self.spec, traits.critic)),
+            self.cfg.multi_agent.self_play,
+        )
+        attach_opponents(self.envs.env, self.opponents)
 
     def _seeds(self, offset: int, count: int) -> list[int]:
         return env_seeds(self.cfg.env.seed, offset + self.worker_index, count, self.seed_stream)
@@ -77,6 +109,8 @@ class SamplerCore:
         """
         self.seed_stream = stream
         n = self.cfg.env.num_envs
+        if self.opponents is not None:
+            self.opponents.reseed(self._seeds(20_000, 1)[0])
         self.noise = torch.Generator().manual_seed(self._seeds(10_000, 1)[0])
         self._obs = self.envs.reset(seed=self._seeds(0, n))
         self._ep_return = np.zeros(n, dtype=np.float64)
@@ -111,6 +145,8 @@ class SamplerCore:
         """Load a published policy version (normalizer statistics ride along); tensors or arrays."""
         self.fast.load(weights)
         self.version = version
+        if self.opponents is not None:
+            self.opponents.observe_weights(version, weights)
 
     def _env_actions(self, actions: np.ndarray) -> np.ndarray:
         return env_actions(self.spec.action, self.envs.single_action_space, actions)

@@ -12,14 +12,17 @@ next step (copy=False): the sampler copies them into the segment before stepping
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
 
-from contracts.config import EnvConfig, RelayConfig
+from contracts.config import EnvConfig, MultiAgentConfig, RelayConfig
 from rollout_workers import envpool_backend
-from rollout_workers.envs import make_env_fn
+from rollout_workers.envs import make_env_fn, multi_agent_problem
+from rollout_workers.multi_agent import MultiAgentError, api_of, make_multi_agent
+from rollout_workers.multi_agent.turns import Opponents
 
 
 def _no_problems(cfg: RelayConfig) -> list[str]:
@@ -38,9 +41,14 @@ def _mode(autoreset: bool) -> gym.vector.AutoresetMode:
     return gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
 
 
-def make_sync(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.VectorEnv:
-    """All envs in this process, stepped in turn: for cheap envs (IPC would cost more than physics)."""
+def make_sync(
+    ec: EnvConfig, num_envs: int, autoreset: bool, first: gym.Env | None = None
+) -> gym.vector.VectorEnv:
+    """All envs in this process, stepped in turn: for cheap envs (IPC would cost more than physics).
+    `first`: an env already built, which becomes env 0."""
     fns = [make_env_fn(ec) for _ in range(num_envs)]
+    if first is not None:
+        fns[0] = lambda: first
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=_mode(autoreset), copy=False)
 
 
@@ -65,7 +73,28 @@ def vector_backend(name: str) -> VectorBackend:
 
 
 def make_vector_env(
-    ec: EnvConfig, num_envs: int | None = None, autoreset: bool = True
+    ec: EnvConfig,
+    num_envs: int | None = None,
+    autoreset: bool = True,
+    ma: MultiAgentConfig | None = None,
+    opponents: Opponents | None = None,
 ) -> gym.vector.VectorEnv:
-    """The configured backend's vector env of `num_envs` (default env.num_envs) envs."""
-    return vector_backend(ec.vectorization).make(ec, num_envs or ec.num_envs, autoreset)
+    """The configured backend's vector env of `num_envs` (default env.num_envs) envs; a PettingZoo
+    env's (`pettingzoo:` ids, or a factory that makes one) is a vector env of its agent columns
+    (rollout_workers/multi_agent), as `ma` chooses them, its other seats played by `opponents`."""
+    n = num_envs or ec.num_envs
+    if ":" in ec.id:  # only these ids can name a PettingZoo env: build one to see which it is
+        make = make_env_fn(ec)
+        first = make()
+        api = api_of(first)
+        if api is not None:
+            ma = ma or MultiAgentConfig()
+            problem = multi_agent_problem(ec, ma, api)
+            if problem:
+                raise MultiAgentError(problem)
+            return make_multi_agent(api, make, first, n, ma, autoreset, opponents)
+        if ec.vectorization == "sync":  # a gymnasium env: it is env 0, never built twice
+            return make_sync(ec, n, autoreset, first)
+        with contextlib.suppress(Exception):  # the backend builds its own (in other processes)
+            first.close()
+    return vector_backend(ec.vectorization).make(ec, n, autoreset)

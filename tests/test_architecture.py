@@ -27,6 +27,7 @@ LAZY_OK = (
     "ale_py",
     "envpool",
     "minigrid",
+    "pettingzoo",
     "imageio_ffmpeg",
     "pynvml",
     "acl",

@@ -18,7 +18,7 @@ from ray.exceptions import GetTimeoutError
 
 from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
 from contracts.config import RelayConfig
-from contracts.metrics import PHASES
+from contracts.metrics import PHASES, stat_means
 from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
 from contracts.spaces import EnvSpec
@@ -157,6 +157,7 @@ class TrainingLoop:
             "episode_return_max": max(c.returns) if c.returns else None,
             "episode_len_mean": _mean(c.lengths),
             "env_steps_per_s": c.env_steps / max(c.wall_s, 1e-9),
+            **stat_means(c.stats),
             **metrics,
             **self.memory.sample(),
             "worker_restarts": c.worker_restarts,

@@ -70,13 +70,36 @@ def check_config(cfg: RelayConfig) -> None:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
 
+def multi_agent_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
+    """What a PettingZoo env's columns and seats cannot do with this config, or None."""
+    if env.multi_agent is None:
+        return None
+    a = env.columns
+    if cfg.env.num_envs % a:
+        lower, upper = max(a, cfg.env.num_envs // a * a), (cfg.env.num_envs // a + 1) * a
+        return (
+            f"env.num_envs={cfg.env.num_envs} counts agent columns and is not a multiple of {cfg.env.id}'s "
+            f"{a} agents (each env copy is {a} columns): use {lower} or {upper}"
+        )
+    if algorithm_class(cfg.learner.algo).grouped:
+        return (
+            f"learner.algo={cfg.learner.algo} samples groups of whole episodes: not a PettingZoo env's agents"
+        )
+    if env.multi_agent == "aec" and cfg.model.recurrent != "none":
+        return "model.recurrent: a turn-based game's opponents play without a recurrent state"
+    return None
+
+
 def check_env(cfg: RelayConfig) -> EnvSpec:
     """Build one env and check the model can read it; returns its spec (PreflightError otherwise)."""
     notes: list[str] = []
     try:
-        env = probe_env_spec(cfg.env, notes)
+        env = probe_env_spec(cfg.env, notes, cfg.multi_agent)
     except EnvSpecError as err:
         raise PreflightError(str(err)) from None
+    problem = multi_agent_problem(cfg, env)
+    if problem:
+        raise PreflightError(problem)
     problem = model_kind(cfg.model.kind).env_problem(cfg, env)
     if problem:
         raise PreflightError(problem)

@@ -47,16 +47,17 @@ def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: boo
         if stored is None:
             raise PolicyLoadError(f"{handle.source} names no env relay may build: name one with --env ENV_ID")
         if ":" in stored.id:
+            kind = "a PettingZoo module" if stored.id.startswith("pettingzoo:") else "a module:factory env"
             raise PolicyLoadError(
-                f"{handle.source} was trained on {stored.id!r}, a module:factory env, which a file "
-                "never builds: name it with --env ENV_ID"
+                f"{handle.source} was trained on {stored.id!r}, {kind}, which a file never builds: "
+                "name it with --env ENV_ID"
             )
         ec = stored
     elif stored is not None and stored.id == env_id:
         ec = stored.model_copy(update={"kwargs": {}})  # the user's factory never gets a file's kwargs
     else:
         ec = EnvConfig(id=env_id)
-    return eval_env_config(ec, num_envs, video)
+    return eval_env_config(ec, num_envs, video, handle.env.columns)
 
 
 def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:

@@ -1,0 +1,314 @@
+"""Multi-agent (PettingZoo) benchmarks, each printing a table for docs/benchmarks.md:
+
+    pip install -e ".[cpu,pettingzoo]"
+    python benchmarks/multi_agent.py columns [--seconds 20]
+    python benchmarks/multi_agent.py selfplay [--env-steps 600000]
+    pip install -e ".[cpu,bench,pettingzoo]"          # RLlib beside relay (a venv of its own)
+    python benchmarks/multi_agent.py spread [--wall 300] [--only relay,rllib]
+
+columns: agent steps/s of one rollout worker's sampler (acting, recording, env) on simple_spread
+  with A = 1, 3, 10, 20 agents per env copy at a fixed 240 columns (E = 240 / A copies), the env
+  copies' own step and reset timed inside the same run: relay's own cost per agent step (acting,
+  recording, the column plumbing: the sampler's time minus the env's) must stay flat as A grows.
+selfplay: Connect Four by self-play (configs/connect_four_selfplay.yaml, local mode): the score
+  against the random player and against the snapshot pool over training, then the final policy
+  against its own snapshot from a quarter of the way in (400 games, seats alternating).
+spread: simple_spread (3 agents, 25 steps) for the same wall time: relay (configs/
+  simple_spread_ppo.yaml) against RLlib's PPO with one policy shared by the agents; the team
+  return (the sum over agents: RLlib's episode_return_mean) against agent steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from common import machine_header, read_metrics, table
+
+ROOT = Path(__file__).parents[1]
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+
+
+# ---- columns ----------------------------------------------------------------------------------
+def _spread_cfg(agents: int, columns: int) -> Any:
+    from contracts.config import build_config
+
+    return build_config(
+        {},
+        [
+            f"env.id={SPREAD}",
+            f"env.kwargs={{N: {agents}, max_cycles: 25}}",
+            f"env.num_envs={columns}",
+            "rollout.num_workers=0",
+            "rollout.rollout_len=25",
+            f"learner.buffer_size={25 * columns}",
+            f"learner.batch_size={25 * columns}",
+            "model.hidden_sizes=[128,128]",
+        ],
+    )
+
+
+class _Timed:
+    """A PettingZoo env whose step and reset add their seconds to a shared clock."""
+
+    def __init__(self, env: Any, clock: list[float]) -> None:
+        self.env, self.clock = env, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def step(self, actions: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.env.step(actions)
+        finally:
+            self.clock[0] += time.perf_counter() - t0
+
+    def reset(self, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.env.reset(*a, **k)
+        finally:
+            self.clock[0] += time.perf_counter() - t0
+
+
+def _sampler_split(agents: int, columns: int, seconds: float) -> tuple[float, float]:
+    """(agent steps/s of the sampler, the fraction of its time the env copies themselves took):
+    the copies' step and reset are timed inside the same run, so relay's own share (acting,
+    recording, the column plumbing) is the rest."""
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.sampler import make_sampler
+
+    cfg = _spread_cfg(agents, columns)
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    clock = [0.0]
+    vec = sampler.envs.env
+    vec.envs = [_Timed(env, clock) for env in vec.envs]
+    sampler.sample()  # warm
+    clock[0], steps, t0 = 0.0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        steps += sampler.sample().env_steps
+    total = time.perf_counter() - t0
+    sampler.close()
+    return steps / total, clock[0] / total
+
+
+def columns(args: argparse.Namespace) -> None:
+    rows = []
+    for agents in (1, 3, 10, 20):
+        copies = args.columns // agents
+        rate, env_share = _sampler_split(agents, copies * agents, args.seconds)
+        own_us = (1 - env_share) / rate * 1e6
+        rows.append([agents, copies, copies * agents, rate, env_share, rate / env_share, own_us])
+    print(
+        machine_header(
+            f"multi-agent columns (simple_spread, {args.columns} columns, {args.seconds:.0f} s each)"
+        )
+    )
+    print(
+        table(
+            [
+                "agents A",
+                "copies E",
+                "columns",
+                "sampler agent steps/s",
+                "env's share of the time",
+                "env alone agent steps/s",
+                "relay's own us per agent step",
+            ],
+            rows,
+        )
+    )
+
+
+# ---- selfplay ---------------------------------------------------------------------------------
+def _games_against(cfg: Any, run: Path, early: Path, late: Path, games: int) -> float:
+    """The late checkpoint's score against the early one: the late policy's sampler with the
+    early policy as its whole pool (no random games), stochastic as in training."""
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.sampler import make_sampler
+    from services.tools.load import load_policy
+
+    def weights(path: Path) -> dict[str, Any]:
+        return dict(load_policy(path).model.state_dict())
+
+    cfg = cfg.model_copy(
+        update={
+            "multi_agent": cfg.multi_agent.model_copy(
+                update={"self_play": cfg.multi_agent.self_play.model_copy(update={"random_opponent": 0.0})}
+            )
+        }
+    )
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    assert sampler.opponents is not None
+    sampler.set_weights(0, weights(early))  # the pool's one snapshot: the early policy
+    sampler.fast.load(weights(late))  # the seat: the late policy
+    scores: list[float] = []
+    while len(scores) < games:
+        scores += sampler.sample().episode_stats.get("win_rate_pool", [])
+    sampler.close()
+    return sum(scores[:games]) / games
+
+
+def selfplay(args: argparse.Namespace) -> None:
+    from contracts.config import load_config
+    from services.driver.checkpoints import list_checkpoints
+
+    config = "configs/connect_four_selfplay.yaml"
+    sets = [
+        "rollout.num_workers=0",
+        f"stop.env_steps={args.env_steps}",
+        "checkpoint.interval=10",
+        "checkpoint.keep=1000",
+        "metrics.progress=none",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        _run_relay(config, run, sets)
+        lines = read_metrics(run)
+        ckpts = list_checkpoints(run / "checkpoints")  # oldest first
+        early, late = ckpts[len(ckpts) // 4], ckpts[-1]
+        cfg = load_config(ROOT / config)
+        score = _games_against(cfg, run, early, late, args.games)
+    marks = [lines[min(len(lines) - 1, int(f * (len(lines) - 1)))] for f in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)]
+    print(machine_header(f"Connect Four self-play ({config}, local mode, seed 0)"))
+    print(
+        table(
+            ["iteration", "env steps", "wall s", "vs random", "vs pool", "game length", "entropy"],
+            [
+                [
+                    x["iteration"],
+                    x["env_steps"],
+                    x["wall_s"],
+                    x.get("win_rate_random"),
+                    x.get("win_rate_pool"),
+                    x["episode_len_mean"],
+                    x["entropy"],
+                ]
+                for x in marks
+            ],
+        )
+    )
+    print(
+        f"\nfinal policy ({late.name}) vs its snapshot {early.name}, {args.games} games, seats alternating: "
+        f"score {score:.3f} (win 1, draw 0.5, loss 0)"
+    )
+
+
+def _run_relay(config: str, run: Path, sets: list[str]) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "services.train", config, "--run-dir", str(run)]
+    for kv in sets:
+        cmd += ["--set", kv]
+    subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+# ---- spread -----------------------------------------------------------------------------------
+def _relay_spread(wall: float) -> list[tuple[float, int, float | None]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        _run_relay(
+            "configs/simple_spread_ppo.yaml",
+            run,
+            [f"stop.wall_s={wall}", "stop.env_steps=100000000", "metrics.progress=none"],
+        )
+        return [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in read_metrics(run)]
+
+
+def _rllib_spread(wall: float) -> list[tuple[float, int, float | None]]:
+    import ray
+    from common import rllib_ppo_update
+    from mpe2 import simple_spread_v3
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
+    from ray.tune.registry import register_env
+
+    register_env(
+        "spread",
+        lambda _: ParallelPettingZooEnv(
+            simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=False)
+        ),
+    )
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    try:
+        # relay's round: 2 workers x 24 columns x 50 steps = 2,400 agent steps = 800 env steps;
+        # RLlib counts a multi-agent train batch in env steps, its minibatches in agent steps
+        update = rllib_ppo_update("configs/simple_spread_ppo.yaml", train_batch=800)
+        cfg = (
+            PPOConfig()
+            .environment("spread")
+            .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
+            .rl_module(
+                rl_module_spec=MultiRLModuleSpec(
+                    rl_module_specs={"shared": RLModuleSpec(model_config={"fcnet_hiddens": [128, 128]})}
+                )
+            )
+            .env_runners(num_env_runners=2, num_envs_per_env_runner=8)
+            .training(**update)
+            .debugging(seed=0)
+        )
+        algo = cfg.build_algo()
+        out, t0 = [], time.perf_counter()
+        while time.perf_counter() - t0 < wall:
+            result = algo.train()
+            runners = result.get("env_runners", {})
+            agent_steps = runners.get("num_agent_steps_sampled_lifetime", {})
+            steps = int(sum(agent_steps.values())) if isinstance(agent_steps, dict) else int(agent_steps or 0)
+            out.append((time.perf_counter() - t0, steps, runners.get("episode_return_mean")))
+        algo.stop()
+        return out
+    finally:
+        ray.shutdown()
+
+
+def _at(curve: list[tuple[float, int, float | None]], wall: float) -> tuple[int | None, float | None]:
+    seen = [c for c in curve if c[0] <= wall]
+    return (seen[-1][1], seen[-1][2]) if seen else (None, None)
+
+
+def spread(args: argparse.Namespace) -> None:
+    curves = {}
+    for system in args.only.split(","):
+        print(f"... {system} on simple_spread for {args.wall:.0f} s", file=sys.stderr, flush=True)
+        curves[system] = _relay_spread(args.wall) if system == "relay" else _rllib_spread(args.wall)
+    print(machine_header(f"simple_spread (3 agents, 25 steps), {args.wall:.0f} s each, seed 0"))
+    rows = []
+    for f in (0.25, 0.5, 0.75, 1.0):
+        wall = f * args.wall
+        row: list[Any] = [wall]
+        for system in curves:
+            row += list(_at(curves[system], wall))
+        rows.append(row)
+    headers = ["wall s"]
+    for system in curves:
+        headers += [f"{system} agent steps", f"{system} team return"]
+    print(table(headers, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("columns")
+    c.add_argument("--seconds", type=float, default=20.0)
+    c.add_argument("--columns", type=int, default=240)
+    s = sub.add_parser("selfplay")
+    s.add_argument("--env-steps", type=int, default=600_000)
+    s.add_argument("--games", type=int, default=400)
+    p = sub.add_parser("spread")
+    p.add_argument("--wall", type=float, default=300.0)
+    p.add_argument("--only", default="relay,rllib")
+    args = parser.parse_args()
+    {"columns": columns, "selfplay": selfplay, "spread": spread}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

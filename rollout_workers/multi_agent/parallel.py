@@ -1,0 +1,160 @@
+"""A PettingZoo ParallelEnv's E copies x A agents as one vector env of N = E·A columns.
+
+Column e·A + a is agent a of env copy e; one policy (parameter sharing) acts for every column. An
+agent that finishes before its copy's episode does (killed, done early) ends its own episode in
+that step (terminated or truncated, as the env says, its final observation in info["final_obs"])
+and stays a *dead* column until the whole copy's episode ends: its steps are flagged inactive
+(info[ACTIVE_KEY]), so the sampler masks them and the segment keeps its fixed shape. When no agent
+of a copy is left, the copy resets in the same step (SAME_STEP autoreset) and every column of it is
+live again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+
+from contracts.config import MultiAgentConfig
+from rollout_workers.multi_agent.common import (
+    ACTIVE_KEY,
+    STATS_KEY,
+    MultiAgentError,
+    played_agents,
+    same_spaces,
+)
+
+
+class ParallelVectorEnv(gym.vector.VectorEnv):
+    """E copies of a ParallelEnv; `num_envs` (N) columns, a multiple of its A agents."""
+
+    api = "parallel"
+
+    def __init__(
+        self,
+        make: Callable[[], Any],
+        first: Any,
+        num_envs: int,
+        ma: MultiAgentConfig,
+        autoreset: bool = True,
+        opponents: Any = None,
+    ) -> None:
+        self.agents = played_agents(list(first.possible_agents), ma.agents, every=True)
+        A = len(self.agents)
+        if num_envs % A:
+            lower, upper = max(A, num_envs // A * A), (num_envs // A + 1) * A
+            raise MultiAgentError(
+                f"env.num_envs={num_envs} counts agent columns and is not a multiple of the env's {A} "
+                f"agents (each env copy is {A} columns): use {lower} or {upper}"
+            )
+        self.envs = [first] + [make() for _ in range(num_envs // A - 1)]
+        self.num_envs = num_envs
+        self.single_observation_space, self.single_action_space = same_spaces(first, self.agents)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.autoreset = autoreset
+        mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
+        self.metadata = {**getattr(first, "metadata", {}), "autoreset_mode": mode}
+        self.render_mode = getattr(first, "render_mode", None)
+        E = len(self.envs)
+        self._obs: list[Any] = [None] * num_envs  # each column's newest observation
+        self._live = np.zeros((E, A), dtype=bool)  # in its copy's episode and not finished
+        self._returns = np.zeros((E, A), dtype=np.float64)  # this episode's return per agent
+        self._out: Any = create_empty_array(self.single_observation_space, num_envs)
+
+    # ---- episodes ---------------------------------------------------------------------------------
+    def _begin(self, e: int, obs: dict[str, Any]) -> None:
+        """Copy e's episode began with `obs`: the agents it holds are live columns."""
+        for a, agent in enumerate(self.agents):
+            present = agent in obs
+            self._live[e, a] = present
+            if present:
+                self._obs[e * len(self.agents) + a] = obs[agent]
+            elif self._obs[e * len(self.agents) + a] is None:  # never seen yet: any valid observation
+                self._obs[e * len(self.agents) + a] = self.single_observation_space.sample()
+        self._returns[e] = 0.0
+
+    def _reset_copy(self, e: int, seed: int | None, options: dict[str, Any] | None) -> None:
+        obs, _ = self.envs[e].reset(seed=seed, options=options)
+        self._begin(e, obs)
+
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset every copy (or those with a column in options["reset_mask"], [N] bool); a list of
+        N seeds seeds copy e with its first column's."""
+        A, E = len(self.agents), len(self.envs)
+        options = dict(options or {})
+        mask = options.pop("reset_mask", None)
+        chosen = range(E) if mask is None else np.flatnonzero(np.asarray(mask).reshape(E, A).any(axis=1))
+        for e in chosen:
+            if isinstance(seed, list | tuple):
+                copy_seed = seed[e * A]
+            else:
+                copy_seed = None if seed is None else int(seed) + int(e)
+            self._reset_copy(int(e), copy_seed, options or None)
+        return self._batch(), {}
+
+    def _batch(self) -> Any:
+        return concatenate(self.single_observation_space, self._obs, self._out)
+
+    # ---- stepping ---------------------------------------------------------------------------------
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        A, N = len(self.agents), self.num_envs
+        acts = np.asarray(actions)  # [N, ...]: every action kind relay acts in is one array
+        reward = np.zeros(N, dtype=np.float64)
+        terminated = np.zeros(N, dtype=bool)
+        truncated = np.zeros(N, dtype=bool)
+        active = np.zeros(N, dtype=bool)
+        final_obs = np.full(N, None, dtype=object)
+        stats: list[tuple[str, float]] = []
+        for e, env in enumerate(self.envs):
+            live = np.flatnonzero(self._live[e])
+            if live.size == 0:  # autoreset off: the copy stays over until reset
+                continue
+            step = {self.agents[a]: acts[e * A + a] for a in live if self.agents[a] in env.agents}
+            obs, rew, term, trunc, _ = env.step(step)
+            for a in live:
+                col, agent = e * A + a, self.agents[a]
+                active[col] = True
+                reward[col] = float(rew.get(agent, 0.0))
+                terminated[col] = bool(term.get(agent, False))
+                truncated[col] = bool(trunc.get(agent, False))
+                if agent in obs:
+                    self._obs[col] = obs[agent]
+                # An agent the env no longer lists has left, whatever its flags said.
+                if not terminated[col] and not truncated[col] and agent not in env.agents:
+                    truncated[col] = True
+                if terminated[col] or truncated[col]:
+                    self._live[e, a] = False
+                    final_obs[col] = self._obs[col]
+            self._returns[e, live] += reward[e * A + live]
+            if not self._live[e].any():
+                stats += self._episode_stats(e)
+                if self.autoreset:
+                    self._reset_copy(e, None, None)
+        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats}
+        ended = terminated | truncated
+        if ended.any():
+            info["final_obs"], info["_final_obs"] = final_obs, ended
+        return self._batch(), reward, terminated, truncated, info
+
+    def _episode_stats(self, e: int) -> list[tuple[str, float]]:
+        """Copy e's finished episode: the team's return and each agent's."""
+        out = [("team_return_mean", float(self._returns[e].sum()))]
+        return out + [
+            (f"agent_return_mean/{a}", float(r)) for a, r in zip(self.agents, self._returns[e], strict=True)
+        ]
+
+    def render(self) -> Any:
+        """The first copy's whole scene."""
+        return self.envs[0].render()
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            with contextlib.suppress(Exception):  # a broken env may fail to close too
+                env.close()
