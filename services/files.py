@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -28,14 +29,14 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_tmp(path: Path, data: bytes) -> Path:
-    """`data` in a new `path.tmp`, fsynced. A stale tmp (a killed writer's, or a planted link) is
-    removed first: unlink removes a link itself, never its target."""
+def _write_tmp(path: Path, write: Callable[[BinaryIO], object]) -> Path:
+    """What `write` writes to a new `path.tmp`, fsynced. A stale tmp (a killed writer's, or a
+    planted link) is removed first: unlink removes a link itself, never its target."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     return tmp
@@ -45,14 +46,20 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write `data` to path.tmp, fsync it, rename it over `path`, fsync the directory.
 
     A rename replaces a link at `path` by the file, never the link's target."""
-    os.replace(_write_tmp(path, data), path)
+    atomic_write_with(path, lambda f: f.write(data))
+
+
+def atomic_write_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """As `atomic_write`, with `write` streaming the contents into the temporary file (a
+    checkpoint is written by torch.save as it goes, never held twice in memory)."""
+    os.replace(_write_tmp(path, write), path)
     fsync_dir(path.parent)
 
 
 def write_new(path: Path, data: bytes, replace: bool) -> None:
     """As `atomic_write`, but with `replace` False the file is only ever created: a file that
     appeared at `path` meanwhile is kept (OutputError), never overwritten."""
-    tmp = _write_tmp(path, data)
+    tmp = _write_tmp(path, lambda f: f.write(data))
     try:
         if replace:
             os.replace(tmp, path)

@@ -8,7 +8,6 @@ followed by the schema check of `contracts/checkpoint.py`.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
 from learner.learner import learner_state_problem
 from policy.models import build_policy, infer_env_spec, weights_mismatch
-from services.files import fsync_dir
+from services.files import atomic_write_with
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -49,16 +48,11 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 
 def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: int) -> Path:
-    """Write atomically, then prune to the newest `keep`."""
+    """Write atomically (through a temporary file created exclusively: a link planted at its
+    name is removed, never followed), then prune to the newest `keep`."""
     folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, iteration)
-    tmp = final.with_name(final.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fsync_dir(folder)
+    atomic_write_with(final, lambda f: torch.save(state, f))
     for old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return final

@@ -66,6 +66,20 @@ def test_a_checkpoint_never_executes_code(tmp_path):
     assert path.name == "ckpt-00000001.pt"
 
 
+def test_a_link_planted_at_the_temporary_name_is_never_followed(tmp_path):
+    """A symlink left at ckpt-<n>.pt.tmp (a planted one, or a stale one pointing elsewhere) is
+    removed, not written through: the file it points to is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "ckpt-00000001.pt.tmp").symlink_to(victim)
+    path = save_checkpoint(folder, 1, _state(1), keep=3)
+    assert victim.read_text() == "keep me"
+    assert path.is_file() and not path.is_symlink() and not (folder / "ckpt-00000001.pt.tmp").exists()
+    assert load_newest_valid(folder)[0] == path
+
+
 def test_metrics_writer_cuts_a_torn_last_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"iteration": 1}\n{"iteration": 2, "env_st')
