@@ -113,26 +113,28 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         final_obs = np.full(N, None, dtype=object)
         stats: list[tuple[str, float]] = []
         for e, env in enumerate(self.envs):
-            live = np.flatnonzero(self._live[e])
-            if live.size == 0:  # autoreset off: the copy stays over until reset
+            live = np.flatnonzero(self._live[e]).tolist()
+            if not live:  # autoreset off: the copy stays over until reset
                 continue
-            step = {self.agents[a]: acts[e * A + a] for a in live if self.agents[a] in env.agents}
+            # env.agents once per step: behind PettingZoo's wrappers every read is a chain of calls
+            present = set(env.agents)
+            step = {self.agents[a]: acts[e * A + a] for a in live if self.agents[a] in present}
             obs, rew, term, trunc, _ = env.step(step)
+            left = set(env.agents)
             for a in live:
                 col, agent = e * A + a, self.agents[a]
                 active[col] = True
-                reward[col] = float(rew.get(agent, 0.0))
-                terminated[col] = bool(term.get(agent, False))
-                truncated[col] = bool(trunc.get(agent, False))
+                reward[col] = rew.get(agent, 0.0)
+                ended = bool(term.get(agent, False))
+                terminated[col] = ended
                 if agent in obs:
                     self._obs[col] = obs[agent]
                 # An agent the env no longer lists has left, whatever its flags said.
-                if not terminated[col] and not truncated[col] and agent not in env.agents:
-                    truncated[col] = True
+                truncated[col] = not ended and (bool(trunc.get(agent, False)) or agent not in left)
                 if terminated[col] or truncated[col]:
                     self._live[e, a] = False
                     final_obs[col] = self._obs[col]
-            self._returns[e, live] += reward[e * A + live]
+            self._returns[e, live] += reward[[e * A + a for a in live]]
             if not self._live[e].any():
                 stats += self._episode_stats(e)
                 if self.autoreset:
