@@ -12,6 +12,7 @@ live again.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,10 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         self.envs = [first] + [make() for _ in range(num_envs // A - 1)]
         self.num_envs = num_envs
         self.single_observation_space, self.single_action_space = same_spaces(first, self.agents)
+        # Placeholders for agents absent at a reset are drawn from a copy of the space (the env's
+        # own is left alone), seeded, so a sync run's segments (padding included) reproduce.
+        self._placeholders = copy.deepcopy(self.single_observation_space)
+        self._placeholders.seed(0)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self.autoreset = autoreset
@@ -74,8 +79,8 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
             self._live[e, a] = present
             if present:
                 self._obs[e * len(self.agents) + a] = obs[agent]
-            elif self._obs[e * len(self.agents) + a] is None:  # never seen yet: any valid observation
-                self._obs[e * len(self.agents) + a] = self.single_observation_space.sample()
+            elif self._obs[e * len(self.agents) + a] is None:  # never seen yet: a valid placeholder
+                self._obs[e * len(self.agents) + a] = self._placeholders.sample()
         self._returns[e] = 0.0
 
     def _reset_copy(self, e: int, seed: int | None, options: dict[str, Any] | None) -> None:

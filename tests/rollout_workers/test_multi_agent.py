@@ -232,3 +232,17 @@ def test_a_sync_self_play_run_reproduces():
         for name in a.arrays:
             np.testing.assert_array_equal(a[name], b[name])
         assert a.episode_stats == b.episode_stats
+
+
+def test_a_parallel_envs_segments_reproduce_padding_included():
+    cfg = _cfg(KAZ, "env.kwargs={line_death: true, max_cycles: 100}", T=64, N=8)
+    runs = []
+    for _ in range(2):
+        sampler = make_sampler(cfg, algorithm_traits(cfg))
+        runs.append([sampler.sample() for _ in range(2)])
+        sampler.close()
+    for a, b in zip(*runs, strict=True):
+        assert (a["mask"] == 0).any()  # dead columns are in it
+        for name in a.arrays:
+            np.testing.assert_array_equal(a[name], b[name])
+        assert a.episode_stats == b.episode_stats
