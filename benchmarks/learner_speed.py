@@ -40,6 +40,7 @@ PIXEL_VARIANTS = {
     "channels_last": ["learner.use_amp=false", "learner.channels_last=true"],
     "bf16": ["learner.use_amp=true", "learner.channels_last=false"],
     "bf16+channels_last": ["learner.use_amp=true", "learner.channels_last=true"],
+    "bf16+compiled": ["learner.use_amp=true", "learner.channels_last=false", "learner.compile=true"],
     "auto (shipped)": [],
     "auto+compiled": ["learner.compile=true"],
 }

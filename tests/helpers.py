@@ -38,6 +38,24 @@ ELASTIC_SATURATED = [
 ]
 
 
+def local_config(env_id: str, *overrides: str, T: int = 32, N: int = 4):
+    """A local-mode config of `env_id` whose update is one [T, N] segment (a sampler's tests)."""
+    from contracts.config import build_config
+
+    return build_config(
+        {},
+        [
+            f"env.id={env_id}",
+            "rollout.num_workers=0",
+            f"env.num_envs={N}",
+            f"rollout.rollout_len={T}",
+            f"learner.buffer_size={T * N}",
+            f"learner.batch_size={T * N}",
+            *overrides,
+        ],
+    )
+
+
 def train_in_process(config: str, run: Path, *sets: str) -> int:
     """`relay train configs/<config>` in this process, quiet, with extra `--set`s."""
     args = ["train", str(ROOT / "configs" / config), "--run-dir", str(run), "--set", "metrics.progress=none"]

@@ -23,7 +23,14 @@ import gymnasium as gym
 
 from contracts.config import MultiAgentConfig
 from rollout_workers.multi_agent import parallel, turns
-from rollout_workers.multi_agent.common import ACTIVE_KEY, STATS_KEY, MultiAgentError, api_of, columns_of
+from rollout_workers.multi_agent.common import (
+    ACTIVE_KEY,
+    STATS_KEY,
+    Build,
+    MultiAgentError,
+    api_of,
+    columns_of,
+)
 
 __all__ = [
     "ACTIVE_KEY",
@@ -36,8 +43,8 @@ __all__ = [
     "make_multi_agent",
 ]
 
-# make(make_one, first, num_envs, multi_agent config, autoreset, opponents) -> a VectorEnv of columns
-MULTI_AGENT_APIS: dict[str, Callable[..., gym.vector.VectorEnv]] = {
+# API (api_of) -> its vector env of columns, built from a Build
+MULTI_AGENT_APIS: dict[str, Callable[[Build], gym.vector.VectorEnv]] = {
     "parallel": parallel.ParallelVectorEnv,
     "aec": turns.TurnBasedVectorEnv,
 }
@@ -55,7 +62,7 @@ def make_multi_agent(
     """The vector env of `api`'s kind (api_of) with `num_envs` columns; `first` is an env already
     built (it becomes copy 0), `make` builds the others; `opponents` play a turn-based game's
     other seats."""
-    return MULTI_AGENT_APIS[api](make, first, num_envs, ma, autoreset, opponents)
+    return MULTI_AGENT_APIS[api](Build(make, first, num_envs, ma, autoreset, opponents))
 
 
 def attach_opponents(envs: gym.vector.VectorEnv, opponents: turns.Opponents) -> None:

@@ -3,10 +3,16 @@ space checks. No Ray, no policy."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+
+from contracts.config import MultiAgentConfig
 
 ACTIVE_KEY = "relay_active"  # info key: bool [N], the columns whose step was an agent's real step
 STATS_KEY = "relay_episode_stats"  # info key: [(name, value)] of episodes that ended in the step
@@ -67,3 +73,52 @@ def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...]]:
     """(API, agent columns) of a vector env for EnvSpec.multi_agent/agents: (None, ()) for a
     gymnasium one."""
     return getattr(vec, "api", None), tuple(getattr(vec, "agents", ()))
+
+
+@dataclass(frozen=True)
+class Build:
+    """What a multi-agent vector env is built from: `make` builds a copy of the env, `first` is one
+    already built (copy 0), `num_envs` the columns, `ma` the multi_agent config, `opponents` who
+    plays a turn-based game's other seats (None: a random player)."""
+
+    make: Callable[[], Any]
+    first: Any
+    num_envs: int
+    ma: MultiAgentConfig
+    autoreset: bool = True
+    opponents: Any = None
+
+
+class ColumnsVectorEnv(gym.vector.VectorEnv):
+    """What both multi-agent vector envs are: copies of a PettingZoo env (`envs`) whose columns
+    share one observation and one action space, batched from each column's newest observation."""
+
+    api = ""
+
+    def _setup(
+        self, envs: list[Any], num_envs: int, spaces: tuple[gym.Space, gym.Space], autoreset: bool
+    ) -> None:
+        self.envs = envs
+        self.num_envs = num_envs
+        self.single_observation_space, self.single_action_space = spaces
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.autoreset = autoreset
+        mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
+        self.metadata = {**getattr(envs[0], "metadata", {}), "autoreset_mode": mode}
+        self.render_mode = getattr(envs[0], "render_mode", None)
+        self._obs: list[Any] = [None] * num_envs  # each column's newest observation
+        self._out: Any = create_empty_array(self.single_observation_space, num_envs)
+
+    def _batch(self) -> Any:
+        """Every column's newest observation as one batch (the buffer is reused: the sampler copies)."""
+        return concatenate(self.single_observation_space, self._obs, self._out)
+
+    def render(self) -> Any:
+        """The first copy's whole scene."""
+        return self.envs[0].render()
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            with contextlib.suppress(Exception):  # a broken env may fail to close too
+                env.close()

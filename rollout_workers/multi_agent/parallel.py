@@ -11,39 +11,29 @@ live again.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from contracts.config import MultiAgentConfig
 from rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     STATS_KEY,
+    Build,
+    ColumnsVectorEnv,
     MultiAgentError,
     played_agents,
     same_spaces,
 )
 
 
-class ParallelVectorEnv(gym.vector.VectorEnv):
+class ParallelVectorEnv(ColumnsVectorEnv):
     """E copies of a ParallelEnv; `num_envs` (N) columns, a multiple of its A agents."""
 
     api = "parallel"
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        first: Any,
-        num_envs: int,
-        ma: MultiAgentConfig,
-        autoreset: bool = True,
-        opponents: Any = None,
-    ) -> None:
+    def __init__(self, b: Build) -> None:
+        make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset
         self.agents = played_agents(list(first.possible_agents), ma.agents, every=True)
         A = len(self.agents)
         if num_envs % A:
@@ -52,24 +42,15 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
                 f"env.num_envs={num_envs} counts agent columns and is not a multiple of the env's {A} "
                 f"agents (each env copy is {A} columns): use {lower} or {upper}"
             )
-        self.envs = [first] + [make() for _ in range(num_envs // A - 1)]
-        self.num_envs = num_envs
-        self.single_observation_space, self.single_action_space = same_spaces(first, self.agents)
+        copies = [first] + [make() for _ in range(num_envs // A - 1)]
+        self._setup(copies, num_envs, same_spaces(first, self.agents), autoreset)
         # Placeholders for agents absent at a reset are drawn from a copy of the space (the env's
         # own is left alone), seeded, so a sync run's segments (padding included) reproduce.
         self._placeholders = copy.deepcopy(self.single_observation_space)
         self._placeholders.seed(0)
-        self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self.action_space = batch_space(self.single_action_space, num_envs)
-        self.autoreset = autoreset
-        mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
-        self.metadata = {**getattr(first, "metadata", {}), "autoreset_mode": mode}
-        self.render_mode = getattr(first, "render_mode", None)
         E = len(self.envs)
-        self._obs: list[Any] = [None] * num_envs  # each column's newest observation
         self._live = np.zeros((E, A), dtype=bool)  # in its copy's episode and not finished
         self._returns = np.zeros((E, A), dtype=np.float64)  # this episode's return per agent
-        self._out: Any = create_empty_array(self.single_observation_space, num_envs)
 
     # ---- episodes ---------------------------------------------------------------------------------
     def _begin(self, e: int, obs: dict[str, Any]) -> None:
@@ -104,9 +85,6 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
             self._reset_copy(int(e), copy_seed, options or None)
         return self._batch(), {}
 
-    def _batch(self) -> Any:
-        return concatenate(self.single_observation_space, self._obs, self._out)
-
     # ---- stepping ---------------------------------------------------------------------------------
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         A, N = len(self.agents), self.num_envs
@@ -130,12 +108,12 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
                 col, agent = e * A + a, self.agents[a]
                 active[col] = True
                 reward[col] = rew.get(agent, 0.0)
-                ended = bool(term.get(agent, False))
-                terminated[col] = ended
+                terminal = bool(term.get(agent, False))
+                terminated[col] = terminal
                 if agent in obs:
                     self._obs[col] = obs[agent]
                 # An agent the env no longer lists has left, whatever its flags said.
-                truncated[col] = not ended and (bool(trunc.get(agent, False)) or agent not in left)
+                truncated[col] = not terminal and (bool(trunc.get(agent, False)) or agent not in left)
                 if terminated[col] or truncated[col]:
                     self._live[e, a] = False
                     final_obs[col] = self._obs[col]
@@ -156,12 +134,3 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         return out + [
             (f"agent_return_mean/{a}", float(r)) for a, r in zip(self.agents, self._returns[e], strict=True)
         ]
-
-    def render(self) -> Any:
-        """The first copy's whole scene."""
-        return self.envs[0].render()
-
-    def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            with contextlib.suppress(Exception):  # a broken env may fail to close too
-                env.close()

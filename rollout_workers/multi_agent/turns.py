@@ -11,16 +11,19 @@ is reported as `win_rate_<opponent kind>` in info[STATS_KEY].
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from contracts.config import MultiAgentConfig
-from rollout_workers.multi_agent.common import ACTIVE_KEY, STATS_KEY, played_agents, same_spaces
+from rollout_workers.multi_agent.common import (
+    ACTIVE_KEY,
+    STATS_KEY,
+    Build,
+    ColumnsVectorEnv,
+    played_agents,
+    same_spaces,
+)
 
 
 class Opponents(Protocol):
@@ -53,38 +56,22 @@ class RandomOpponents:
         return self.space.sample()
 
 
-class TurnBasedVectorEnv(gym.vector.VectorEnv):
+class TurnBasedVectorEnv(ColumnsVectorEnv):
     """E = num_envs copies of an AECEnv; the seat plays agents matching multi_agent.agents."""
 
     api = "aec"
 
-    def __init__(
-        self,
-        make: Callable[[], Any],
-        first: Any,
-        num_envs: int,
-        ma: MultiAgentConfig,
-        autoreset: bool = True,
-        opponents: Opponents | None = None,
-    ) -> None:
+    def __init__(self, b: Build) -> None:
+        make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset
         self.seats = played_agents(list(first.possible_agents), ma.agents, every=False)
-        self.envs = [first] + [make() for _ in range(num_envs - 1)]
-        self.num_envs = num_envs
-        self.single_observation_space, self.single_action_space = same_spaces(first, self.seats)
-        self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self.action_space = batch_space(self.single_action_space, num_envs)
-        self.autoreset = autoreset
-        mode = gym.vector.AutoresetMode.SAME_STEP if autoreset else gym.vector.AutoresetMode.DISABLED
-        self.metadata = {**getattr(first, "metadata", {}), "autoreset_mode": mode}
-        self.render_mode = getattr(first, "render_mode", None)
-        self.opponents: Opponents = opponents or RandomOpponents(self.single_action_space)
+        copies = [first] + [make() for _ in range(num_envs - 1)]
+        self._setup(copies, num_envs, same_spaces(first, self.seats), autoreset)
+        self.opponents: Opponents = b.opponents or RandomOpponents(self.single_action_space)
         self._games = np.zeros(num_envs, dtype=np.int64)  # games begun per copy (the seat rotates)
         self._seat = [self.seats[0]] * num_envs
         self._kind = ["random"] * num_envs  # the opponent kind of each copy's game
         self._return = np.zeros(num_envs, dtype=np.float64)  # the seat's return this game
         self._over = np.zeros(num_envs, dtype=bool)
-        self._obs: list[Any] = [None] * num_envs
-        self._out: Any = create_empty_array(self.single_observation_space, num_envs)
 
     def attach(self, opponents: Opponents) -> None:
         """Play the other seats with `opponents` from the next game on."""
@@ -128,9 +115,6 @@ class TurnBasedVectorEnv(gym.vector.VectorEnv):
             self._new_game(int(e), copy_seed)
         return self._batch(), {}
 
-    def _batch(self) -> Any:
-        return concatenate(self.single_observation_space, self._obs, self._out)
-
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         N = self.num_envs
         reward = np.zeros(N, dtype=np.float64)
@@ -166,11 +150,3 @@ class TurnBasedVectorEnv(gym.vector.VectorEnv):
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
         return self._batch(), reward, terminated, truncated, info
-
-    def render(self) -> Any:
-        return self.envs[0].render()
-
-    def close_extras(self, **kwargs: Any) -> None:
-        for env in self.envs:
-            with contextlib.suppress(Exception):
-                env.close()

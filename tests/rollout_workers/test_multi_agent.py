@@ -5,13 +5,13 @@ connect_four (turn-based, an action mask in every observation, self-play against
 import numpy as np
 import pytest
 
-from contracts.config import build_config
 from contracts.segment import SegmentLayout
 from learner.algorithms import algorithm_traits
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY, MultiAgentError
 from rollout_workers.sampler import make_sampler
 from rollout_workers.vector_backends import make_vector_env
+from tests.helpers import local_config
 
 pytest.importorskip("pettingzoo")
 
@@ -21,18 +21,7 @@ C4 = "pettingzoo:classic.connect_four_v3"
 
 
 def _cfg(env_id, *overrides, T=32, N=6):
-    return build_config(
-        {},
-        [
-            f"env.id={env_id}",
-            "rollout.num_workers=0",
-            f"env.num_envs={N}",
-            f"rollout.rollout_len={T}",
-            f"learner.buffer_size={T * N}",
-            f"learner.batch_size={T * N}",
-            *overrides,
-        ],
-    )
+    return local_config(env_id, *overrides, T=T, N=N)
 
 
 def test_spread_spec_is_one_agent_per_column():

@@ -7,30 +7,19 @@ the layout, and every action the envs received against their spaces and masks.""
 import numpy as np
 import pytest
 
-from contracts.config import build_config
 from contracts.segment import SegmentLayout
 from learner.algorithms import algorithm_traits
 from learner.buffer import SegmentRingBuffer
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.sampler import make_sampler
+from tests.helpers import local_config
 from tests.rollout_workers import structured_envs
 
 ENVS = "tests.rollout_workers.structured_envs"
 
 
 def _cfg(env_id, *overrides, T=32, N=4):
-    return build_config(
-        {},
-        [
-            f"env.id={env_id}",
-            "rollout.num_workers=0",
-            f"env.num_envs={N}",
-            f"rollout.rollout_len={T}",
-            f"learner.buffer_size={T * N}",
-            f"learner.batch_size={T * N}",
-            *overrides,
-        ],
-    )
+    return local_config(env_id, *overrides, T=T, N=N)
 
 
 def _sample(cfg, segments=1):
