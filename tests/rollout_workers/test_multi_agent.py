@@ -235,3 +235,15 @@ def test_a_parallel_envs_segments_reproduce_padding_included():
         for name in a.arrays:
             np.testing.assert_array_equal(a[name], b[name])
         assert a.episode_stats == b.episode_stats
+
+
+@pytest.mark.parametrize("factory", ["spread_aec", "spread_parallel"])
+def test_a_factory_making_a_pettingzoo_env_is_played_as_columns(factory):
+    """A parallelizable AEC env goes through PettingZoo's own aec_to_parallel: the same columns."""
+    cfg = _cfg(f"tests.rollout_workers.pettingzoo_factories:{factory}", "env.kwargs={N: 3, max_cycles: 10}")
+    spec = probe_env_spec(cfg.env, None, cfg.multi_agent)
+    assert spec.multi_agent == "parallel" and spec.agents == ("agent_0", "agent_1", "agent_2")
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    seg = sampler.sample()
+    assert seg["mask"].all() and seg["truncated"].sum() == 6 * 3  # 32 steps of 10-step episodes
+    sampler.close()
