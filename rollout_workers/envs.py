@@ -25,6 +25,9 @@ from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import preprocessor
 
 
+PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
+
+
 class EnvSpecError(ValueError):
     """The env cannot be built or its spaces are not supported (one line)."""
 
@@ -52,8 +55,11 @@ class _EnvModuleFinder(importlib.abc.MetaPathFinder):
 def allow_env_module(env_id: str, folder: str) -> None:
     """Let the top-level module of a `module:factory` env id (one the user named) be imported from
     `folder` (the user's working folder), after everything installed. Nothing else in `folder`
-    is importable through this; ids without ':' change nothing."""
-    if ":" in env_id:
+    is importable through this; ids without ':' change nothing. A `pettingzoo:<module>` id's
+    module is the one named after the prefix (a package of the user's own, like mpe2)."""
+    if env_id.startswith(PETTINGZOO):
+        _add_finder(env_id[len(PETTINGZOO) :].split(".")[0], folder)
+    elif ":" in env_id:
         _add_finder(env_id.partition(":")[0].split(".")[0], folder)
 
 
@@ -84,9 +90,6 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     raise EnvSpecError(
         f"env.id={env_id!r}: {module_name} has no callable {attr!r} and no env registered as it"
     )
-
-
-PETTINGZOO = "pettingzoo:"
 
 
 def _resolve_pettingzoo(env_id: str) -> Callable[..., Any]:

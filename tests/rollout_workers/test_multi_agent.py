@@ -247,3 +247,26 @@ def test_a_factory_making_a_pettingzoo_env_is_played_as_columns(factory):
     seg = sampler.sample()
     assert seg["mask"].all() and seg["truncated"].sum() == 6 * 3  # 32 steps of 10-step episodes
     sampler.close()
+
+
+def test_a_pettingzoo_module_of_the_users_own_is_found_in_the_working_folder(tmp_path):
+    """`pettingzoo:<package>.<module>` names a package of the user's (as mpe2 is one of its own):
+    run from the folder holding it, relay imports it from there (after everything installed)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    (tmp_path / "mypz").mkdir()
+    (tmp_path / "mypz" / "__init__.py").write_text("")
+    (tmp_path / "mypz" / "spread_v1.py").write_text(
+        "from mpe2 import simple_spread_v3\n\ndef parallel_env(**kw):\n    return simple_spread_v3.parallel_env(**kw)\n"
+    )
+    cmd = [sys.executable, "-m", "services.cli", "validate", str(ROOT / "configs/simple_spread_ppo.yaml")]
+    ok = subprocess.run(
+        [*cmd, "--set", "env.id=pettingzoo:mypz.spread_v1"], cwd=tmp_path, capture_output=True
+    )
+    assert ok.returncode == 0, ok.stderr.decode()[-500:]
+    bad = subprocess.run([*cmd, "--set", "env.id=pettingzoo:mypz.nope_v1"], cwd=tmp_path, capture_output=True)
+    err = bad.stderr.decode().strip().splitlines()
+    assert bad.returncode == 2 and len(err) == 1 and "mypz.nope_v1" in err[0]
