@@ -24,7 +24,6 @@ from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, mak
 from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import preprocessor
 
-
 PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
 
 
