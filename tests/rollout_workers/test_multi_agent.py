@@ -260,7 +260,8 @@ def test_a_pettingzoo_module_of_the_users_own_is_found_in_the_working_folder(tmp
     (tmp_path / "mypz").mkdir()
     (tmp_path / "mypz" / "__init__.py").write_text("")
     (tmp_path / "mypz" / "spread_v1.py").write_text(
-        "from mpe2 import simple_spread_v3\n\ndef parallel_env(**kw):\n    return simple_spread_v3.parallel_env(**kw)\n"
+        "from mpe2 import simple_spread_v3\n\n"
+        "def parallel_env(**kw):\n    return simple_spread_v3.parallel_env(**kw)\n"
     )
     cmd = [sys.executable, "-m", "services.cli", "validate", str(ROOT / "configs/simple_spread_ppo.yaml")]
     ok = subprocess.run(
