@@ -37,7 +37,9 @@ def test_simple_spread_locally_reports_the_team_and_each_agent(tmp_path):
     assert last["env_steps"] >= 6000 and last["episodes"] > 0
 
 
-def test_killed_agents_are_masked_while_training(tmp_path):
+@pytest.mark.parametrize("core", [[], ["model.recurrent=gru", "learner.minibatch=sequences"]])
+def test_killed_agents_are_masked_while_training(tmp_path, core):
+    """Dead columns are masked steps: a recurrent core's state is zeroed over them, as on a lost step."""
     run = tmp_path / "kaz"
     code = train_local(
         "simple_spread_ppo.yaml",
@@ -49,6 +51,7 @@ def test_killed_agents_are_masked_while_training(tmp_path):
         "learner.buffer_size=256",
         "learner.batch_size=128",
         "stop.env_steps=3000",
+        *core,
     )
     assert code == 0
     lines = _lines(run)
