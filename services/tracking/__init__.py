@@ -41,7 +41,11 @@ CLOSE_WAIT_S = 30.0  # how long closing waits for the queue to drain and the fil
 
 
 class Client(Protocol):
-    """One tracker's calls; each may raise (the runner retries and counts)."""
+    """One tracker's calls; each may raise (the runner retries and counts). `local`: the tracker
+    writes only on this machine (W&B offline), so closing waits for a start still in progress;
+    one that talks to a server is not waited for until that server has answered once."""
+
+    local: bool
 
     def start(self) -> None: ...
     def log(self, lines: list[dict[str, Any]]) -> None: ...
@@ -178,11 +182,16 @@ class Tracker:
 
     def close(self, status: str, files: list[tuple[Path, str]], deadline: float) -> int:
         """Drain until `deadline` (time.monotonic), then send the files and the status; a tracker
-        whose server never answered is not waited for. Returns the lines that never reached it."""
+        whose server never answered is not waited for (a local one is, until the deadline).
+        Returns the lines that never reached it."""
         if self._held is not None:  # the run's last line always goes
             self.write(metric_lines(self._held))
             self._held = None
         self._queue.put(None)
+        if not self._ready.is_set() and self.client.local:
+            # A short run can end before a local tracker started (W&B offline's init takes
+            # seconds on a loaded machine): its lines still go.
+            self._ready.wait(max(deadline - time.monotonic(), 0.0))
         if self._ready.is_set():
             self._thread.join(max(deadline - time.monotonic(), 0.0))
         self._stop.set()  # a retry loop still waiting ends now

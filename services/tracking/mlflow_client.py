@@ -49,6 +49,8 @@ class Client:
         self.info = info
         self.client: Any = None
         self.run_id: str | None = None
+        # A tracking server (a file store too: not told apart; its start takes milliseconds)
+        self.local = False
 
     def start(self) -> None:
         if self.run_id is not None:

@@ -22,6 +22,7 @@ class Client:
         self.settings = settings
         self.info = info
         self.run: Any = None
+        self.local = settings.mode == "offline"  # no server to wait on
 
     def start(self) -> None:
         if self.run is not None:

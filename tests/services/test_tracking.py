@@ -148,11 +148,14 @@ def test_a_missing_tracker_package_is_refused_up_front(capsys, tmp_path, monkeyp
 class Recording:
     """A tracker client that keeps what it is sent (the tracking queue's logic, without a server)."""
 
-    def __init__(self) -> None:
+    def __init__(self, local: bool = True, start_s: float = 0.0) -> None:
         self.lines: list[dict] = []
         self.status = None
+        self.local, self.start_s = local, start_s
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        time.sleep(self.start_s)
+
     def log(self, lines: list[dict]) -> None:
         self.lines += lines
 
@@ -176,3 +179,23 @@ def test_lines_are_thinned_to_the_interval_and_the_last_always_goes():
         tracker.offer({"iteration": i, "env_steps": 10 * i})
     tracker.close("KILLED", [], time.monotonic() + 30)
     assert [x["iteration"] for x in every.lines] == list(range(1, 101)) and every.status == "KILLED"
+
+
+def test_a_run_that_ends_before_a_local_tracker_started_still_sends_its_lines():
+    """W&B offline's init took ~2.7 s on a loaded machine, longer than a 2,048-step run: closing
+    waits for a local tracker's start (it has no server that could never answer), so every line
+    and the status go; a tracker with a server is not waited for until it answered once."""
+    from services.tracking import Tracker
+
+    slow = Recording(local=True, start_s=1.5)
+    tracker = Tracker("slow", slow, warn=lambda _: None, min_interval_s=0)
+    for i in range(1, 9):
+        tracker.offer({"iteration": i, "env_steps": 10 * i})
+    assert tracker.close("FINISHED", [], time.monotonic() + 30) == 0
+    assert [x["iteration"] for x in slow.lines] == list(range(1, 9)) and slow.status == "FINISHED"
+    remote = Recording(local=False, start_s=3.0)
+    tracker = Tracker("remote", remote, warn=lambda _: None, min_interval_s=0)
+    tracker.offer({"iteration": 1, "env_steps": 10})
+    t0 = time.monotonic()
+    assert tracker.close("FINISHED", [], time.monotonic() + 30) == 1
+    assert time.monotonic() - t0 < 2.5 and remote.status is None
