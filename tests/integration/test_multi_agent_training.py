@@ -77,7 +77,7 @@ def test_connect_four_self_play_beats_a_random_player(tmp_path):
     """Self-play alone (20% of games against the random player, which it is scored on) lifts the
     score against it well above the 0.5 of random play."""
     run = tmp_path / "c4"
-    assert train_local("connect_four_selfplay.yaml", run, "stop.env_steps=150000") == 0
+    assert train_local("connect_four_selfplay.yaml", run, "stop.env_steps=60000") == 0
     lines = _lines(run)
     assert lines[-1]["win_rate_random"] >= 0.8, lines[-1]
     assert "win_rate_pool" in lines[-1]
