@@ -55,7 +55,7 @@ class RunCounters:
         self.episodes += len(r.episode_returns)
         self.returns = (self.returns + list(r.episode_returns))[-RETURN_WINDOW:]
         self.lengths = (self.lengths + list(r.episode_lengths))[-RETURN_WINDOW:]
-        self.stats = {k: v[-STAT_WINDOW:] for k, v in add_stats(self.stats, r.episode_stats).items()}
+        self.stats = _stat_windows(add_stats(self.stats, r.episode_stats))
         self.worker_restarts += r.worker_restarts
         self.stuck_workers += r.stuck_workers
         self.lost_segments += r.lost_segments
@@ -90,12 +90,17 @@ class RunCounters:
             for k, v in c.stats.items()
         ):
             raise CheckpointError("checkpoint counters: stats are not a mapping of names to finite numbers")
-        c.stats = {k: v[-STAT_WINDOW:] for k, v in add_stats({}, c.stats).items()}
+        c.stats = _stat_windows(add_stats({}, c.stats))
         c.env_faults = add_faults({}, c.env_faults)
         c.returns = [float(x) for x in c.returns][-RETURN_WINDOW:]
         c.lengths = list(c.lengths)[-RETURN_WINDOW:]
         c.wall_s = float(c.wall_s)
         return c
+
+
+def _stat_windows(stats: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each episode statistic's last STAT_WINDOW values."""
+    return {k: v[-STAT_WINDOW:] for k, v in stats.items()}
 
 
 def _count(x: Any) -> bool:

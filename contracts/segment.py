@@ -81,7 +81,7 @@ class Segment:
     return_moments: moments of the discounted returns of its valid steps, for reward scaling
     (env.normalize_reward; {"count": 0} otherwise);
     episode_stats: other values of the episodes that finished in it, by name (a multi-agent env's
-    team return and per-agent returns, a self-play game's outcome: contracts.metrics.EPISODE_STATS).
+    team return and per-agent returns, a self-play game's outcome: contracts.metrics.stat_means).
     """
 
     arrays: dict[str, np.ndarray]

@@ -69,6 +69,17 @@ def same_spaces(env: Any, agents: list[str]) -> tuple[gym.Space, gym.Space]:
     return obs, act
 
 
+def columns_problem(num_envs: int, agents: int, env_id: str = "the env") -> str | None:
+    """Why `num_envs` columns cannot be whole copies of an env of `agents` agents, or None."""
+    if num_envs % agents == 0:
+        return None
+    lower, upper = max(agents, num_envs // agents * agents), (num_envs // agents + 1) * agents
+    return (
+        f"env.num_envs={num_envs} counts agent columns and is not a multiple of {env_id}'s {agents} "
+        f"agents (each env copy is {agents} columns): use {lower} or {upper}"
+    )
+
+
 def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...]]:
     """(API, agent columns) of a vector env for EnvSpec.multi_agent/agents: (None, ()) for a
     gymnasium one."""

@@ -22,6 +22,7 @@ from rollout_workers.multi_agent.common import (
     Build,
     ColumnsVectorEnv,
     MultiAgentError,
+    columns_problem,
     played_agents,
     same_spaces,
 )
@@ -36,12 +37,9 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset
         self.agents = played_agents(list(first.possible_agents), ma.agents, every=True)
         A = len(self.agents)
-        if num_envs % A:
-            lower, upper = max(A, num_envs // A * A), (num_envs // A + 1) * A
-            raise MultiAgentError(
-                f"env.num_envs={num_envs} counts agent columns and is not a multiple of the env's {A} "
-                f"agents (each env copy is {A} columns): use {lower} or {upper}"
-            )
+        problem = columns_problem(num_envs, A)
+        if problem:
+            raise MultiAgentError(problem)
         copies = [first] + [make() for _ in range(num_envs // A - 1)]
         self._setup(copies, num_envs, same_spaces(first, self.agents), autoreset)
         # Placeholders for agents absent at a reset are drawn from a copy of the space (the env's

@@ -27,6 +27,7 @@ from policy import cores
 from policy.encoders import ENCODERS, encoder_plan
 from policy.models import MODEL_KINDS, build_policy, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
+from rollout_workers.multi_agent.common import columns_problem
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
 from services.tracking import missing_tracker
@@ -70,17 +71,14 @@ def check_config(cfg: RelayConfig) -> None:
         raise ConfigError("invalid config: " + "; ".join(problems))
 
 
-def multi_agent_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
-    """What a PettingZoo env's columns and seats cannot do with this config, or None."""
+def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
+    """What a PettingZoo env's columns and seats cannot do with this run's learner and model, or
+    None (rollout_workers.envs.multi_agent_problem checks the env section itself)."""
     if env.multi_agent is None:
         return None
-    a = env.columns
-    if cfg.env.num_envs % a:
-        lower, upper = max(a, cfg.env.num_envs // a * a), (cfg.env.num_envs // a + 1) * a
-        return (
-            f"env.num_envs={cfg.env.num_envs} counts agent columns and is not a multiple of {cfg.env.id}'s "
-            f"{a} agents (each env copy is {a} columns): use {lower} or {upper}"
-        )
+    problem = columns_problem(cfg.env.num_envs, env.columns, cfg.env.id)
+    if problem:
+        return problem
     if algorithm_class(cfg.learner.algo).grouped:
         return (
             f"learner.algo={cfg.learner.algo} samples groups of whole episodes: not a PettingZoo env's agents"
@@ -97,7 +95,7 @@ def check_env(cfg: RelayConfig) -> EnvSpec:
         env = probe_env_spec(cfg.env, notes, cfg.multi_agent)
     except EnvSpecError as err:
         raise PreflightError(str(err)) from None
-    problem = multi_agent_problem(cfg, env)
+    problem = _multi_agent_run_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
     problem = model_kind(cfg.model.kind).env_problem(cfg, env)

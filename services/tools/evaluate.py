@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.config import EnvConfig
-from rollout_workers.envs import EnvSpecError
+from rollout_workers.envs import PETTINGZOO, EnvSpecError
 from rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
     EvalResult,
@@ -47,7 +47,7 @@ def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: boo
         if stored is None:
             raise PolicyLoadError(f"{handle.source} names no env relay may build: name one with --env ENV_ID")
         if ":" in stored.id:
-            kind = "a PettingZoo module" if stored.id.startswith("pettingzoo:") else "a module:factory env"
+            kind = "a PettingZoo module" if stored.id.startswith(PETTINGZOO) else "a module:factory env"
             raise PolicyLoadError(
                 f"{handle.source} was trained on {stored.id!r}, {kind}, which a file never builds: "
                 "name it with --env ENV_ID"
