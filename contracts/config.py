@@ -22,6 +22,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.spaces import MAX_POLICY_GROUPS, POLICY_NAME
+
 # A config is a few hundred values; a document that expands to more is a mistake or an attack.
 MAX_CONFIG_NODES = 20_000
 MAX_CONFIG_BYTES = 1 << 20
@@ -476,6 +478,31 @@ class MultiAgentConfig(_Section):
         "frozen snapshots of itself drawn from a pool, and a random player; null: against its "
         "current weights.",
     )
+    policies: dict[str, list[str]] | None = Field(
+        None,
+        description="Parallel envs: policy groups, {name: [agent patterns]} (fnmatch, e.g. "
+        "{predator: ['adversary_*'], prey: ['agent_*']}); an agent plays for the first group a pattern "
+        "of which it matches, every agent must match one, and the agents of a group share weights "
+        "(their spaces must agree; groups may differ). Each group has its own learner state: ring "
+        "buffer, optimizer, metrics (policy/<name>/...), weights. null: one policy for every agent.",
+    )
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names(cls, groups: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+        if groups is None:
+            return None
+        if not 1 <= len(groups) <= MAX_POLICY_GROUPS:
+            raise ValueError(f"multi_agent.policies names 1 to {MAX_POLICY_GROUPS} groups")
+        for name, patterns in groups.items():
+            if not POLICY_NAME.match(name):
+                raise ValueError(
+                    f"multi_agent.policies: {name[:40]!r} is not a group name (a letter, then letters, "
+                    "digits, '_' or '-'; at most 40)"
+                )
+            if not 1 <= len(patterns) <= 256 or not all(0 < len(p) <= 200 for p in patterns):
+                raise ValueError(f"multi_agent.policies.{name}: 1 to 256 agent patterns of 1-200 characters")
+        return groups
 
 
 class SweepConfig(_Section):
@@ -622,7 +649,27 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
-    return problems + _fleet_problems(cfg)
+    return problems + _fleet_problems(cfg) + _policy_group_problems(cfg)
+
+
+def _policy_group_problems(cfg: RelayConfig) -> list[str]:
+    ma = cfg.multi_agent
+    if ma.policies is None:
+        return []
+    problems = []
+    if ma.agents != ["*"]:
+        problems.append(
+            "multi_agent.agents and multi_agent.policies both choose agents: name them in policies"
+        )
+    if ma.self_play is not None:
+        problems.append(
+            "multi_agent.self_play plays one seat of a turn-based game: not with multi_agent.policies"
+        )
+    if cfg.learner.num_learners > 1:
+        problems.append(
+            f"learner.num_learners={cfg.learner.num_learners}: policy groups train on one learner actor"
+        )
+    return problems
 
 
 def _fleet_problems(cfg: RelayConfig) -> list[str]:

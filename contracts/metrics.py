@@ -112,8 +112,28 @@ METRICS: dict[str, str] = {
     "eval_s": "seconds the evaluation took (on its own actor or thread)",
 }
 
-# Episode statistics whose names carry an id: "agent_return_mean/<agent>" (each agent's mean return).
-STAT_PREFIXES: tuple[str, ...] = ("agent_return_mean/",)
+# Policy groups (multi_agent.policies): each group's mean episode return (over its agents'
+# episodes) is the episode statistic "policy_return_mean/<group>", and each group's own values of
+# POLICY_KEYS ride on the line as "policy/<group>/<key>" (the plain keys hold the groups' means).
+POLICY_RETURN_PREFIX = "policy_return_mean/"
+POLICY_PREFIX = "policy/"
+POLICY_KEYS: tuple[str, ...] = (
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "explained_variance",
+    "grad_norm",
+    "weights_version",
+    "policy_lag_mean",
+    "learner_samples_per_s",
+    "parameters",
+)
+
+# Episode statistics whose names carry an id: "agent_return_mean/<agent>" (each agent's mean
+# return), "policy_return_mean/<group>".
+STAT_PREFIXES: tuple[str, ...] = ("agent_return_mean/", POLICY_RETURN_PREFIX)
 
 
 def stat_means(stats: dict[str, list[float]]) -> dict[str, float]:
@@ -267,10 +287,24 @@ CHARTS: list[dict[str, Any]] = [
 CHARTED_KEYS: list[str] = [k for c in CHARTS for k in [*c["keys"], *c.get("band", [])]]
 
 
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def numeric_metrics(record: dict[str, Any]) -> list[tuple[str, float]]:
     """(key, value) of the record's finite numeric metrics that METRICS names, for the sinks."""
-    return [
-        (k, float(v))
-        for k, v in record.items()
-        if k in METRICS and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    ]
+    return [(k, float(v)) for k, v in record.items() if k in METRICS and _finite_number(v)]
+
+
+def group_metrics(record: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """(group, key, value) of the record's per-policy-group metrics: "policy/<group>/<key>" for
+    POLICY_KEYS and "policy_return_mean/<group>" (as key policy_return_mean), for the sinks."""
+    out = []
+    for k, v in record.items():
+        if not _finite_number(v):
+            continue
+        if k.startswith(POLICY_PREFIX) and k.count("/") == 2 and k.rsplit("/", 1)[1] in POLICY_KEYS:
+            out.append((k.split("/")[1], k.rsplit("/", 1)[1], float(v)))
+        elif k.startswith(POLICY_RETURN_PREFIX):
+            out.append((k[len(POLICY_RETURN_PREFIX) :], "policy_return_mean", float(v)))
+    return out

@@ -110,6 +110,11 @@ class Segment:
         return sum(a.nbytes for a in self.arrays.values())
 
 
+# What one sample call returns: a Segment, or where the env is split into policy groups
+# (multi_agent.policies) one per group, {group: Segment}, each in its group's layout.
+Sampled = Segment | dict[str, Segment]
+
+
 def obs_tree(fields: dict[str, Any]) -> Any:
     """The observation tree of flat fields ("obs", or "obs/<path>" per leaf) as nested dicts."""
     if "obs" in fields:

@@ -11,7 +11,8 @@ tree, each named by its path ("image", "pos/0"; "" for a lone non-Box observatio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -23,6 +24,10 @@ INTEGER_ACTIONS = ("discrete", "multi_discrete", "multi_binary")
 PATH_SEP = "/"
 MAX_LEAVES = 256
 MAX_AGENTS = 1024  # agents of one multi-agent env copy
+# A policy group's name: part of metric keys (policy/<name>/...), weight keys (<name>/...) and
+# file names (`relay export --policy`), so no '/', '.' or spaces.
+POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+MAX_POLICY_GROUPS = 16
 # Observation dtypes a segment keeps as they are; every other dtype is stored as float32.
 # uint8 frames stay uint8 end to end (a quarter of the bytes); ids and floats become float32.
 NATIVE_STORAGE_DTYPES = ("uint8",)
@@ -243,6 +248,26 @@ class EnvSpec:
     # one seat: one column per copy, `agents` ().
     multi_agent: str | None = None
     agents: tuple[str, ...] = ()
+    # Policy groups (multi_agent.policies) of a parallel env, in order: (name, the group's own spec:
+    # its spaces and its agents). The spec around them describes the whole env (`agents`: every
+    # agent; its spaces: the first group's); () for one shared policy.
+    groups: tuple[tuple[str, EnvSpec], ...] = ()
+
+    @property
+    def policy_names(self) -> tuple[str, ...]:
+        """The policy groups' names; () for one shared policy."""
+        return tuple(name for name, _ in self.groups)
+
+    def policy(self, name: str | None) -> EnvSpec:
+        """The spec group `name`'s policy is built for (None: the one policy of an ungrouped run);
+        KeyError (naming the groups) otherwise."""
+        if name is None and not self.groups:
+            return self
+        for group, spec in self.groups:
+            if group == name:
+                return spec
+        have = ", ".join(self.policy_names) or "none: one policy for every agent"
+        raise KeyError(f"no policy group {name!r} (groups: {have})")
 
     @property
     def columns(self) -> int:
@@ -297,6 +322,8 @@ class EnvSpec:
         if self.multi_agent is not None:
             out["multi_agent"] = self.multi_agent
             out["agents"] = list(self.agents)
+        if self.groups:
+            out["groups"] = [{"name": name, "spec": spec.to_dict()} for name, spec in self.groups]
         return out
 
     @staticmethod
@@ -336,4 +363,32 @@ class EnvSpec:
         if api not in (None, "parallel", "aec"):
             raise SpecError(f"env spec multi_agent must be parallel or aec, got {str(api)[:20]!r}")
         action = ActionSpec.from_dict(data.get("action"))
-        return EnvSpec(shape, action, dtype, low, high, leaves, mask, api, tuple(agents))
+        spec = EnvSpec(shape, action, dtype, low, high, leaves, mask, api, tuple(agents))
+        return replace(spec, groups=_groups_from(data.get("groups", []), spec))
+
+
+def _groups_from(data: Any, whole: EnvSpec) -> tuple[tuple[str, EnvSpec], ...]:
+    """Policy groups read from a file: named, of a parallel env, each a group spec (no groups of
+    its own) whose agents are the whole env's, every agent in exactly one group."""
+    if not isinstance(data, list) or len(data) > MAX_POLICY_GROUPS:
+        raise SpecError(f"env spec groups must be a list of at most {MAX_POLICY_GROUPS}")
+    if not data:
+        return ()
+    out = []
+    for item in data:
+        if not isinstance(item, dict) or not (
+            isinstance(item.get("name"), str) and POLICY_NAME.match(item["name"])
+        ):
+            raise SpecError("env spec groups: each is {name, spec} with a group name")
+        if not isinstance(item.get("spec"), dict) or "groups" in item["spec"]:
+            raise SpecError(f"env spec group {item['name']}: its spec is not a group's")
+        spec = EnvSpec.from_dict(item["spec"])
+        if spec.multi_agent != "parallel" or not spec.agents:
+            raise SpecError(f"env spec group {item['name']}: not agents of a parallel env")
+        out.append((item["name"], spec))
+    members = [a for _, spec in out for a in spec.agents]
+    if whole.multi_agent != "parallel" or sorted(members) != sorted(whole.agents):
+        raise SpecError("env spec groups do not hold every agent of the env exactly once")
+    if len({name for name, _ in out}) != len(out):
+        raise SpecError("env spec groups repeat a name")
+    return tuple(out)

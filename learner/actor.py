@@ -29,9 +29,10 @@ from contracts.spaces import EnvSpec
 from learner.device import accelerator_resources, ray_options
 from learner.distributed import init_group, world_size
 from learner.heap import HeapTrimmer
-from learner.learner import Arrival, Arrivals, Learner
+from learner.learner import Arrival, Arrivals
+from learner.policy_groups import GroupArrival, make_learner
 
-Fetched = Arrival | ray.exceptions.RayError
+Fetched = Arrival | GroupArrival | ray.exceptions.RayError
 Weights = dict[str, np.ndarray]
 
 
@@ -43,7 +44,7 @@ class LearnerActor:
         # As many intra-op threads as the CPUs Ray reserved for us: more would fight the rollout
         # workers for cores, fewer leaves a CPU learner's reserved cores idle.
         torch.set_num_threads(cfg.learner.num_cpus)
-        self.learner = Learner(cfg, env)
+        self.learner = make_learner(cfg, env)
         self._rank = 0  # in the data-parallel group: rank 0 publishes
         # Segments of the next rounds, fetched and staged while the learner updates, by one thread
         # kept for the actor's life rather than one started per round (~45k an hour on CartPole).
@@ -59,7 +60,7 @@ class LearnerActor:
             "ray_accelerator_ids": list(self.learner.dev.ray_ids),
             "parameters": self.learner.parameter_count,
             "torch_threads": torch.get_num_threads(),
-            "buffer_bytes": self.learner.buffer.nbytes(),
+            "buffer_bytes": self.learner.buffer_bytes(),
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 

@@ -52,7 +52,7 @@ class Arrivals:
     """One round's input: the segments that arrived (staged), how many were lost on the way
     (their rollout worker died) and the seconds spent waiting for them."""
 
-    staged: list[Arrival]
+    staged: list[Any]  # Arrival; a policy-grouped learner's GroupArrival (learner/policy_groups.py)
     lost: int = 0
     wait_s: float = 0.0
 
@@ -327,6 +327,10 @@ class Learner:
         tensors = list(self.model.parameters()) + self.algo.extra_tensors()
         tensors += [t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t)]
         return sum(t.numel() * t.element_size() for t in tensors) + self.buffer.nbytes()
+
+    def buffer_bytes(self) -> int:
+        """Bytes the ring buffer holds on the device."""
+        return self.buffer.nbytes()
 
     @property
     def parameter_count(self) -> int:

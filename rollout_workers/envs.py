@@ -13,6 +13,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -454,16 +455,30 @@ def _multi_agent_spec(
     except Exception as err:  # an env whose spaces or agents cannot be read
         raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
     try:
-        spec = env_spec(
-            vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
-        )
+        spec = columns_spec(vec, ec, notes)
     finally:
         vec.close()
-    if spec.action_mask is not None and spec.action_mask.startswith("info:"):
-        raise EnvSpecError(
-            f"env.action_mask={spec.action_mask}: PettingZoo envs give masks in observations (obs:<key>)"
-        )
+    for one in [spec, *(group for _, group in spec.groups)]:
+        if one.action_mask is not None and one.action_mask.startswith("info:"):
+            raise EnvSpecError(
+                f"env.action_mask={one.action_mask}: PettingZoo envs give masks in observations (obs:<key>)"
+            )
     return spec
+
+
+def columns_spec(vec: gym.vector.VectorEnv, ec: EnvConfig, notes: list[str] | None = None) -> EnvSpec:
+    """The spec of a multi-agent vector env of columns: its shared policy's, or where it is split
+    into policy groups (multi_agent.policies), the whole env's with each group's inside
+    (`EnvSpec.groups`; the whole's own spaces are the first group's)."""
+    groups = getattr(vec, "policy_groups", None)
+    if not groups:
+        return env_spec(
+            vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
+        )
+    parts = tuple(
+        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, ("parallel", g.agents))) for g in groups
+    )
+    return replace(parts[0][1], agents=tuple(map(str, getattr(vec, "agents", ()))), groups=parts)
 
 
 def probe_env_spec(

@@ -21,6 +21,7 @@ from policy.normalizer import Moments
 from policy.numpy_mirror import Acted, cpu_policy
 from rollout_workers.env_guard import GuardedVectorEnv
 from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
+from rollout_workers.group_envs import GroupEnvs
 from rollout_workers.multi_agent import attach_opponents, columns_of
 from rollout_workers.observations import ObsReader
 from rollout_workers.preprocess import preprocessor
@@ -37,11 +38,22 @@ class SamplerCore:
 
     autoreset = True
 
-    def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
+    def __init__(
+        self,
+        cfg: RelayConfig,
+        traits: AlgorithmTraits,
+        worker_index: int = 0,
+        envs: GuardedVectorEnv | GroupEnvs | None = None,
+        salt: int = 0,
+    ) -> None:
+        """`envs`: a policy group's view of a joint env (rollout_workers/group_envs.py), whose
+        columns this sampler acts for, in place of a vector env of its own; `salt` keeps a
+        group's seeds (exploration noise) apart from the other groups' of the same worker."""
         self.cfg = cfg
         self.worker_index = worker_index
+        self.salt = salt
         self.opponents: SelfPlayOpponents | None = None  # a turn-based game's other seats
-        self.envs = GuardedVectorEnv(self._make_envs, worker_index)
+        self.envs = envs if envs is not None else GuardedVectorEnv(self._make_envs, worker_index)
         obs_space, space = self.envs.single_observation_space, self.envs.single_action_space
         info = self.envs.reset_info(cfg.env.seed) if needs_reset_info(cfg.env, space) else None
         self.spec = env_spec(obs_space, space, cfg.env, info, multi_agent=columns_of(self.envs.env))
@@ -96,10 +108,11 @@ class SamplerCore:
             lambda: cpu_policy(self.cfg.model, build_policy(self.cfg, self.spec, traits.critic)),
             self.cfg.multi_agent.self_play,
         )
-        attach_opponents(self.envs.env, self.opponents)
+        if isinstance(self.envs, GuardedVectorEnv):  # a game's seats: never a policy group's view
+            attach_opponents(self.envs.env, self.opponents)
 
     def _seeds(self, offset: int, count: int) -> list[int]:
-        return env_seeds(self.cfg.env.seed, offset + self.worker_index, count, self.seed_stream)
+        return env_seeds(self.cfg.env.seed, offset + self.worker_index + self.salt, count, self.seed_stream)
 
     def reseed(self, stream: int) -> None:
         """Restart env seeds and exploration noise from seed stream `stream`.

@@ -13,7 +13,7 @@ import torch
 
 from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
-from contracts.segment import Segment
+from contracts.segment import Sampled
 from contracts.spaces import EnvSpec
 from rollout_workers.envs import allow_env_module
 from rollout_workers.sampler import make_sampler
@@ -54,13 +54,15 @@ class RolloutWorker:
         return self.sampler.spec
 
     @ray.method(enable_task_events=False)  # hot: no task record kept in the GCS
-    def sample(self, version: int, weights_ref: list[ray.ObjectRef]) -> Segment:
-        """A Segment acted with weights `version` (fetched from the object store only when new)."""
+    def sample(self, version: int, weights_ref: list[ray.ObjectRef]) -> Sampled:
+        """A Segment acted with weights `version` (fetched from the object store only when new);
+        a policy-grouped env's {group: Segment}."""
         if version != self.sampler.version:
             self.sampler.set_weights(version, ray.get(weights_ref[0]))
-        segment = self.sampler.sample()
-        segment.incarnation = self.incarnation
-        return segment
+        sampled = self.sampler.sample()
+        for segment in sampled.values() if isinstance(sampled, dict) else [sampled]:
+            segment.incarnation = self.incarnation
+        return sampled
 
 
 def adopt_workdir(workdir: str, env_id: str) -> None:

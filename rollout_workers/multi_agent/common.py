@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from contracts.config import MultiAgentConfig
@@ -50,21 +51,69 @@ def played_agents(possible: list[str], patterns: list[str], every: bool) -> list
     if every and left:
         raise MultiAgentError(
             f"multi_agent.agents={patterns} leaves out {', '.join(map(str, left))}: every agent of a "
-            "parallel env needs a policy (policy groups are not built yet)"
+            "parallel env needs a policy (give agents of another kind their own with multi_agent.policies)"
         )
     return chosen
 
 
-def same_spaces(env: Any, agents: list[str]) -> tuple[gym.Space, gym.Space]:
-    """The one observation and action space the agents share; MultiAgentError where they differ
-    (one shared policy reads and acts in one pair of spaces)."""
+@dataclass(frozen=True)
+class GroupColumns:
+    """A policy group of a parallel env: its name, its agents (in the env's order), its columns of
+    the joint vector env (copy-major: every copy's agents of the group, then the next copy's) and
+    the one pair of spaces its agents share."""
+
+    name: str
+    agents: tuple[str, ...]
+    columns: np.ndarray
+    spaces: tuple[gym.Space, gym.Space]
+
+
+def policy_groups(
+    env: Any, agents: list[str], policies: dict[str, list[str]], copies: int
+) -> list[GroupColumns]:
+    """multi_agent.policies resolved for an env's agents (all of them, in its order): each agent
+    plays for the first group a pattern of which it matches. MultiAgentError (one line) where an
+    agent matches none, a group matches no agent, or a group's agents' spaces differ."""
+    owner = {}
+    for agent in agents:
+        name = next(
+            (g for g, pats in policies.items() if any(fnmatch.fnmatchcase(str(agent), p) for p in pats)), None
+        )
+        if name is None:
+            raise MultiAgentError(
+                f"agent {agent} matches no group of multi_agent.policies ({', '.join(policies)}): every "
+                "agent of a parallel env needs a policy"
+            )
+        owner[agent] = name
+    out = []
+    for name in policies:
+        index = [a for a, agent in enumerate(agents) if owner[agent] == name]
+        if not index:
+            raise MultiAgentError(
+                f"multi_agent.policies.{name}={policies[name]} matches no agent the earlier groups left "
+                f"({', '.join(map(str, agents))})"
+            )
+        members = [agents[a] for a in index]
+        columns = np.array([e * len(agents) + a for e in range(copies) for a in index], dtype=np.int64)
+        out.append(GroupColumns(name, tuple(map(str, members)), columns, same_spaces(env, members, name)))
+    return out
+
+
+def same_spaces(env: Any, agents: list[str], group: str | None = None) -> tuple[gym.Space, gym.Space]:
+    """The one observation and action space the agents (of policy group `group`) share;
+    MultiAgentError where they differ (one shared policy reads and acts in one pair of spaces)."""
     obs, act = env.observation_space(agents[0]), env.action_space(agents[0])
     for agent in agents[1:]:
         if env.observation_space(agent) != obs or env.action_space(agent) != act:
+            fix = (
+                f"split policy group {group} in multi_agent.policies"
+                if group
+                else "give each kind of agent its own policy with multi_agent.policies"
+            )
             raise MultiAgentError(
                 f"agents {agents[0]} and {agent} have different spaces ({obs}, {act} vs "
                 f"{env.observation_space(agent)}, {env.action_space(agent)}): a shared policy needs one "
-                "pair; choose agents of one kind with multi_agent.agents"
+                f"pair; {fix}"
             )
     return obs, act
 

@@ -15,15 +15,18 @@ import copy
 from typing import Any
 
 import numpy as np
+from gymnasium.vector.utils import concatenate
 
 from rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     STATS_KEY,
     Build,
     ColumnsVectorEnv,
+    GroupColumns,
     MultiAgentError,
     columns_problem,
     played_agents,
+    policy_groups,
     same_spaces,
 )
 
@@ -40,12 +43,19 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         problem = columns_problem(num_envs, A)
         if problem:
             raise MultiAgentError(problem)
+        # Policy groups: each its agents' columns and spaces; the joint env's own spaces are then
+        # the first group's, and its columns are read per group (`batch`), never as one batch.
+        self.policy_groups = (
+            policy_groups(first, self.agents, ma.policies, num_envs // A) if ma.policies else []
+        )
+        spaces = self.policy_groups[0].spaces if self.policy_groups else same_spaces(first, self.agents)
         copies = [first] + [make() for _ in range(num_envs // A - 1)]
-        self._setup(copies, num_envs, same_spaces(first, self.agents), autoreset)
-        # Placeholders for agents absent at a reset are drawn from a copy of the space (the env's
+        self._setup(copies, num_envs, spaces, autoreset)
+        # Placeholders for agents absent at a reset are drawn from a copy of their space (the env's
         # own is left alone), seeded, so a sync run's segments (padding included) reproduce.
-        self._placeholders = copy.deepcopy(self.single_observation_space)
-        self._placeholders.seed(0)
+        self._placeholders = [copy.deepcopy(first.observation_space(agent)) for agent in self.agents]
+        for space in self._placeholders:
+            space.seed(0)
         E = len(self.envs)
         self._live = np.zeros((E, A), dtype=bool)  # in its copy's episode and not finished
         self._returns = np.zeros((E, A), dtype=np.float64)  # this episode's return per agent
@@ -59,7 +69,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             if present:
                 self._obs[e * len(self.agents) + a] = obs[agent]
             elif self._obs[e * len(self.agents) + a] is None:  # never seen yet: a valid placeholder
-                self._obs[e * len(self.agents) + a] = self._placeholders.sample()
+                self._obs[e * len(self.agents) + a] = self._placeholders[a].sample()
         self._returns[e] = 0.0
 
     def _reset_copy(self, e: int, seed: int | None, options: dict[str, Any] | None) -> None:
@@ -71,6 +81,11 @@ class ParallelVectorEnv(ColumnsVectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset every copy (or those with a column in options["reset_mask"], [N] bool); a list of
         N seeds seeds copy e with its first column's."""
+        self.reset_copies(seed, options)
+        return self._batch(), {}
+
+    def reset_copies(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> None:
+        """`reset` without the batch (policy groups read their columns with `batch`)."""
         A, E = len(self.agents), len(self.envs)
         options = dict(options or {})
         mask = options.pop("reset_mask", None)
@@ -81,12 +96,20 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             else:
                 copy_seed = None if seed is None else int(seed) + int(e)
             self._reset_copy(int(e), copy_seed, options or None)
-        return self._batch(), {}
+
+    def batch(self, group: GroupColumns, out: Any) -> Any:
+        """Group `group`'s columns' newest observations as one batch, written into `out`."""
+        return concatenate(group.spaces[0], [self._obs[c] for c in group.columns], out)
 
     # ---- stepping ---------------------------------------------------------------------------------
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        # [N, ...]: every action kind relay acts in is one array
+        return self._batch(), *self.step_columns(np.asarray(actions))
+
+    def step_columns(self, acts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """`step` without the batch: `acts[c]` is column c's action (one array, or a sequence of
+        each column's when groups act in different spaces); (reward, terminated, truncated, info)."""
         A, N = len(self.agents), self.num_envs
-        acts = np.asarray(actions)  # [N, ...]: every action kind relay acts in is one array
         reward = np.zeros(N, dtype=np.float64)
         terminated = np.zeros(N, dtype=bool)
         truncated = np.zeros(N, dtype=bool)
@@ -124,7 +147,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         ended = terminated | truncated
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
-        return self._batch(), reward, terminated, truncated, info
+        return reward, terminated, truncated, info
 
     def _episode_stats(self, e: int) -> list[tuple[str, float]]:
         """Copy e's finished episode: the team's return and each agent's."""

@@ -17,7 +17,7 @@ from contracts.rounds import Publication, RoundResult
 from contracts.spaces import EnvSpec
 from learner.actor import create_learner_actor, learner_resources
 from learner.algorithms import algorithm_traits
-from learner.learner import Learner
+from learner.policy_groups import make_learner
 from rollout_workers.evaluator import Evaluator, create_evaluator
 from rollout_workers.sampler import make_sampler
 from rollout_workers.worker import create_rollout_workers, worker_resources
@@ -35,7 +35,7 @@ class LocalBackend:
     def __init__(self, cfg: RelayConfig) -> None:
         self.sampler = make_sampler(cfg, algorithm_traits(cfg), 0)
         self.env_spec = self.sampler.spec
-        self.learner = Learner(cfg, self.env_spec)
+        self.learner = make_learner(cfg, self.env_spec)
         self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
 
     def describe(self) -> dict[str, Any]:
@@ -55,8 +55,8 @@ class LocalBackend:
             self.sampler.set_weights(self.learner.version, self.learner.weights())
         t0 = time.perf_counter()
         with self.stuck_reporter:
-            segment = self.sampler.sample()  # the learner waits for it: one process does both
-        return self.learner.train_round([segment], progress, wait_s=time.perf_counter() - t0)
+            sampled = self.sampler.sample()  # the learner waits for it: one process does both
+        return self.learner.train_round([sampled], progress, wait_s=time.perf_counter() - t0)  # type: ignore[list-item]
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it
@@ -71,7 +71,7 @@ class LocalBackend:
         self.learner.load_state_dict(state)
 
     def restart_learner(self) -> None:
-        self.learner = Learner(self.learner.cfg, self.env_spec)
+        self.learner = make_learner(self.learner.cfg, self.env_spec)
 
     def reseed_workers(self, stream: int) -> None:
         self.sampler.reseed(stream)

@@ -17,9 +17,11 @@ import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
 from contracts.config import RelayConfig
+from contracts.policy_groups import group_config, part_of
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
 from learner.learner import learner_state_problem
+from learner.policy_groups import groups_state_problem
 from policy.models import build_policy, infer_env_spec, weights_mismatch
 from services.files import atomic_write_with
 
@@ -103,30 +105,52 @@ class ResumeError(ValueError):
 
 def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str) -> None:
     """The merged config must rebuild exactly the checkpoint's learner: same algorithm, same env
-    spaces, a policy its weights load into. Checked on the CPU before anything starts."""
+    spaces (and policy groups), a policy its weights load into. Checked on the CPU before anything
+    starts."""
     saved_algo = (ckpt.config.get("learner") or {}).get("algo", "ppo")
     if saved_algo != cfg.learner.algo:
         raise ResumeError(
             f"{name} was trained with learner.algo={saved_algo}, the config says {cfg.learner.algo}"
         )
     saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
+    if saved_env.policy_names != env.policy_names:
+
+        def groups(e: EnvSpec) -> str:
+            return f"policy groups {', '.join(e.policy_names)}" if e.groups else "one policy"
+
+        raise ResumeError(f"{name} was trained with {groups(saved_env)}; the config gives {groups(env)}")
+    critic = algorithm_class(cfg.learner.algo).critic
+    models = {}
+    for group in env.policy_names or [None]:
+        policy_cfg = cfg if group is None else group_config(cfg, env, group)
+        weights = ckpt.learner["model"] if group is None else part_of(ckpt.learner["model"], group)
+        _check_spaces(saved_env.policy(group), env.policy(group), cfg.env.id, name)
+        policy = build_policy(policy_cfg, env.policy(group), critic=critic)
+        problem = weights_mismatch(policy.state_dict(), weights)
+        if problem:
+            where = "" if group is None else f"policy group {group} of "
+            raise ResumeError(
+                f"the config's model does not fit {where}{name} ({problem}); model.* must stay as trained"
+            )
+        models[group] = policy
+    if env.groups:
+        problem = groups_state_problem({str(g): m for g, m in models.items()}, ckpt.learner)
+    else:
+        problem = learner_state_problem(models[None], ckpt.learner)
+    if problem:  # the weights fit the config, the rest of the file is malformed: not the config's fault
+        raise CheckpointError(f"{name}: {problem}")
+
+
+def _check_spaces(saved: EnvSpec, env: EnvSpec, env_id: str, name: str) -> None:
+    """ResumeError where the env's observations, actions or masks are not those trained on."""
 
     def spaces(e: EnvSpec) -> tuple[object, ...]:
         return (e.obs_shape, e.leaves, e.action, e.action_mask)
 
-    if spaces(saved_env) != spaces(env):
+    if spaces(saved) != spaces(env):
 
         def said(e: EnvSpec) -> str:
             masks = "with" if e.action_mask is not None else "without"
             return f"{e.describe_obs()} and {e.action.describe()} actions {masks} action masks"
 
-        raise ResumeError(
-            f"{name} was trained on observations {said(saved_env)}; {cfg.env.id} has {said(env)}"
-        )
-    policy = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
-    problem = weights_mismatch(policy.state_dict(), ckpt.learner["model"])
-    if problem:
-        raise ResumeError(f"the config's model does not fit {name} ({problem}); model.* must stay as trained")
-    problem = learner_state_problem(policy, ckpt.learner)
-    if problem:  # the weights fit the config, the rest of the file is malformed: not the config's fault
-        raise CheckpointError(f"{name}: {problem}")
+        raise ResumeError(f"{name} was trained on observations {said(saved)}; {env_id} has {said(env)}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from contracts.config import ConfigError, RelayConfig
+from contracts.policy_groups import PolicyGroupError, group_config
 from contracts.spaces import EnvSpec
 from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from learner.device import DeviceContext, check_device, parse_device_spec
@@ -98,6 +99,31 @@ def check_env(cfg: RelayConfig) -> EnvSpec:
     problem = _multi_agent_run_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
+    for policy_cfg, spec in policies(cfg, env):
+        _check_policy(policy_cfg, spec)
+    for note in dict.fromkeys(notes):  # policy groups of one env may note the same thing
+        print(f"relay: {note}", file=sys.stderr)
+    return env
+
+
+def policies(cfg: RelayConfig, env: EnvSpec) -> list[tuple[RelayConfig, EnvSpec]]:
+    """(config, spec) of each policy the run trains: its own, or each policy group's
+    (contracts/policy_groups.py). PreflightError where the groups cannot be split or evaluated."""
+    if not env.groups:
+        return [(cfg, env)]
+    if cfg.eval.every_iterations:
+        raise PreflightError(
+            "eval.every_iterations: evaluation during training is not built for policy groups yet "
+            "(multi_agent.policies); the training returns per group are policy_return_mean/<group>"
+        )
+    try:
+        return [(group_config(cfg, env, name), env.policy(name)) for name in env.policy_names]
+    except PolicyGroupError as err:
+        raise PreflightError(str(err)) from None
+
+
+def _check_policy(cfg: RelayConfig, env: EnvSpec) -> None:
+    """The model can read the env (a policy group's, for each group)."""
     problem = model_kind(cfg.model.kind).env_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
@@ -111,9 +137,6 @@ def check_env(cfg: RelayConfig) -> EnvSpec:
             encoder_plan(env, cfg.model.encoders)
         except ValueError as err:
             raise PreflightError(str(err)) from None
-    for note in notes:
-        print(f"relay: {note}", file=sys.stderr)
-    return env
 
 
 def learner_precision(cfg: RelayConfig, env: EnvSpec, address: str | None = None) -> str:
@@ -125,6 +148,7 @@ def learner_precision(cfg: RelayConfig, env: EnvSpec, address: str | None = None
         return "decided on the learner's host by its device's bf16 units (learner.use_amp=auto)"
     # Set explicitly, neither reads the device: a remote learner's is not looked up here.
     dev = DeviceContext(check_device(lc.device, lc.npu_ids) if here else torch.device("cpu"))
+    cfg, env = policies(cfg, env)[0]  # policy groups share the learner's device and settings
     model = build_policy(cfg, env, critic=algorithm_class(cfg.learner.algo).critic)
     return resolve_precision(lc, dev, is_convolutional(model)).describe()
 
@@ -154,7 +178,8 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: RelayConfig, env: EnvSpec, learner_on_cpu: bool) -> MemoryEstimate:
-    seg = segment_layout(cfg, env).nbytes()
+    # a worker's call makes one segment per policy group, each group's buffer the same segments
+    seg = sum(segment_layout(c, e).nbytes() for c, e in policies(cfg, env))
     buffer = cfg.buffer_segments * seg * cfg.learner.num_learners if learner_on_cpu else 0
     # Per worker: the segment it fills, plus those outstanding or waiting (sync keeps the next
     # round in flight); the learner's gather of a round copies it once more.
