@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from contracts.checkpoint import CheckpointError
 from contracts.config import ConfigError, config_help, dump_config, load_config
+from contracts.spaces import POLICY_NAME
 from learner.device import DeviceError, check_device
 from rollout_workers.envs import allow_env_module
 from rollout_workers.video import VideoError
@@ -106,6 +107,22 @@ def _add_best_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_policy_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="the policy group to use, where the run trained policy groups (multi_agent.policies)",
+    )
+
+
+def _policy(args: argparse.Namespace) -> str | None:
+    """--policy, checked: a group's name (InputError otherwise)."""
+    name = getattr(args, "policy", None)
+    if name is not None and not POLICY_NAME.match(name):
+        raise InputError(f"--policy {name[:40]!r}: not a policy group's name")
+    return name
+
+
 def _best(path: str, best: bool) -> str:
     """The path itself, or with --best the run directory's best.pt."""
     return str(policy_file(Path(path), best=True)) if best else path
@@ -159,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="replace an existing regular file at --out (never the input)"
     )
     _add_env_arg(export, "check the export on")
+    _add_policy_arg(export)
     verify = sub.add_parser("verify", help="precision table, fingerprint and latency of a policy")
     verify.add_argument("model", help="a relay checkpoint, an exported .onnx, or an ML-Agents .onnx/.pt")
     _add_best_arg(verify)
@@ -169,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--max-abs", type=float, default=0.01)
     verify.add_argument("--seed", type=int, default=0)
     _add_env_arg(verify, "judge precision on")
+    _add_policy_arg(verify)
     _add_serve_parser(sub)
     _add_eval_parser(sub)
     _add_sweep_parser(sub)
@@ -231,6 +250,7 @@ def _add_serve_parser(sub: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger bodies get 413")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (another one must be asked for)")
     serve.add_argument("--port", type=port_number, default=8000, help="HTTP port (0: any free)")
+    _add_policy_arg(serve)
     _add_address_arg(serve)
 
 
@@ -275,11 +295,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")
-    out = Path(args.out) if args.out else ckpt.with_suffix(".onnx")
+    policy = _policy(args)
+    default = ckpt.with_suffix(".onnx") if policy is None else ckpt.with_name(f"{ckpt.stem}-{policy}.onnx")
+    out = Path(args.out) if args.out else default
     check_output(out, [ckpt], args.force)
+    handle = load_policy(ckpt, relay_only=True, policy=policy)  # before --env's module may load
     if args.env:
         allow_env_module(args.env, os.getcwd())
-    report = export_onnx(load_policy(ckpt, relay_only=True), out, env_id=args.env, replace=args.force)
+    report = export_onnx(handle, out, env_id=args.env, replace=args.force)
     print(
         f"wrote {report.path} (checked on {report.checked} observations against onnxruntime: "
         f"max abs error {report.max_abs_error:.2e})"
@@ -300,7 +323,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.env:
         allow_env_module(args.env, os.getcwd())
     opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, args.env)
-    text, passed = run_verify(load_policy(_best(args.model, args.best)), opts)
+    text, passed = run_verify(load_policy(_best(args.model, args.best), policy=_policy(args)), opts)
     print(text)
     return EXIT_OK if passed else EXIT_FAILURE
 
@@ -346,7 +369,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.best and args.follow:
         raise InputError("--best serves the run's best.pt; --follow its newest checkpoint: choose one")
     args.model = _best(args.model, args.best)
+    _policy(args)
     fields = (
+        "policy",
         "model",
         "follow",
         "runtime",

@@ -85,14 +85,15 @@ def policy_groups(
                 "agent of a parallel env needs a policy"
             )
         owner[agent] = name
-    out = []
-    for name in policies:
-        index = [a for a, agent in enumerate(agents) if owner[agent] == name]
+    members_of = {name: [a for a, agent in enumerate(agents) if owner[agent] == name] for name in policies}
+    for name, index in members_of.items():
         if not index:
             raise MultiAgentError(
                 f"multi_agent.policies.{name}={policies[name]} matches no agent the earlier groups left "
                 f"({', '.join(map(str, agents))})"
             )
+    out = []
+    for name, index in members_of.items():
         members = [agents[a] for a in index]
         columns = np.array([e * len(agents) + a for e in range(copies) for a in index], dtype=np.int64)
         out.append(GroupColumns(name, tuple(map(str, members)), columns, same_spaces(env, members, name)))

@@ -24,6 +24,7 @@ from ray.serve.deployment import Application
 from starlette.requests import Request
 from starlette.responses import Response
 
+from contracts.spaces import POLICY_NAME
 from learner.device import accelerator_resources, ray_options
 from services.serving.service import ActRequest, BadRequest, PolicyService, finite_json, parse_act
 
@@ -50,6 +51,11 @@ class ServeArgs(BaseModel):
     max_batch_size: int = Field(32, ge=1, le=4096, description="Requests @serve.batch puts in one batch")
     batch_wait_ms: float = Field(2.0, ge=0, le=10_000, description="How long a batch waits to fill")
     max_body_bytes: int = Field(1 << 20, ge=256, le=1 << 30, description="Larger request bodies get 413")
+    policy: str | None = Field(
+        None,
+        pattern=POLICY_NAME.pattern,
+        description="The policy group to serve (checkpoints of policy groups)",
+    )
 
 
 def _json(status: int, payload: Any) -> Response:
@@ -82,7 +88,9 @@ class PolicyDeployment:
 
     def __init__(self, args: dict[str, Any]) -> None:
         self.args = ServeArgs.model_validate(args)
-        self.service = PolicyService(self.args.model, self.args.runtime, self.args.device, self.args.follow)
+        self.service = PolicyService(
+            self.args.model, self.args.runtime, self.args.device, self.args.follow, self.args.policy
+        )
         # @serve.batch's own setters (added by the decorator, unknown to type checkers).
         self.act_batch.set_max_batch_size(self.args.max_batch_size)  # type: ignore[attr-defined]
         self.act_batch.set_batch_wait_timeout_s(self.args.batch_wait_ms / 1000)  # type: ignore[attr-defined]

@@ -54,7 +54,7 @@ def check_model(args: ServeArgs, local: bool) -> dict[str, Any]:
         )
     device = args.device if local else "cpu"  # a cluster's replicas may have devices this host lacks
     try:
-        return PolicyService(args.model, args.runtime, device, args.follow).metadata()
+        return PolicyService(args.model, args.runtime, device, args.follow, args.policy).metadata()
     except FileNotFoundError as err:
         raise ServeError(str(err)) from None
 

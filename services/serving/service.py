@@ -260,10 +260,17 @@ class PolicyService:
     """Loads MODEL (or RUN_DIR's newest checkpoint with `follow`) and answers batches."""
 
     def __init__(
-        self, model: str, runtime: str = "torch", device: str = "auto", follow: bool = False
+        self,
+        model: str,
+        runtime: str = "torch",
+        device: str = "auto",
+        follow: bool = False,
+        policy: str | None = None,
     ) -> None:
+        """`policy`: the policy group served from checkpoints of policy groups."""
         self.path = Path(model)
         self.runtime_name, self.device, self.follow = runtime, device, follow
+        self.policy = policy
         self.served = self._load_newest() if follow else self._load(self.path)
         self._refused = ""  # the newest checkpoint, when it did not fit what is served
         self.sessions = SessionStore()
@@ -289,10 +296,11 @@ class PolicyService:
         raise FileNotFoundError(f"{self.path}/checkpoints holds no loadable checkpoint ({errors[0]})")
 
     def _load(self, path: Path) -> Served:
-        handle = load_policy(path)
+        handle = load_policy(path, policy=self.policy)
         version = 0
         if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
-            version = int(load_checkpoint(path).learner.get("version", 0))
+            learner = load_checkpoint(path).learner
+            version = int((learner.get("groups") or {}).get(self.policy, learner).get("version", 0))
         runtime = RUNTIMES[self.runtime_name](handle, self.device)
         return Served(version, runtime, path.name, handle, fingerprint(handle, resolve_device("cpu")))
 
@@ -319,6 +327,7 @@ class PolicyService:
         env = served.handle.env
         return {
             "source": served.source,
+            "policy": self.policy,
             "weights_version": served.version,
             "obs_shape": list(env.obs_shape),
             "obs_dtype": str(env.storage_dtype),

@@ -40,6 +40,7 @@ class PolicyHandle:
     env: EnvSpec
     config: RelayConfig | None = None
     action_transform: Callable[[Tensor], Tensor] = identity
+    group: str | None = None  # the policy group of a run of policy groups (multi_agent.policies)
 
     @property
     def obs_dim(self) -> int:

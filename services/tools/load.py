@@ -9,15 +9,18 @@ line (`--env`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from contracts.checkpoint import Checkpoint, CheckpointError
-from contracts.config import EnvConfig
+from contracts.config import EnvConfig, RelayConfig
+from contracts.policy_groups import PolicyGroupError, group_config, part_of
 from contracts.segment import Fields
 from policy.actor_critic import STATE, draw_noise, fields_to_torch
 from policy.models import infer_env_spec
@@ -36,22 +39,43 @@ from services.tools.onnx_import import import_onnx_policy
 from services.tools.relay_policy import relay_policy
 
 
-def _relay_checkpoint(raw: Any, name: str) -> PolicyHandle:
+def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyHandle:
     try:
         ckpt = Checkpoint.from_dict(raw)
         weights = ckpt.learner["model"]
         env = ckpt.env or infer_env_spec(weights)
     except (CheckpointError, KeyError, AttributeError, TypeError) as err:
         raise PolicyLoadError(f"{name}: not a relay checkpoint ({err})") from None
-    return relay_policy(ckpt.config, env, weights, f"relay checkpoint {name}")
+    if not env.groups:
+        if policy is not None:
+            raise PolicyLoadError(f"{name} holds one policy, not policy groups: drop --policy {policy}")
+        return relay_policy(ckpt.config, env, weights, f"relay checkpoint {name}")
+    if policy is None:
+        raise PolicyLoadError(
+            f"{name} holds policy groups ({', '.join(env.policy_names)}): choose one with --policy NAME"
+        )
+    try:
+        spec = env.policy(policy)
+        cfg = group_config(RelayConfig.model_validate(ckpt.config), env, policy)
+    except KeyError as err:
+        raise PolicyLoadError(f"{name}: {err.args[0]}") from None
+    except (ValidationError, PolicyGroupError, ValueError) as err:
+        first = " ".join(str(err).split())[:200]
+        raise PolicyLoadError(f"{name}: unreadable relay config ({first})") from None
+    source = f"relay checkpoint {name}, policy {policy}"
+    handle = relay_policy(cfg.model_dump(mode="json"), spec, part_of(weights, policy), source)
+    return replace(handle, group=policy)
 
 
-def load_policy(path: str | Path, relay_only: bool = False) -> PolicyHandle:
+def load_policy(path: str | Path, relay_only: bool = False, policy: str | None = None) -> PolicyHandle:
     """A relay checkpoint (.pt), an ML-Agents checkpoint (.pt with a Policy state dict), or an ONNX
-    file (relay export or ML-Agents); `relay_only` accepts relay checkpoints alone."""
+    file (relay export or ML-Agents); `relay_only` accepts relay checkpoints alone. `policy`: the
+    policy group to load from a checkpoint of policy groups (required there, refused elsewhere)."""
     p = Path(path)
     if not p.is_file():
         raise PolicyLoadError(f"{p}: no such file")
+    if policy is not None and p.suffix == ".onnx":
+        raise PolicyLoadError(f"{p.name}: an ONNX file holds one policy: drop --policy {policy}")
     if p.suffix == ".onnx" and not relay_only:
         return import_onnx_policy(p)
     try:
@@ -59,8 +83,12 @@ def load_policy(path: str | Path, relay_only: bool = False) -> PolicyHandle:
     except CheckpointError as err:
         raise PolicyLoadError(str(err)) from None
     if isinstance(raw, dict) and "Policy" in raw and not relay_only:
+        if policy is not None:
+            raise PolicyLoadError(
+                f"{p.name}: an ML-Agents checkpoint holds one policy: drop --policy {policy}"
+            )
         return mlagents_policy_from_state_dict(raw["Policy"], f"ML-Agents checkpoint {p.name}")
-    return _relay_checkpoint(raw, p.name)
+    return _relay_checkpoint(raw, p.name, policy)
 
 
 def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
@@ -77,6 +105,11 @@ def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
 def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> Fields:
     """Input fields of `count` observations met by the policy acting in `env_id`, which the user
     named (its leaves and masks must be the policy's)."""
+    if handle.group is not None:
+        raise PolicyLoadError(
+            f"--env {env_id}: observations of one policy group's agents are not recorded yet; "
+            "drop --env (the export is then checked on observations drawn from its spec)"
+        )
     ec = _named_env(handle, env_id)
     try:
         check_env_id(ec.id)
