@@ -277,6 +277,20 @@ CHARTS: list[dict[str, Any]] = [
         "optional": True,
     },
     {
+        "id": "policy_groups",
+        "title": "Policy groups: each group's mean return (over its agents' episodes)",
+        "keys": ["policy_return_mean"],
+        "per_policy": True,
+        "optional": True,
+    },
+    {
+        "id": "policy_groups_learning",
+        "title": "Policy groups: each group's entropy and approx KL",
+        "keys": ["entropy", "approx_kl"],
+        "per_policy": True,
+        "optional": True,
+    },
+    {
         "id": "grpo",
         "title": "GRPO: KL to reference, group reward std",
         "keys": ["kl_ref", "group_reward_std"],
@@ -284,7 +298,14 @@ CHARTS: list[dict[str, Any]] = [
     },
 ]
 
-CHARTED_KEYS: list[str] = [k for c in CHARTS for k in [*c["keys"], *c.get("band", [])]]
+# A "per_policy" chart draws each of its keys once per policy group: "policy_return_mean/<group>"
+# and "policy/<group>/<key>" on the lines; in Prometheus, the gauge "group_<key>" by its policy tag.
+GROUP_GAUGE_PREFIX = "group_"
+CHARTED_KEYS: list[str] = [
+    (GROUP_GAUGE_PREFIX + k if c.get("per_policy") else k)
+    for c in CHARTS
+    for k in [*c["keys"], *c.get("band", [])]
+]
 
 
 def _finite_number(v: Any) -> bool:
@@ -294,6 +315,12 @@ def _finite_number(v: Any) -> bool:
 def numeric_metrics(record: dict[str, Any]) -> list[tuple[str, float]]:
     """(key, value) of the record's finite numeric metrics that METRICS names, for the sinks."""
     return [(k, float(v)) for k, v in record.items() if k in METRICS and _finite_number(v)]
+
+
+def metric_lines(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """(name, value) of every finite numeric metric a sink with free-form names (TensorBoard,
+    MLflow, W&B) takes: METRICS keys, then each policy group's as "policy/<group>/<key>"."""
+    return numeric_metrics(record) + [(f"{POLICY_PREFIX}{g}/{k}", v) for g, k, v in group_metrics(record)]
 
 
 def group_metrics(record: dict[str, Any]) -> list[tuple[str, str, float]]:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from contracts.metrics import numeric_metrics
+from contracts.metrics import GROUP_GAUGE_PREFIX, group_metrics, metric_lines, numeric_metrics
 from services.driver.run_dir import RunDir
 from services.files import atomic_write, open_no_follow, read_regular
 
@@ -87,7 +87,7 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         # One event holding every scalar: a tenth of the cost of one add_scalar per metric.
-        values = [self._summary.Value(tag=k, simple_value=v) for k, v in numeric_metrics(record)]
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in metric_lines(record)]
         self.writer.add_summary(self._summary(value=values), int(record["env_steps"]))
         self.writer.flush()
 
@@ -123,9 +123,21 @@ class PrometheusSink:
             )
         return self.gauges[key]
 
+    def _group_gauge(self, key: str) -> Any:
+        """`relay_group_<key>{run, policy}`: a policy group's value (its own name: a gauge's tag
+        keys are fixed, and the run-wide one has no policy)."""
+        name = GROUP_GAUGE_PREFIX + key
+        if name not in self.gauges:
+            self.gauges[name] = self._metrics.Gauge(
+                f"relay_{name}", f"relay learner metric {key} of one policy group", tag_keys=("run", "policy")
+            )
+        return self.gauges[name]
+
     def write(self, record: dict[str, Any]) -> None:
         for key, value in numeric_metrics(record):
             self._gauge(key).set(value, tags=self.tags)
+        for group, key, value in group_metrics(record):
+            self._group_gauge(key).set(value, tags={**self.tags, "policy": group})
         steps = int(record["env_steps"])
         if steps > self._last_steps:
             self.env_steps.inc(steps - self._last_steps, tags=self.tags)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from contracts.config import RelayConfig
-from contracts.metrics import numeric_metrics
+from contracts.metrics import metric_lines as named_metrics
 
 # config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -82,7 +82,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
 def metric_lines(record: dict[str, Any]) -> dict[str, Any]:
     """The numeric metrics of one line (what a tracker charts), with its env_steps and iteration."""
     return {
-        **dict(numeric_metrics(record)),
+        **dict(named_metrics(record)),
         "env_steps": record["env_steps"],
         "iteration": record["iteration"],
     }

@@ -149,6 +149,34 @@ def test_a_real_browser_watches_the_return_chart_grow(runs):
     assert (ARTIFACTS / "dashboard-test.png").stat().st_size > 10_000
 
 
+def test_a_run_of_policy_groups_gets_a_line_per_group(tmp_path):
+    """The per-policy charts draw each group's keys ("policy/<group>/entropy",
+    "policy_return_mean/<group>") as the lines name them; a run without groups shows none."""
+    root = tmp_path / "runs"
+    (root / "tag").mkdir(parents=True)
+    per_group = {
+        f"{key}": value
+        for group, sign in (("predator", 1), ("prey", -1))
+        for key, value in (
+            (f"policy_return_mean/{group}", 5.0 * sign),
+            (f"policy/{group}/entropy", 1.5),
+            (f"policy/{group}/approx_kl", 0.01),
+        )
+    }
+    (root / "tag" / "metrics.jsonl").write_text("".join(line(i, **per_group) for i in range(1, 4)))
+    board = Dashboard(root, port=0).start()
+    try:
+        with page_at(board.url) as (page, errors):
+            page.wait_for_function("window.relayDashboard.points('policy_groups') === 3", timeout=20000)
+            labels = page.evaluate("window.relayDashboard.series('policy_groups')")
+            assert labels == ["tag policy_return_mean/predator", "tag policy_return_mean/prey"]
+            learning = page.evaluate("window.relayDashboard.series('policy_groups_learning')")
+            assert "tag policy/prey/approx_kl" in learning and len(learning) == 4
+        assert not errors, errors
+    finally:
+        board.stop()
+
+
 def _raw_get(board, path: str, host: str | None = None) -> tuple[int, bytes]:
     """A GET with a chosen Host header (urllib always sends the right one)."""
     import http.client

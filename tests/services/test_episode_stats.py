@@ -100,3 +100,27 @@ def test_the_env_spec_carries_a_parallel_envs_agents():
 def test_a_bad_multi_agent_spec_is_refused(patch):
     with pytest.raises(SpecError):
         EnvSpec.from_dict({**_spec().to_dict(), **patch})
+
+
+def test_policy_group_metrics_reach_the_sinks_by_group():
+    """TensorBoard/MLflow/W&B take "policy/<group>/<key>"; Prometheus a gauge per key with the
+    group as its `policy` tag; keys outside POLICY_KEYS and non-finite values are left out."""
+    from contracts.metrics import group_metrics, metric_lines
+
+    record = {
+        "iteration": 3,
+        "entropy": 1.2,
+        "policy/prey/entropy": 1.1,
+        "policy/prey/device": "cpu",
+        "policy/prey/unknown_key": 1.0,
+        "policy/predator/approx_kl": float("nan"),
+        "policy/a/b/entropy": 1.0,
+        "policy_return_mean/predator": 12.5,
+    }
+    assert sorted(group_metrics(record)) == [
+        ("predator", "policy_return_mean", 12.5),
+        ("prey", "entropy", 1.1),
+    ]
+    named = dict(metric_lines(record))
+    assert named["entropy"] == 1.2 and named["policy/prey/entropy"] == 1.1
+    assert named["policy/predator/policy_return_mean"] == 12.5 and "policy/prey/unknown_key" not in named
