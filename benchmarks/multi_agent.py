@@ -5,6 +5,7 @@
     python benchmarks/multi_agent.py selfplay [--env-steps 600000]
     pip install -e ".[cpu,bench,pettingzoo]"          # RLlib beside relay (a venv of its own)
     python benchmarks/multi_agent.py spread [--wall 300] [--only relay,rllib]
+    python benchmarks/multi_agent.py groups [--seconds 20] [--env-steps 400000]
 
 columns: agent steps/s of one rollout worker's sampler (acting, recording, env) on simple_spread
   with A = 1, 3, 10, 20 agents per env copy at a fixed 240 columns (E = 240 / A copies), the env
@@ -16,6 +17,10 @@ selfplay: Connect Four by self-play (configs/connect_four_selfplay.yaml, local m
 spread: simple_spread (3 agents, 25 steps) for the same wall time: relay (configs/
   simple_spread_ppo.yaml) against RLlib's PPO with one policy shared by the agents; the team
   return (the sum over agents: RLlib's episode_return_mean) against agent steps.
+groups: policy groups. What they cost: a rollout worker's sampler on simple_spread (240 columns)
+  with one shared policy, 2 groups and 3 groups (one per agent), side by side in one run. What
+  they learn: configs/simple_tag_groups.yaml (predators and prey, 2 workers on Ray), each group's
+  return and entropy against env steps.
 """
 
 from __future__ import annotations
@@ -294,6 +299,97 @@ def spread(args: argparse.Namespace) -> None:
     print(table(headers, rows))
 
 
+# ---- groups -----------------------------------------------------------------------------------
+def _sampler_rate(cfg: Any, seconds: float) -> float:
+    """Agent steps/s of one sampler (of one policy, or of every group's around one env)."""
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.sampler import make_sampler
+
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+
+    def steps() -> int:
+        out = sampler.sample()
+        return sum(s.env_steps for s in out.values()) if isinstance(out, dict) else out.env_steps
+
+    steps()  # warm
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += steps()
+    rate = done / (time.perf_counter() - t0)
+    sampler.close()
+    return rate
+
+
+def groups(args: argparse.Namespace) -> None:
+    layouts = {
+        "one shared policy": None,
+        "2 groups (agent_0; the others)": "{a: [agent_0], b: ['*']}",
+        "3 groups (one per agent)": "{a: [agent_0], b: [agent_1], c: [agent_2]}",
+    }
+    rates = {}
+    for _ in range(2):  # interleaved, twice: the machine is shared and noisy
+        for label, policies in layouts.items():
+            cfg = _spread_cfg(3, 240)
+            if policies is not None:
+                from contracts.config import build_config
+
+                data = cfg.model_dump(mode="json")
+                cfg = build_config(data, [f"multi_agent.policies={policies}"])
+            rates.setdefault(label, []).append(_sampler_rate(cfg, args.seconds))
+    base = max(rates["one shared policy"])
+    print(
+        machine_header(
+            f"policy groups: sampler cost (simple_spread, 3 agents, 240 columns, {args.seconds:.0f} s x 2)"
+        )
+    )
+    print(
+        table(
+            ["layout", "agent steps/s (best of 2)", "vs one shared policy"],
+            [[label, max(r), max(r) / base] for label, r in rates.items()],
+        )
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        _run_relay(
+            "configs/simple_tag_groups.yaml",
+            run,
+            [f"stop.env_steps={args.env_steps}", "metrics.progress=none", "checkpoint.interval=1000"],
+        )
+        lines = read_metrics(run)
+    marks = [lines[min(len(lines) - 1, int(f * (len(lines) - 1)))] for f in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)]
+    print()
+    print(
+        machine_header(
+            "simple_tag, a policy group per kind (configs/simple_tag_groups.yaml, 2 workers, seed 0)"
+        )
+    )
+    print(
+        table(
+            [
+                "iteration",
+                "agent steps",
+                "wall s",
+                "predator return",
+                "prey return",
+                "predator entropy",
+                "prey entropy",
+            ],
+            [
+                [
+                    x["iteration"],
+                    x["env_steps"],
+                    x["wall_s"],
+                    x.get("policy_return_mean/predator"),
+                    x.get("policy_return_mean/prey"),
+                    x.get("policy/predator/entropy"),
+                    x.get("policy/prey/entropy"),
+                ]
+                for x in marks
+            ],
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -306,8 +402,11 @@ def main() -> None:
     p = sub.add_parser("spread")
     p.add_argument("--wall", type=float, default=300.0)
     p.add_argument("--only", default="relay,rllib")
+    g = sub.add_parser("groups")
+    g.add_argument("--seconds", type=float, default=20.0)
+    g.add_argument("--env-steps", type=int, default=400_000)
     args = parser.parse_args()
-    {"columns": columns, "selfplay": selfplay, "spread": spread}[args.what](args)
+    {"columns": columns, "selfplay": selfplay, "spread": spread, "groups": groups}[args.what](args)
 
 
 if __name__ == "__main__":
