@@ -181,7 +181,7 @@ def selfplay(args: argparse.Namespace) -> None:
         early, late = ckpts[len(ckpts) // 4], ckpts[-1]
         cfg = load_config(ROOT / config)
         score = _games_against(cfg, run, early, late, args.games)
-    marks = [lines[min(len(lines) - 1, int(f * (len(lines) - 1)))] for f in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)]
+    marks = _marks(lines)
     print(machine_header(f"Connect Four self-play ({config}, local mode, seed 0)"))
     print(
         table(
@@ -215,16 +215,24 @@ def _run_relay(config: str, run: Path, sets: list[str]) -> None:
     subprocess.run(cmd, cwd=ROOT, check=True)
 
 
-# ---- spread -----------------------------------------------------------------------------------
-def _relay_spread(wall: float) -> list[tuple[float, int, float | None]]:
+def _relay_lines(config: str, sets: list[str]) -> list[dict[str, Any]]:
+    """The metrics lines of a relay run of `config` in a folder that is then removed."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        _run_relay(
-            "configs/simple_spread_ppo.yaml",
-            run,
-            [f"stop.wall_s={wall}", "stop.env_steps=100000000", "metrics.progress=none"],
-        )
-        return [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in read_metrics(run)]
+        _run_relay(config, run, sets)
+        return read_metrics(run)
+
+
+def _marks(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines at 0, 10, 25, 50, 75 and 100% of a run."""
+    return [lines[min(len(lines) - 1, int(f * (len(lines) - 1)))] for f in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)]
+
+
+# ---- spread -----------------------------------------------------------------------------------
+def _relay_spread(wall: float) -> list[tuple[float, int, float | None]]:
+    sets = [f"stop.wall_s={wall}", "stop.env_steps=100000000", "metrics.progress=none"]
+    lines = _relay_lines("configs/simple_spread_ppo.yaml", sets)
+    return [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in lines]
 
 
 def _rllib_spread(wall: float) -> list[tuple[float, int, float | None]]:
@@ -348,15 +356,8 @@ def groups(args: argparse.Namespace) -> None:
             [[label, max(r), max(r) / base] for label, r in rates.items()],
         )
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        _run_relay(
-            "configs/simple_tag_groups.yaml",
-            run,
-            [f"stop.env_steps={args.env_steps}", "metrics.progress=none", "checkpoint.interval=1000"],
-        )
-        lines = read_metrics(run)
-    marks = [lines[min(len(lines) - 1, int(f * (len(lines) - 1)))] for f in (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)]
+    sets = [f"stop.env_steps={args.env_steps}", "metrics.progress=none", "checkpoint.interval=1000"]
+    marks = _marks(_relay_lines("configs/simple_tag_groups.yaml", sets))
     print()
     print(
         machine_header(

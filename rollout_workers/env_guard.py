@@ -35,17 +35,51 @@ class Step:
     ok: np.ndarray | None = None
 
 
-class GuardedVectorEnv:
+class FaultGuard:
+    """What every guard of a vector env keeps: the env, how to build it again, and the faults
+    counted by kind (`take_faults`) and in all (`total_faults`: over the sampler's life, seeds of
+    rebuilt envs derive from it)."""
+
+    def __init__(self, make: Callable[[], Any], worker_index: int = 0) -> None:
+        self._make = make
+        self.worker_index = worker_index
+        self.env = make()
+        self.total_faults = 0
+        self._faults = dict.fromkeys(ENV_FAULT_KINDS, 0)
+
+    def _count(self, kind: str, n: int) -> None:
+        self._faults[kind] += n
+        self.total_faults += n
+
+    def take_faults(self) -> dict[str, int]:
+        """Faults by kind since the previous call."""
+        out, self._faults = self._faults, dict.fromkeys(ENV_FAULT_KINDS, 0)
+        return out
+
+    def _rebuild(self, err: Exception) -> None:
+        """The env raised: counted, said once, closed (as far as it can be) and built again."""
+        self._count("raised", 1)
+        log.warning("worker %d: env raised %s: %s; rebuilding it", self.worker_index, type(err).__name__, err)
+        with contextlib.suppress(Exception):  # a broken env may fail to close too
+            self.env.close()
+        self.env = self._make()
+
+    def _count_nonfinite(self, good_obs: np.ndarray, good_reward: np.ndarray, bad: int) -> None:
+        self._count("nonfinite_obs", int((~good_obs).sum()))
+        self._count("nonfinite_reward", int((~good_reward).sum()))
+        log.warning("worker %d: %d env(s) returned non-finite values", self.worker_index, bad)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class GuardedVectorEnv(FaultGuard):
     """A vector env that never lets a fault escape: `step` returns None when the env raised (it was
     rebuilt; reset it before stepping again), and flags non-finite envs in `Step.ok`."""
 
     def __init__(self, make: Callable[[], gym.vector.VectorEnv], worker_index: int = 0) -> None:
-        self._make = make
-        self.worker_index = worker_index
-        self.env = make()
+        super().__init__(make, worker_index)
         self.reader: ObsReader | None = None  # set once the spec is known (`read_with`)
-        self.total_faults = 0  # over this sampler's life (seeds of rebuilt envs derive from it)
-        self._faults = dict.fromkeys(ENV_FAULT_KINDS, 0)
 
     @property
     def single_observation_space(self) -> gym.Space:
@@ -68,26 +102,11 @@ class GuardedVectorEnv:
         obs, info = self.env.reset(**kwargs)
         return self.reader.read(obs, info)
 
-    def _count(self, kind: str, n: int) -> None:
-        self._faults[kind] += n
-        self.total_faults += n
-
-    def take_faults(self) -> dict[str, int]:
-        """Faults by kind since the previous call."""
-        out, self._faults = self._faults, dict.fromkeys(ENV_FAULT_KINDS, 0)
-        return out
-
     def step(self, actions: np.ndarray) -> Step | None:
         try:
             obs, reward, terminated, truncated, info = self.env.step(actions)
         except Exception as err:  # any env failure is handled the same way
-            self._count("raised", 1)
-            log.warning(
-                "worker %d: env raised %s: %s; rebuilding it", self.worker_index, type(err).__name__, err
-            )
-            with contextlib.suppress(Exception):  # a broken env may fail to close too
-                self.env.close()
-            self.env = self._make()
+            self._rebuild(err)
             return None
         assert self.reader is not None, "read_with first"
         fields = self.reader.read(obs, info)
@@ -97,11 +116,6 @@ class GuardedVectorEnv:
         good_reward = np.isfinite(reward)
         if good_obs is None:
             good_obs = np.ones(len(reward), dtype=bool)
-        self._count("nonfinite_obs", int((~good_obs).sum()))
-        self._count("nonfinite_reward", int((~good_reward).sum()))
         ok = good_obs & good_reward
-        log.warning("worker %d: %d env(s) returned non-finite values", self.worker_index, int((~ok).sum()))
+        self._count_nonfinite(good_obs, good_reward, int((~ok).sum()))
         return Step(fields, np.where(ok, reward, 0.0), terminated & ok, truncated & ok, info, ok)
-
-    def close(self) -> None:
-        self.env.close()

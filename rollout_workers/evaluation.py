@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.config import EnvConfig
+from contracts.config import EnvConfig, MultiAgentConfig
 from contracts.segment import Fields
 from contracts.spaces import EnvSpec
 from policy.actor_critic import STATE, draw_noise, fields_to_torch
@@ -112,9 +112,12 @@ def eval_env_config(ec: EnvConfig, num_envs: int, video: bool, columns: int = 1)
     return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})
 
 
-def build_eval_env(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
+def build_eval_env(
+    ec: EnvConfig, ma: MultiAgentConfig | None = None
+) -> tuple[gym.vector.VectorEnv, str | None]:
     """The vector env of `ec` (EnvSpecError in one line when it cannot be built); asked for
-    rgb_array rendering and refusing it, the env without, and the line saying there is no video."""
+    rgb_array rendering and refusing it, the env without, and the line saying there is no video.
+    `ma`: a PettingZoo env's agents and policy groups (default: every agent, one policy)."""
     # rgb_array rendering needs no display: SDL (pygame's, for the classic-control envs) would
     # otherwise look for one and print that it found none; MuJoCo's default GLFW needs one, EGL
     # renders offscreen without (the user's own MUJOCO_GL wins).
@@ -123,18 +126,18 @@ def build_eval_env(ec: EnvConfig) -> tuple[gym.vector.VectorEnv, str | None]:
     if not os.environ.get("DISPLAY") and "render_mode" in ec.kwargs:
         os.environ.setdefault("MUJOCO_GL", "egl")
     try:
-        return _make(ec), None
+        return _make(ec, ma), None
     except EnvSpecError:
         if "render_mode" not in ec.kwargs:
             raise
     plain = ec.model_copy(update={"kwargs": {k: v for k, v in ec.kwargs.items() if k != "render_mode"}})
-    return _make(plain), f"{ec.id} takes no render_mode='rgb_array': no video"
+    return _make(plain, ma), f"{ec.id} takes no render_mode='rgb_array': no video"
 
 
-def _make(ec: EnvConfig) -> gym.vector.VectorEnv:
+def _make(ec: EnvConfig, ma: MultiAgentConfig | None) -> gym.vector.VectorEnv:
     try:
         check_env_id(ec.id)
-        return make_vector_env(ec)
+        return make_vector_env(ec, ma=ma)
     except EnvSpecError:
         raise
     except Exception as err:

@@ -56,6 +56,19 @@ def local_config(env_id: str, *overrides: str, T: int = 32, N: int = 4):
     )
 
 
+def sampled_twice(cfg, samples: int = 2) -> tuple[list, list]:
+    """Two fresh samplers of `cfg`, `samples` calls each: what a reproducible run gives twice."""
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.sampler import make_sampler
+
+    runs = []
+    for _ in range(2):
+        sampler = make_sampler(cfg, algorithm_traits(cfg))
+        runs.append([sampler.sample() for _ in range(samples)])
+        sampler.close()
+    return runs[0], runs[1]
+
+
 def train_in_process(config: str, run: Path, *sets: str) -> int:
     """`relay train configs/<config>` in this process, quiet, with extra `--set`s."""
     args = ["train", str(ROOT / "configs" / config), "--run-dir", str(run), "--set", "metrics.progress=none"]

@@ -10,18 +10,21 @@ names no env relay trusts: those need `--env`.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import glob
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts.config import EnvConfig
+from contracts.config import EnvConfig, MultiAgentConfig
 from rollout_workers.envs import PETTINGZOO, EnvSpecError
 from rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
     EvalResult,
     build_eval_env,
     eval_env_config,
+    model_act,
     play,
 )
+from rollout_workers.group_envs import GroupScene
 from rollout_workers.video import encode_mp4, video_stem
 from services.driver.checkpoints import BEST_NAME, load_newest_valid
 from services.files import write_numbered
@@ -38,6 +41,9 @@ class EvalOptions:
     seed: int | None = None  # default: the run's env.seed (else 0), on the evaluation seed stream
     env_id: str | None = None  # --env: the env the user names
     video: bool = False  # keep the frames of one episode
+    # A policy group's episodes (the handle's `group`): the other groups' policies, which play
+    # their agents in the same scene.
+    others: dict[str, PolicyHandle] = field(default_factory=dict)
 
 
 def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
@@ -66,12 +72,25 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
     if not 1 <= opts.episodes <= MAX_EPISODES:
         raise PolicyLoadError(f"--episodes {opts.episodes}: must be 1 to {MAX_EPISODES}")
     ec = eval_env(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
+    seed = opts.seed if opts.seed is not None else ec.seed
+    ma = None
+    if handle.group is not None:
+        ec, ma = _scene(handle, opts.others, ec)
     try:
-        envs, note = build_eval_env(ec)
+        envs, note = build_eval_env(ec, ma)
     except EnvSpecError as err:
         raise PolicyLoadError(str(err)) from None
+    if handle.group is not None:
+        others = {
+            name: (
+                other.env,
+                model_act(other.model, opts.stochastic, seed + k + 1),
+                other.model.acting_state_size,
+            )
+            for k, (name, other) in enumerate(opts.others.items())
+        }
+        envs = GroupScene(envs, handle.group, others)
     try:
-        seed = opts.seed if opts.seed is not None else ec.seed
         info = envs.reset(seed=seed)[1]
         check_env_fits(handle, envs, ec.id, info, acting=True)
         result = play(
@@ -90,6 +109,20 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         with contextlib.suppress(Exception):
             envs.close()
     return result
+
+
+def _scene(
+    handle: PolicyHandle, others: dict[str, PolicyHandle], ec: EnvConfig
+) -> tuple[EnvConfig, MultiAgentConfig]:
+    """The env of a policy group's episodes: as many copies as `ec` gives the group columns, every
+    group's agents named exactly (the groups of the run, whatever patterns chose them)."""
+    groups = {str(handle.group): handle, **others}
+    copies = ec.num_envs // handle.env.columns
+    columns = copies * sum(h.env.columns for h in groups.values())
+    ma = MultiAgentConfig(
+        policies={name: [glob.escape(a) for a in h.env.agents] for name, h in groups.items()}
+    )
+    return ec.model_copy(update={"num_envs": columns}), ma
 
 
 def describe(result: EvalResult, source: str, deterministic: bool) -> str:

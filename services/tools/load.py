@@ -22,6 +22,7 @@ from contracts.checkpoint import Checkpoint, CheckpointError
 from contracts.config import EnvConfig, RelayConfig
 from contracts.policy_groups import PolicyGroupError, group_config, part_of
 from contracts.segment import Fields
+from contracts.spaces import EnvSpec
 from policy.actor_critic import STATE, draw_noise, fields_to_torch
 from policy.models import infer_env_spec
 from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
@@ -39,13 +40,17 @@ from services.tools.onnx_import import import_onnx_policy
 from services.tools.relay_policy import relay_policy
 
 
-def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyHandle:
+def _read_checkpoint(raw: Any, name: str) -> tuple[Checkpoint, EnvSpec]:
     try:
         ckpt = Checkpoint.from_dict(raw)
-        weights = ckpt.learner["model"]
-        env = ckpt.env or infer_env_spec(weights)
+        return ckpt, ckpt.env or infer_env_spec(ckpt.learner["model"])
     except (CheckpointError, KeyError, AttributeError, TypeError) as err:
         raise PolicyLoadError(f"{name}: not a relay checkpoint ({err})") from None
+
+
+def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyHandle:
+    ckpt, env = _read_checkpoint(raw, name)
+    weights = ckpt.learner["model"]
     if not env.groups:
         if policy is not None:
             raise PolicyLoadError(f"{name} holds one policy, not policy groups: drop --policy {policy}")
@@ -65,6 +70,18 @@ def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyH
     source = f"relay checkpoint {name}, policy {policy}"
     handle = relay_policy(cfg.model_dump(mode="json"), spec, part_of(weights, policy), source)
     return replace(handle, group=policy)
+
+
+def load_group_policies(path: str | Path) -> dict[str, PolicyHandle]:
+    """Every policy group's policy out of a relay checkpoint of policy groups, in the groups'
+    order; {} for a checkpoint of one policy."""
+    p = Path(path)
+    try:
+        raw = read_data(p)
+    except CheckpointError as err:
+        raise PolicyLoadError(str(err)) from None
+    _, env = _read_checkpoint(raw, p.name)
+    return {name: _relay_checkpoint(raw, p.name, name) for name in env.policy_names}
 
 
 def load_policy(path: str | Path, relay_only: bool = False, policy: str | None = None) -> PolicyHandle:

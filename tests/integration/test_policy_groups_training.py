@@ -1,6 +1,6 @@
 """Policy groups end to end (configs/simple_tag_groups.yaml: mpe2's simple_tag, 3 predators and 1
 prey, each kind its own policy): trained locally and on Ray actors, resumed, and each group's
-policy exported, verified and served on its own (`--policy`)."""
+policy exported, verified, served and evaluated in the whole scene on its own (`--policy`)."""
 
 import json
 
@@ -76,3 +76,12 @@ def test_predators_learn_on_ray_and_each_group_is_exported_and_served(local_ray,
         assert meta["weights_version"] == resumed[-1][f"policy/{group}/weights_version"]
     assert main(["verify", str(ckpt), "--policy", "wolf", "--dtypes", "float32"]) == 2
     assert "no policy group 'wolf' (groups: predator, prey)" in capsys.readouterr().err
+
+    # each group scored in the whole scene, the other group playing its own trained policy
+    scores = {}
+    for group in ("predator", "prey"):
+        args = ["eval", str(run), "--policy", group, "--env", TAG, "--episodes", "16", "--json"]
+        assert main(args) == 0
+        scores[group] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert scores[group]["episodes"] == 16 and scores[group]["len_mean"] == 25
+    assert scores["predator"]["return_mean"] > 8 and scores["prey"]["return_mean"] < 0, scores

@@ -11,7 +11,7 @@ from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY, MultiAgentError
 from rollout_workers.sampler import make_sampler
 from rollout_workers.vector_backends import make_vector_env
-from tests.helpers import local_config
+from tests.helpers import local_config, sampled_twice
 
 pytest.importorskip("pettingzoo")
 
@@ -225,12 +225,7 @@ def test_a_sync_self_play_run_reproduces():
 
 def test_a_parallel_envs_segments_reproduce_padding_included():
     cfg = _cfg(KAZ, "env.kwargs={line_death: true, max_cycles: 100}", T=64, N=8)
-    runs = []
-    for _ in range(2):
-        sampler = make_sampler(cfg, algorithm_traits(cfg))
-        runs.append([sampler.sample() for _ in range(2)])
-        sampler.close()
-    for a, b in zip(*runs, strict=True):
+    for a, b in zip(*sampled_twice(cfg), strict=True):
         assert (a["mask"] == 0).any()  # dead columns are in it
         for name in a.arrays:
             np.testing.assert_array_equal(a[name], b[name])

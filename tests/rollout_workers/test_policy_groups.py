@@ -14,7 +14,7 @@ from learner.policy_groups import PolicyGroupsLearner, groups_state_problem
 from policy.models import build_policy
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.sampler import make_sampler
-from tests.helpers import local_config
+from tests.helpers import local_config, sampled_twice
 
 pytest.importorskip("pettingzoo")
 
@@ -148,13 +148,7 @@ def test_groups_explore_apart_and_load_only_new_weights():
 
 
 def test_a_grouped_sync_run_reproduces():
-    cfg = _cfg(T=30)
-    runs = []
-    for _ in range(2):
-        sampler = make_sampler(cfg, algorithm_traits(cfg))
-        runs.append([sampler.sample() for _ in range(2)])
-        sampler.close()
-    for a, b in zip(*runs, strict=True):
+    for a, b in zip(*sampled_twice(_cfg(T=30)), strict=True):
         for name in ("predator", "prey"):
             for field in FIELD_NAMES:
                 if field in a[name].arrays:
@@ -251,3 +245,33 @@ def test_a_grouped_learner_state_round_trips_and_is_checked():
     assert "policy group predator: weights do not fit" in groups_state_problem(models, swapped)
     assert "are not predator, prey" in groups_state_problem(models, {**state, "groups": {}})
     sampler.close()
+
+
+def test_a_groups_scene_plays_the_other_groups_with_their_own_policies(tmp_path):
+    """`relay eval --policy prey`'s env: the prey's columns as a plain vector env; the predators
+    are moved by the act function given for them (here: always action 1), and copy 0 renders."""
+    from rollout_workers.group_envs import GroupScene
+    from rollout_workers.vector_backends import make_vector_env
+
+    cfg = _cfg("env.kwargs={max_cycles: 25, render_mode: rgb_array}", N=8)
+    env = make_vector_env(cfg.env, ma=cfg.multi_agent)
+    spec = _spec(cfg)
+    seen = []
+
+    def predators(fields):
+        seen.append(fields["obs"].shape)
+        return np.ones(len(fields["obs"]), dtype=np.int64), None
+
+    scene = GroupScene(env, "prey", {"predator": (spec.policy("predator"), predators, 0)})
+    obs, _ = scene.reset(seed=[7, 0])
+    assert obs.shape == (2, 14) and scene.num_envs == 2
+    before = [copy.unwrapped.world.agents[0].state.p_pos.copy() for copy in env.envs]
+    for _ in range(2):  # MPE moves a body by the velocity of the step before
+        obs, reward, _, _, info = scene.step(np.zeros(2, dtype=np.int64))
+    assert obs.shape == (2, 14) and reward.shape == (2,) and info["relay_active"].all()
+    assert seen == [(6, 16)] * 2  # the 3 predators of both copies, in their own observation space
+    moved = [copy.unwrapped.world.agents[0].state.p_pos - b for copy, b in zip(env.envs, before, strict=True)]
+    assert all(m[0] < 0 and m[1] == 0 for m in moved)  # action 1 pushes a predator along -x
+    frame = scene.envs[0].render()
+    assert frame.ndim == 3 and frame.shape[2] == 3
+    scene.close()
