@@ -23,7 +23,7 @@ from contracts.config import EnvConfig, MultiAgentConfig
 from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
 from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
 from rollout_workers.pomdp import register_pomdp
-from rollout_workers.preprocess import preprocessor
+from rollout_workers.preprocess import PREPROCESSORS, preprocessor
 
 PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
 
@@ -196,7 +196,7 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
         for top, folder in folders:
             _add_finder(top, folder)
         if env_id.startswith(PETTINGZOO):  # a multi-agent env: no gymnasium wrapper applies
-            return _resolve_pettingzoo(env_id)(**kwargs)
+            return _wrapped(_resolve_pettingzoo(env_id)(**kwargs))
         register_family(env_id)
         factory = _resolve_factory(env_id) if ":" in env_id else None
         if factory is None and prep.make is not None:
@@ -204,9 +204,17 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
         if factory is None:
             return gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
         env = _parallel_if_possible(factory(**kwargs))
-        if max_episode_steps is None or not isinstance(env, gym.Env):
+        if not isinstance(env, gym.Env):
+            return _wrapped(env)
+        if max_episode_steps is None:
             return env
         return gym.wrappers.TimeLimit(env, max_episode_steps)
+
+    def _wrapped(env: Any) -> Any:
+        """A PettingZoo env with the configured preprocessing (SuperSuit's, for `pixels`)."""
+        if prep.wrap_multi_agent is None or api_of(env) is None:
+            return env
+        return prep.wrap_multi_agent(env)
 
     return thunk
 
@@ -435,6 +443,9 @@ def multi_agent_problem(ec: EnvConfig, ma: MultiAgentConfig, api: str) -> str | 
             "env.max_episode_steps does not apply to PettingZoo envs: set the env's own limit in "
             "env.kwargs (max_cycles)"
         )
+    if not preprocessor(ec.preprocess).applies_to(multi_agent=True):
+        takes = ", ".join(name for name, p in PREPROCESSORS.items() if p.applies_to(multi_agent=True))
+        return f"env.preprocess={ec.preprocess} is for gymnasium envs; a PettingZoo env takes {takes}"
     if ma.self_play is not None and api == "parallel":
         return f"multi_agent.self_play is for turn-based (AEC) games; env.id={ec.id} is a parallel env"
     return None
@@ -501,6 +512,10 @@ def probe_env_spec(
     if api is not None:
         return _multi_agent_spec(ec, ma or MultiAgentConfig(), api, make, env, notes)
     try:
+        if not preprocessor(ec.preprocess).applies_to(multi_agent=False):
+            raise EnvSpecError(
+                f"env.preprocess={ec.preprocess} is for PettingZoo envs; {ec.id} is a gymnasium env"
+            )
         if not isinstance(env, gym.Env):
             made = type(env).__name__
             raise EnvSpecError(f"env.id={ec.id!r} cannot be built (it made a {made}, not an env)")

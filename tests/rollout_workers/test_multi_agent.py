@@ -266,3 +266,42 @@ def test_a_pettingzoo_module_of_the_users_own_is_found_in_the_working_folder(tmp
     bad = subprocess.run([*cmd, "--set", "env.id=pettingzoo:mypz.nope_v1"], cwd=tmp_path, capture_output=True)
     err = bad.stderr.decode().strip().splitlines()
     assert bad.returncode == 2 and len(err) == 1 and "mypz.nope_v1" in err[0]
+
+
+PISTONBALL = "pettingzoo:butterfly.pistonball_v6"
+
+
+def test_pixels_preprocessing_gives_pistonball_as_the_cnn_reads_images():
+    """env.preprocess=pixels: SuperSuit's own wrappers (blue channel, 84x84, 3 frames stacked),
+    channels first; every piston a column of uint8 frames."""
+    cfg = _cfg(
+        PISTONBALL, "env.preprocess=pixels", "env.kwargs={continuous: false, max_cycles: 20}", T=4, N=20
+    )
+    spec = probe_env_spec(cfg.env, None, cfg.multi_agent)
+    assert spec.obs_shape == (3, 84, 84) and spec.obs_dtype == "uint8" and spec.columns == 20
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    seg = sampler.sample()
+    assert seg["obs"].shape == (4, 20, 3, 84, 84) and seg["obs"].dtype == np.uint8
+    # the stack shifts: a step's newest frame is the next step's middle one (SuperSuit's stack
+    # starts shifting after the first step)
+    for t in (1, 2):
+        np.testing.assert_array_equal(seg["obs"][t + 1, :, 1], seg["obs"][t, :, 2])
+    assert seg["obs"].any()
+    sampler.close()
+
+
+@pytest.mark.parametrize(
+    "env_id, preprocess, words",
+    [
+        ("CartPole-v1", "pixels", "env.preprocess=pixels is for PettingZoo envs"),
+        (
+            PISTONBALL,
+            "atari",
+            "env.preprocess=atari is for gymnasium envs; a PettingZoo env takes none, pixels",
+        ),
+    ],
+)
+def test_a_preprocessing_of_the_other_kind_of_env_is_one_line(env_id, preprocess, words):
+    cfg = _cfg(env_id, f"env.preprocess={preprocess}", N=20)
+    with pytest.raises(EnvSpecError, match=words):
+        probe_env_spec(cfg.env, None, cfg.multi_agent)
