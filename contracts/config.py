@@ -68,7 +68,8 @@ class EnvConfig(_Section):
         "none",
         description="Env preprocessing: none, or atari (no-op reset, max-and-skip 4, 84x84 grey, fire "
         "reset, episodic life and sign-clipped rewards for learning with the true game reported, "
-        "4-frame stack; observations uint8 [4, 84, 84]).",
+        "4-frame stack; observations uint8 [4, 84, 84]), or pixels for PettingZoo pixel envs "
+        "(SuperSuit: blue channel, 84x84, 3-frame stack; uint8 [3, 84, 84]).",
     )
     normalize_reward: bool = Field(
         False,
