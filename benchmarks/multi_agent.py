@@ -6,6 +6,7 @@
     pip install -e ".[cpu,bench,pettingzoo]"          # RLlib beside relay (a venv of its own)
     python benchmarks/multi_agent.py spread [--wall 300] [--only relay,rllib]
     python benchmarks/multi_agent.py groups [--seconds 20] [--env-steps 400000]
+    python benchmarks/multi_agent.py pistonball [--wall 900] [--only relay,rllib]   # bench venv
 
 columns: agent steps/s of one rollout worker's sampler (acting, recording, env) on simple_spread
   with A = 1, 3, 10, 20 agents per env copy at a fixed 240 columns (E = 240 / A copies), the env
@@ -17,6 +18,10 @@ selfplay: Connect Four by self-play (configs/connect_four_selfplay.yaml, local m
 spread: simple_spread (3 agents, 25 steps) for the same wall time: relay (configs/
   simple_spread_ppo.yaml) against RLlib's PPO with one policy shared by the agents; the team
   return (the sum over agents: RLlib's episode_return_mean) against agent steps.
+pistonball: butterfly's pistonball (20 pistons, 125 cycles) with SuperSuit's pixel preprocessing
+  (one colour channel, 84x84, 3 frames) for the same wall time: relay (configs/pistonball_ppo.yaml,
+  env.preprocess=pixels) against RLlib's PPO with one CNN shared by the pistons, the same update;
+  the team return (the sum over pistons) against agent steps.
 groups: policy groups. What they cost: a rollout worker's sampler on simple_spread (240 columns)
   with one shared policy, 2 groups and 3 groups (one per agent), side by side in one run. What
   they learn: configs/simple_tag_groups.yaml (predators and prey, 2 workers on Ray), each group's
@@ -236,37 +241,64 @@ def _relay_spread(wall: float) -> list[tuple[float, int, float | None]]:
 
 
 def _rllib_spread(wall: float) -> list[tuple[float, int, float | None]]:
-    import ray
-    from common import rllib_ppo_update
     from mpe2 import simple_spread_v3
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
     from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
-    from ray.tune.registry import register_env
 
-    register_env(
+    # relay's round: 2 workers x 24 columns x 50 steps = 2,400 agent steps = 800 env steps;
+    # RLlib counts a multi-agent train batch in env steps, its minibatches in agent steps
+    return _rllib_shared(
         "spread",
         lambda _: ParallelPettingZooEnv(
             simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=False)
         ),
+        "configs/simple_spread_ppo.yaml",
+        800,
+        {"fcnet_hiddens": [128, 128]},
+        wall,
+        envs_per_runner=8,
+        cpus=3,
     )
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+
+
+def _rllib_shared(
+    name: str,
+    make: Any,
+    config: str,
+    train_batch: int,
+    model_config: dict[str, Any],
+    wall: float,
+    envs_per_runner: int,
+    cpus: int,
+    count_steps_by: str = "env_steps",
+) -> list[tuple[float, int, float | None]]:
+    """RLlib's PPO with one policy shared by every agent (2 env runners), relay's update of
+    `config` (`train_batch` env steps a round): (seconds, agent steps, team return) per iteration
+    for `wall` seconds."""
+    import ray
+    from common import rllib_ppo_update
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.tune.registry import register_env
+
+    register_env(name, make)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     try:
-        # relay's round: 2 workers x 24 columns x 50 steps = 2,400 agent steps = 800 env steps;
-        # RLlib counts a multi-agent train batch in env steps, its minibatches in agent steps
-        update = rllib_ppo_update("configs/simple_spread_ppo.yaml", train_batch=800)
         cfg = (
             PPOConfig()
-            .environment("spread")
-            .multi_agent(policies={"shared"}, policy_mapping_fn=lambda agent_id, *a, **k: "shared")
+            .environment(name)
+            .multi_agent(
+                policies={"shared"},
+                policy_mapping_fn=lambda agent_id, *a, **k: "shared",
+                count_steps_by=count_steps_by,
+            )
             .rl_module(
                 rl_module_spec=MultiRLModuleSpec(
-                    rl_module_specs={"shared": RLModuleSpec(model_config={"fcnet_hiddens": [128, 128]})}
+                    rl_module_specs={"shared": RLModuleSpec(model_config=model_config)}
                 )
             )
-            .env_runners(num_env_runners=2, num_envs_per_env_runner=8)
-            .training(**update)
+            .env_runners(num_env_runners=2, num_envs_per_env_runner=envs_per_runner)
+            .training(**rllib_ppo_update(config, train_batch=train_batch))
             .debugging(seed=0)
         )
         algo = cfg.build_algo()
@@ -289,11 +321,67 @@ def _at(curve: list[tuple[float, int, float | None]], wall: float) -> tuple[int 
 
 
 def spread(args: argparse.Namespace) -> None:
+    runs = {"relay": _relay_spread, "rllib": _rllib_spread}
+    _versus("simple_spread (3 agents, 25 steps)", runs, args)
+
+
+# ---- pistonball -------------------------------------------------------------------------------
+def _pistonball_env(channels_first: bool) -> Any:
+    """pistonball as relay's env.preprocess=pixels makes it (RLlib's CNN reads channels last)."""
+    import supersuit as ss
+    from pettingzoo.butterfly import pistonball_v6
+
+    from rollout_workers.preprocess import _pixels
+
+    env = pistonball_v6.parallel_env(continuous=False, max_cycles=125)
+    if channels_first:
+        return _pixels(env)
+    env = ss.color_reduction_v0(env, mode="B")
+    env = ss.resize_v1(env, 84, 84)
+    return ss.frame_stack_v1(env, 3)
+
+
+def _relay_pistonball(wall: float) -> list[tuple[float, int, float | None]]:
+    sets = [f"stop.wall_s={wall}", "stop.env_steps=100000000", "metrics.progress=none"]
+    lines = _relay_lines("configs/pistonball_ppo.yaml", sets)
+    return [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in lines]
+
+
+def _rllib_pistonball(wall: float) -> list[tuple[float, int, float | None]]:
+    from ray.rllib.env.wrappers.pettingzoo_env import ParallelPettingZooEnv
+
+    # relay's round: 2 workers x 40 columns x 32 steps = 2,560 agent steps (128 env steps), counted
+    # in agent steps on both sides (RLlib's minibatch of 640 agent steps must fit in its batch)
+    return _rllib_shared(
+        "pistonball",
+        lambda _: ParallelPettingZooEnv(_pistonball_env(channels_first=False)),
+        "configs/pistonball_ppo.yaml",
+        2560,
+        {
+            "conv_filters": [[32, 8, 4], [64, 4, 2], [64, 3, 1]],
+            "head_fcnet_hiddens": [512],
+            "vf_share_layers": True,
+        },
+        wall,
+        envs_per_runner=2,
+        cpus=4,
+        count_steps_by="agent_steps",
+    )
+
+
+def pistonball(args: argparse.Namespace) -> None:
+    runs = {"relay": _relay_pistonball, "rllib": _rllib_pistonball}
+    _versus("pistonball (20 pistons, 125 cycles, pixels 84x84x3)", runs, args)
+
+
+def _versus(title: str, runs: dict[str, Any], args: argparse.Namespace) -> None:
+    """Each system's run of `args.wall` seconds; the agent steps and team return of each at
+    quarters of the wall time, side by side."""
     curves = {}
     for system in args.only.split(","):
-        print(f"... {system} on simple_spread for {args.wall:.0f} s", file=sys.stderr, flush=True)
-        curves[system] = _relay_spread(args.wall) if system == "relay" else _rllib_spread(args.wall)
-    print(machine_header(f"simple_spread (3 agents, 25 steps), {args.wall:.0f} s each, seed 0"))
+        print(f"... {system}: {title}, {args.wall:.0f} s", file=sys.stderr, flush=True)
+        curves[system] = runs[system](args.wall)
+    print(machine_header(f"{title}, {args.wall:.0f} s each, seed 0"))
     rows = []
     for f in (0.25, 0.5, 0.75, 1.0):
         wall = f * args.wall
@@ -403,11 +491,21 @@ def main() -> None:
     p = sub.add_parser("spread")
     p.add_argument("--wall", type=float, default=300.0)
     p.add_argument("--only", default="relay,rllib")
+    pb = sub.add_parser("pistonball")
+    pb.add_argument("--wall", type=float, default=900.0)
+    pb.add_argument("--only", default="relay,rllib")
     g = sub.add_parser("groups")
     g.add_argument("--seconds", type=float, default=20.0)
     g.add_argument("--env-steps", type=int, default=400_000)
     args = parser.parse_args()
-    {"columns": columns, "selfplay": selfplay, "spread": spread, "groups": groups}[args.what](args)
+    what = {
+        "columns": columns,
+        "selfplay": selfplay,
+        "spread": spread,
+        "groups": groups,
+        "pistonball": pistonball,
+    }
+    what[args.what](args)
 
 
 if __name__ == "__main__":
