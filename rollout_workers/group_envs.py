@@ -42,10 +42,6 @@ class JointEnvs(FaultGuard):
         self.views = {g.name: GroupEnvs(self, g, first=i == 0) for i, g in enumerate(self.groups)}
         self._reset_by: set[str] = set()  # groups that took the newest reset (cleared by a step)
 
-    @property
-    def copies(self) -> int:
-        return self.env.num_envs // len(self.env.agents)
-
     # ---- resets ------------------------------------------------------------------------------------
     def reset(self, group: GroupColumns, seed: Any, options: dict[str, Any] | None) -> None:
         """A group asks for a reset (seeds and reset_mask in its own columns' terms): done by the
@@ -60,14 +56,7 @@ class JointEnvs(FaultGuard):
             full = np.zeros(self.env.num_envs, dtype=bool)
             full[group.columns] = np.asarray(mask, dtype=bool)
             options["reset_mask"] = full
-        if isinstance(seed, list | tuple):
-            # the group's seed for copy e is its first column's of that copy
-            per_copy = len(group.columns) // self.copies
-            full_seeds: list[int | None] = [None] * self.env.num_envs
-            for e in range(self.copies):
-                full_seeds[e * len(self.env.agents)] = seed[e * per_copy]
-            seed = full_seeds
-        self.env.reset_copies(seed, options or None)
+        self.env.reset_copies(joint_seeds(self.env, group, seed), options or None)
 
     # ---- steps ---------------------------------------------------------------------------------
     def step(self, actions: dict[str, np.ndarray]) -> dict[str, Step] | None:
@@ -166,9 +155,17 @@ class GroupEnvs:
         pass  # the joint env closes once (JointEnvs.close)
 
 
-def grouped_env(env: gym.vector.VectorEnv) -> bool:
-    """Whether a vector env is a parallel env split into policy groups."""
-    return bool(getattr(env, "policy_groups", None))
+def joint_seeds(env: Any, group: GroupColumns, seed: Any) -> Any:
+    """A group's reset seeds in the joint env's terms: a list of the group's N_g seeds becomes the
+    joint env's N, copy e seeded with the group's first column of that copy; others pass as they are."""
+    if not isinstance(seed, list | tuple):
+        return seed
+    A, copies = len(env.agents), env.num_envs // len(env.agents)
+    per_copy = len(group.columns) // copies
+    full: list[int | None] = [None] * env.num_envs
+    for e in range(copies):
+        full[e * A] = seed[e * per_copy]
+    return full
 
 
 # (a group's input fields [N_g, ...], with "h_in" for a recurrent policy) -> (its actions, the
@@ -209,14 +206,7 @@ class GroupScene(gym.vector.VectorEnv):
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        A, copies = len(self.env.agents), self.env.num_envs // len(self.env.agents)
-        if isinstance(seed, list | tuple):  # the focus group's seed per copy is its first column's
-            per_copy = self.num_envs // copies
-            full: list[int | None] = [None] * self.env.num_envs
-            for e in range(copies):
-                full[e * A] = seed[e * per_copy]
-            seed = full
-        self.env.reset_copies(seed, options)
+        self.env.reset_copies(joint_seeds(self.env, self.focus, seed), options)
         for state in self._states:
             state[:] = 0.0
         return self.env.batch(self.focus, self._out), {}
