@@ -28,6 +28,7 @@ LAZY_OK = (
     "envpool",
     "minigrid",
     "pettingzoo",
+    "supersuit",
     "imageio_ffmpeg",
     "pynvml",
     "acl",
