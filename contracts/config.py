@@ -487,6 +487,14 @@ class MultiAgentConfig(_Section):
         "(their spaces must agree; groups may differ). Each group has its own learner state: ring "
         "buffer, optimizer, metrics (policy/<name>/...), weights. null: one policy for every agent.",
     )
+    policy_mapping: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=200,
+        description="'module:fn' choosing each agent's policy group in code instead of patterns: "
+        "fn(agent_id) returns a name of multi_agent.policies (give those groups no patterns, []). It "
+        "imports and runs code, so a resume runs it only when named again with --set.",
+    )
 
     @field_validator("policies")
     @classmethod
@@ -501,8 +509,10 @@ class MultiAgentConfig(_Section):
                     f"multi_agent.policies: {name[:40]!r} is not a group name (a letter, then letters, "
                     "digits, '_' or '-'; at most 40)"
                 )
-            if not 1 <= len(patterns) <= 256 or not all(0 < len(p) <= 200 for p in patterns):
-                raise ValueError(f"multi_agent.policies.{name}: 1 to 256 agent patterns of 1-200 characters")
+            if len(patterns) > 256 or not all(0 < len(p) <= 200 for p in patterns):
+                raise ValueError(
+                    f"multi_agent.policies.{name}: at most 256 agent patterns of 1-200 characters"
+                )
         return groups
 
 
@@ -656,8 +666,25 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
 def _policy_group_problems(cfg: RelayConfig) -> list[str]:
     ma = cfg.multi_agent
     if ma.policies is None:
+        if ma.policy_mapping is not None:
+            return [
+                f"multi_agent.policy_mapping={ma.policy_mapping} needs the groups it names in "
+                "multi_agent.policies"
+            ]
         return []
     problems = []
+    patterned = [name for name, patterns in ma.policies.items() if patterns]
+    if ma.policy_mapping is not None and patterned:
+        problems.append(
+            f"multi_agent.policy_mapping chooses the groups: give multi_agent.policies.{patterned[0]} no "
+            "patterns ([])"
+        )
+    elif ma.policy_mapping is None and len(patterned) < len(ma.policies):
+        empty = next(name for name in ma.policies if name not in patterned)
+        problems.append(
+            f"multi_agent.policies.{empty} has no agent patterns: name some, or choose groups in code "
+            "with multi_agent.policy_mapping=module:fn"
+        )
     if ma.agents != ["*"]:
         problems.append(
             "multi_agent.agents and multi_agent.policies both choose agents: name them in policies"
@@ -823,3 +850,26 @@ def config_help(choices: dict[str, list[str]] | None = None) -> str:
         )
         lines.append(f"    {description}{extra}")
     return "\n".join(lines)
+
+
+def code_settings(cfg: RelayConfig) -> list[tuple[str, str]]:
+    """(leaf, value) of each setting that imports and runs the user's code: a `module:factory`
+    env.id, a `module:fn` multi_agent.policy_mapping. Read from a run or sweep folder these are
+    data; a resume runs them only when the user names each again with --set."""
+    leaves = (("env.id", cfg.env.id), ("multi_agent.policy_mapping", cfg.multi_agent.policy_mapping))
+    return [(leaf, value) for leaf, value in leaves if value is not None and ":" in value]
+
+
+def unconfirmed_code(cfg: RelayConfig, confirmed: set[str], source: str, command: str) -> str | None:
+    """The one-line refusal when code settings read from `source` (a stored config) are not all in
+    `confirmed` (leaves the user named again on the command line), else None. Every missing one is
+    named at once: a user naming them one resume at a time would be sent back again."""
+    missing = [(leaf, value) for leaf, value in code_settings(cfg) if leaf not in confirmed]
+    if not missing:
+        return None
+    names = ", ".join(f"{leaf}={value}" for leaf, value in missing)
+    sets = " ".join(f"--set {leaf}={value}" for leaf, value in missing)
+    return (
+        f"{source} names {names}, which imports and runs code; run it only after naming it "
+        f"yourself: {command} {sets}"
+    )

@@ -49,7 +49,7 @@ def group_config(cfg: RelayConfig, whole: EnvSpec, name: str) -> RelayConfig:
     data["env"]["num_envs"] = columns
     data["learner"]["buffer_size"] = cfg.buffer_segments * segment
     data["learner"]["batch_size"] = steps // minibatches
-    data["multi_agent"]["policies"] = None
+    data["multi_agent"].update(policies=None, policy_mapping=None)
     try:
         return build_config(data)
     except (ConfigError, ValidationError) as err:

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.abc
-import importlib.machinery
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -24,52 +21,12 @@ from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
 from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
 from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
-
-PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
+from rollout_workers.user_code import PETTINGZOO, add_finder, module_folders, one_line
+from rollout_workers.user_code import allow_env_module as allow_env_module  # callers import it here
 
 
 class EnvSpecError(ValueError):
     """The env cannot be built or its spaces are not supported (one line)."""
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
-
-
-class _EnvModuleFinder(importlib.abc.MetaPathFinder):
-    """Finds one top-level module (a `module:factory` env's) in one folder, and nothing else.
-
-    It sits at the end of sys.meta_path, so it is asked only after every installed package and
-    the standard library said no: the folder can never shadow a library."""
-
-    def __init__(self, top: str, folder: str) -> None:
-        self.top, self.folder = top, folder
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.top:
-            return None
-        return importlib.machinery.PathFinder.find_spec(fullname, [self.folder])
-
-
-def allow_env_module(env_id: str, folder: str) -> None:
-    """Let the top-level module of a `module:factory` env id (one the user named) be imported from
-    `folder` (the user's working folder), after everything installed. Nothing else in `folder`
-    is importable through this; ids without ':' change nothing. A `pettingzoo:<module>` id's
-    module is the one named after the prefix (a package of the user's own, like mpe2)."""
-    if env_id.startswith(PETTINGZOO):
-        _add_finder(env_id[len(PETTINGZOO) :].split(".")[0], folder)
-    elif ":" in env_id:
-        _add_finder(env_id.partition(":")[0].split(".")[0], folder)
-
-
-def _add_finder(top: str, folder: str) -> None:
-    if not any(isinstance(f, _EnvModuleFinder) and (f.top, f.folder) == (top, folder) for f in sys.meta_path):
-        sys.meta_path.append(_EnvModuleFinder(top, folder))
-
-
-def _env_module_folders() -> list[tuple[str, str]]:
-    return [(f.top, f.folder) for f in sys.meta_path if isinstance(f, _EnvModuleFinder)]
 
 
 def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
@@ -80,7 +37,7 @@ def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
         module = importlib.import_module(module_name)
     except Exception as err:  # ImportError, SyntaxError, or whatever the module raises on import
         raise EnvSpecError(
-            f"env.id={env_id!r}: cannot import module {module_name!r} ({_one_line(err)})"
+            f"env.id={env_id!r}: cannot import module {module_name!r} ({one_line(err)})"
         ) from None
     factory = getattr(module, attr, None)
     if callable(factory):
@@ -107,7 +64,7 @@ def _resolve_pettingzoo(env_id: str) -> Callable[..., Any]:
         except ImportError as err:
             errors.append(err)
         except Exception as err:  # whatever the module raises on import (a deprecated env, a bad build)
-            raise EnvSpecError(f"env.id={env_id!r}: cannot import {name} ({_one_line(err)})") from None
+            raise EnvSpecError(f"env.id={env_id!r}: cannot import {name} ({one_line(err)})") from None
     if module is None:
         raise EnvSpecError(extra_hint(f"env.id={env_id}", errors[-1])) from None
     factory = getattr(module, "parallel_env", None) or getattr(module, "env", None)
@@ -146,7 +103,7 @@ def extra_hint(what: str, err: BaseException | str) -> str:
     text = str(err).lower()
     extra = next((extra for lib, extra in EXTRA_FOR.items() if lib in text), None)
     if extra is None:
-        return f"{what} cannot be built ({_one_line(err) if isinstance(err, BaseException) else err})"
+        return f"{what} cannot be built ({one_line(err) if isinstance(err, BaseException) else err})"
     return f'{what} needs the {extra} extra: pip install "relay-rl[{extra}]"'
 
 
@@ -190,11 +147,11 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
     """A picklable thunk creating one env (AsyncVectorEnv calls it in a subprocess)."""
     env_id, max_episode_steps, kwargs = ec.id, ec.max_episode_steps, dict(ec.kwargs)
     prep = preprocessor(ec.preprocess)
-    folders = _env_module_folders()  # carried into AsyncVectorEnv's subprocesses, however started
+    folders = module_folders()  # carried into AsyncVectorEnv's subprocesses, however started
 
     def thunk() -> gym.Env:
         for top, folder in folders:
-            _add_finder(top, folder)
+            add_finder(top, folder)
         if env_id.startswith(PETTINGZOO):  # a multi-agent env: no gymnasium wrapper applies
             return _wrapped(_resolve_pettingzoo(env_id)(**kwargs))
         register_family(env_id)
@@ -464,7 +421,7 @@ def _multi_agent_spec(
     except MultiAgentError as err:
         raise EnvSpecError(str(err)) from None
     except Exception as err:  # an env whose spaces or agents cannot be read
-        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({one_line(err)})") from None
     try:
         spec = columns_spec(vec, ec, notes)
     finally:
@@ -507,7 +464,7 @@ def probe_env_spec(
     except gym.error.DependencyNotInstalled as err:
         raise EnvSpecError(extra_hint(f"env.id={ec.id}", err)) from None
     except Exception as err:  # a factory that raises, bad env.kwargs, a broken env
-        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({_one_line(err)})") from None
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be built ({one_line(err)})") from None
     api = api_of(env)
     if api is not None:
         return _multi_agent_spec(ec, ma or MultiAgentConfig(), api, make, env, notes)
@@ -524,7 +481,7 @@ def probe_env_spec(
     except EnvSpecError:
         raise
     except Exception as err:  # a reset that raises
-        raise EnvSpecError(f"env.id={ec.id!r} cannot be reset ({_one_line(err)})") from None
+        raise EnvSpecError(f"env.id={ec.id!r} cannot be reset ({one_line(err)})") from None
     finally:
         with contextlib.suppress(Exception):  # a broken env may fail to close too
             env.close()

@@ -130,7 +130,7 @@ class EvaluatorActor:
         with contextlib.suppress(OSError, AttributeError):
             os.nice(EVAL_NICENESS)
         cfg = RelayConfig.model_validate(cfg_data)
-        adopt_workdir(workdir, cfg.env.id)
+        adopt_workdir(workdir, cfg)
         self.evaluator = Evaluator(cfg, spec, traits)
 
     def evaluate(

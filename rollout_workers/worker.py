@@ -15,8 +15,8 @@ from contracts.algorithm import AlgorithmTraits
 from contracts.config import RelayConfig
 from contracts.segment import Sampled
 from contracts.spaces import EnvSpec
-from rollout_workers.envs import allow_env_module
 from rollout_workers.sampler import make_sampler
+from rollout_workers.user_code import allow_user_code
 
 
 class RolloutWorker:
@@ -28,7 +28,7 @@ class RolloutWorker:
         # One intra-op thread: a tiny MLP gains nothing from more, and workers share the cores.
         torch.set_num_threads(1)
         cfg = RelayConfig.model_validate(cfg_data)
-        adopt_workdir(workdir, cfg.env.id)
+        adopt_workdir(workdir, cfg)
         self.sampler = make_sampler(cfg, traits, worker_index)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
@@ -65,13 +65,14 @@ class RolloutWorker:
         return sampled
 
 
-def adopt_workdir(workdir: str, env_id: str) -> None:
+def adopt_workdir(workdir: str, cfg: RelayConfig) -> None:
     """Work in the driver's folder where this node has it (an env's relative paths mean what they
-    mean to the user), and let a `module:factory` env's module come from there, after everything
-    installed (Ray's own sys.path entry for it is an empty folder: see services/driver/cluster.py)."""
+    mean to the user), and let a `module:factory` env's module (and a `module:fn` group mapping's)
+    come from there, after everything installed (Ray's own sys.path entry for it is an empty
+    folder: see services/driver/cluster.py)."""
     if os.path.isdir(workdir):
         os.chdir(workdir)
-        allow_env_module(env_id, workdir)
+        allow_user_code(cfg, workdir)
 
 
 def worker_resources(cfg: RelayConfig) -> dict[str, float]:

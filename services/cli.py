@@ -22,6 +22,7 @@ from contracts.config import ConfigError, config_help, dump_config, load_config
 from contracts.spaces import POLICY_NAME
 from learner.device import DeviceError, check_device
 from rollout_workers.envs import allow_env_module
+from rollout_workers.user_code import allow_user_code
 from rollout_workers.video import VideoError
 from services.driver import run as driver
 from services.driver.checkpoints import ResumeError
@@ -266,7 +267,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.config is None:
         raise InputError("a config file is required (or --help-config)")
     cfg = load_config(args.config, args.overrides)
-    allow_env_module(cfg.env.id, os.getcwd())
+    allow_user_code(cfg, os.getcwd())
     env = preflight(cfg, args.address)
     # A YAML comment, so the output stays a config file to save and train from.
     sys.stdout.write(f"# learner precision: {learner_precision(cfg, env, args.address)}\n")
@@ -439,7 +440,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     cfg = cfg.model_copy(
         update={"sweep": cfg.sweep.model_copy(update={"params": {**cfg.sweep.params, **extra}})}
     )
-    allow_env_module(cfg.env.id, os.getcwd())
+    allow_user_code(cfg, os.getcwd())
     preflight(cfg, args.address)
     with sigterm_raises():  # until the sweep's own handlers take over (runner.graceful_signals)
         return runner.start(cfg, Path(args.dir) if args.dir else None, args.address, args.max_concurrent)

@@ -69,27 +69,25 @@ class GroupColumns:
 
 
 def policy_groups(
-    env: Any, agents: list[str], policies: dict[str, list[str]], copies: int
+    env: Any,
+    agents: list[str],
+    policies: dict[str, list[str]],
+    copies: int,
+    mapping: Callable[[str], Any] | None = None,
 ) -> list[GroupColumns]:
     """multi_agent.policies resolved for an env's agents (all of them, in its order): each agent
-    plays for the first group a pattern of which it matches. MultiAgentError (one line) where an
-    agent matches none, a group matches no agent, or a group's agents' spaces differ."""
-    owner = {}
-    for agent in agents:
-        name = next(
-            (g for g, pats in policies.items() if any(fnmatch.fnmatchcase(str(agent), p) for p in pats)), None
-        )
-        if name is None:
-            raise MultiAgentError(
-                f"agent {agent} matches no group of multi_agent.policies ({', '.join(policies)}): every "
-                "agent of a parallel env needs a policy"
-            )
-        owner[agent] = name
+    plays for the first group a pattern of which it matches, or where `mapping` is given
+    (multi_agent.policy_mapping) for the group it returns. MultiAgentError (one line) where an
+    agent has no group, a group has no agent, or a group's agents' spaces differ."""
+    owner = {agent: _group_of(agent, policies, mapping) for agent in agents}
     members_of = {name: [a for a, agent in enumerate(agents) if owner[agent] == name] for name in policies}
     for name, index in members_of.items():
         if not index:
             raise MultiAgentError(
                 f"multi_agent.policies.{name}={policies[name]} matches no agent the earlier groups left "
+                f"({', '.join(map(str, agents))})"
+                if mapping is None
+                else f"multi_agent.policy_mapping gave no agent to group {name} "
                 f"({', '.join(map(str, agents))})"
             )
     out = []
@@ -98,6 +96,32 @@ def policy_groups(
         columns = np.array([e * len(agents) + a for e in range(copies) for a in index], dtype=np.int64)
         out.append(GroupColumns(name, tuple(map(str, members)), columns, same_spaces(env, members, name)))
     return out
+
+
+def _group_of(agent: str, policies: dict[str, list[str]], mapping: Callable[[str], Any] | None) -> str:
+    if mapping is not None:
+        try:
+            name = mapping(agent)
+        except Exception as err:  # the user's function: whatever it raises is one line
+            raise MultiAgentError(
+                f"multi_agent.policy_mapping raised for agent {agent}: {type(err).__name__}: "
+                f"{' '.join(str(err).split())[:200]}"
+            ) from None
+        if not isinstance(name, str) or name not in policies:
+            raise MultiAgentError(
+                f"multi_agent.policy_mapping gave agent {agent} {str(name)[:60]!r}, not a group of "
+                f"multi_agent.policies ({', '.join(policies)})"
+            )
+        return name
+    found = next(
+        (g for g, pats in policies.items() if any(fnmatch.fnmatchcase(str(agent), p) for p in pats)), None
+    )
+    if found is None:
+        raise MultiAgentError(
+            f"agent {agent} matches no group of multi_agent.policies ({', '.join(policies)}): every "
+            "agent of a parallel env needs a policy"
+        )
+    return found
 
 
 def same_spaces(env: Any, agents: list[str], group: str | None = None) -> tuple[gym.Space, gym.Space]:

@@ -12,11 +12,13 @@ live again.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from gymnasium.vector.utils import concatenate
 
+from contracts.config import MultiAgentConfig
 from rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     STATS_KEY,
@@ -29,6 +31,7 @@ from rollout_workers.multi_agent.common import (
     policy_groups,
     same_spaces,
 )
+from rollout_workers.user_code import UserCodeError, import_callable
 
 
 class ParallelVectorEnv(ColumnsVectorEnv):
@@ -46,7 +49,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         # Policy groups: each its agents' columns and spaces; the joint env's own spaces are then
         # the first group's, and its columns are read per group (`batch`), never as one batch.
         self.policy_groups = (
-            policy_groups(first, self.agents, ma.policies, num_envs // A) if ma.policies else []
+            policy_groups(first, self.agents, ma.policies, num_envs // A, _mapping(ma)) if ma.policies else []
         )
         spaces = self.policy_groups[0].spaces if self.policy_groups else same_spaces(first, self.agents)
         copies = [first] + [make() for _ in range(num_envs // A - 1)]
@@ -155,3 +158,14 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         return out + [
             (f"agent_return_mean/{a}", float(r)) for a, r in zip(self.agents, self._returns[e], strict=True)
         ]
+
+
+def _mapping(ma: MultiAgentConfig) -> Callable[[str], Any] | None:
+    """The user's agent-to-group function (multi_agent.policy_mapping), imported here: the config
+    naming it came from the command line (a resume has it named again)."""
+    if ma.policy_mapping is None:
+        return None
+    try:
+        return import_callable(ma.policy_mapping, "multi_agent.policy_mapping")
+    except UserCodeError as err:
+        raise MultiAgentError(str(err)) from None

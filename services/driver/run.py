@@ -19,9 +19,9 @@ from typing import Any
 import ray
 
 from contracts.checkpoint import Checkpoint
-from contracts.config import RelayConfig, load_config
+from contracts.config import RelayConfig, load_config, unconfirmed_code
 from contracts.spaces import EnvSpec
-from rollout_workers.envs import allow_env_module
+from rollout_workers.user_code import allow_user_code
 from services.dashboard.server import Dashboard
 from services.driver.backends import make_backend
 from services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
@@ -59,7 +59,7 @@ def train(
     dashboard: tuple[str, int] | None = None,
 ) -> int:
     """`relay train`: a new run in a new (or empty) directory."""
-    allow_env_module(cfg.env.id, os.getcwd())  # the config is the user's: its env may be theirs
+    allow_user_code(cfg, os.getcwd())  # the config is the user's: its env may be theirs
     env = preflight(cfg, address)
     target = RunDir.target(cfg, run_dir)
     RunDir.check_new(target)
@@ -81,8 +81,8 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
     run.lock()  # before anything is read: a running train or resume keeps its run to itself
     try:
         cfg = load_config(run.config_path, overrides)
-        confirm_env_code(run.root, cfg.env.id, overrides)
-        allow_env_module(cfg.env.id, os.getcwd())
+        confirm_env_code(run.root, cfg, overrides)
+        allow_user_code(cfg, os.getcwd())
         env = preflight(cfg, address)
         # A malformed checkpoint is skipped for the previous one; one the config cannot continue
         # (another model, algorithm or env) is the config's mistake and refused in one line.
@@ -102,15 +102,13 @@ def resume(run_path: str, overrides: list[str], address: str | None, t_start: fl
         run.unlock()
 
 
-def confirm_env_code(run: Path, env_id: str, overrides: list[str]) -> None:
-    """A `module:factory` env id imports and calls code. Read from a run directory it is data,
-    so it runs only when the user names it on the command line too."""
-    named = any(item.split("=", 1)[0].strip() == "env.id" for item in overrides)
-    if ":" in env_id and not named:
-        raise ResumeError(
-            f"{run}/config.yaml names env.id={env_id}, which imports and runs code; resume only "
-            f"after naming it yourself: relay resume {run} --set env.id={env_id}"
-        )
+def confirm_env_code(run: Path, cfg: RelayConfig, overrides: list[str]) -> None:
+    """A `module:factory` env id and a `module:fn` group mapping import and call code. Read from a
+    run directory they are data, so each runs only when the user names it on the command line too."""
+    named = {item.split("=", 1)[0].strip() for item in overrides}
+    refusal = unconfirmed_code(cfg, named, f"{run}/config.yaml", f"relay resume {run}")
+    if refusal:
+        raise ResumeError(refusal)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 
 import ray
 
-from contracts.config import RelayConfig, dump_config, load_config
+from contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
 from services.driver.cluster import join_or_start_ray
 from services.driver.signals import Terminated
 from services.files import atomic_write
@@ -395,15 +395,15 @@ def resume(root: Path, overrides: list[str], address: str | None, max_concurrent
     if not (root / SWEEP_FILE).is_file():
         raise SweepError(f"{root} is not a sweep folder (no {SWEEP_FILE})")
     cfg = load_config(root / SWEEP_FILE)
-    named = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "env.id"]
-    others = [o for o in overrides if o.split("=", 1)[0].strip() != "env.id"]
+    code = code_settings(cfg)
+    named = {(o.split("=", 1)[0].strip(), o.split("=", 1)[-1].strip()) for o in overrides}
+    others = [o for o in overrides if (o.split("=", 1)[0].strip(), o.split("=", 1)[-1].strip()) not in code]
     if others:
         raise SweepError(f"--resume continues the sweep as it was planned; {others[0]!r} would change it")
-    if ":" in cfg.env.id and cfg.env.id not in named:
-        raise SweepError(
-            f"{root}/{SWEEP_FILE} names env.id={cfg.env.id}, which imports and runs code; resume only "
-            f"after naming it yourself: relay sweep --resume {root} --set env.id={cfg.env.id}"
-        )
+    confirmed = {leaf for leaf, value in code if (leaf, value) in named}
+    refusal = unconfirmed_code(cfg, confirmed, f"{root}/{SWEEP_FILE}", f"relay sweep --resume {root}")
+    if refusal:
+        raise SweepError(refusal)
     plan = build_plan(cfg, root, address)
     _say(f"resuming {plan.root}")
     return execute(plan, address, max_concurrent)

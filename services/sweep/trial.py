@@ -28,7 +28,7 @@ from ray import tune
 
 from contracts.checkpoint import Checkpoint
 from contracts.metrics import numeric_metrics
-from rollout_workers.envs import allow_env_module
+from rollout_workers.user_code import allow_user_code
 from services.driver.backends import make_backend
 from services.driver.checkpoints import check_resumable, load_checkpoint, load_newest_valid
 from services.driver.loop import TrainingLoop
@@ -92,7 +92,7 @@ class RelayTrial(tune.Trainable):
         self.trial_key = self.trial_name
         os.chdir(sweep.workdir)  # Tune starts trials in a folder of its own
         self.cfg = trial_config(sweep.base, dict(spec["params"]))
-        allow_env_module(self.cfg.env.id, sweep.workdir)
+        allow_user_code(self.cfg, sweep.workdir)
         self.env = preflight(self.cfg, sweep.address)
         self.run, found = self._open_run(Path(sweep.root) / self.trial_key)
         self.backend = make_backend(self.cfg, self.env)

@@ -3,13 +3,16 @@ prey, each kind its own policy): trained locally and on Ray actors, resumed, and
 policy exported, verified, served and evaluated in the whole scene on its own (`--policy`)."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from services.cli import main
 from services.serving.service import PolicyService
-from tests.helpers import train_in_process, train_local
+from tests.helpers import ROOT, train_in_process, train_local
 
 pytest.importorskip("pettingzoo")
 
@@ -98,3 +101,39 @@ def test_predators_learn_on_ray_and_each_group_is_exported_and_served(local_ray,
         assert scores[group]["episodes"] == 32 and scores[group]["len_mean"] == 25
     # random predators score ~2.5 an episode (the first training line)
     assert scores["predator"]["return_mean"] > 4 and scores["prey"]["return_mean"] < 0, scores
+
+
+@pytest.mark.ray
+def test_a_mapping_in_the_users_folder_chooses_the_groups_on_ray_workers(tmp_path):
+    """`multi_agent.policy_mapping=roles:of` with roles.py in the working folder, as a user writes
+    it: the driver's probe and the Ray rollout workers import it from there; a resume asks for it
+    to be named again, and runs with it when it is."""
+    (tmp_path / "roles.py").write_text(
+        "def of(agent):\n    return 'predator' if agent.startswith('adversary') else 'prey'\n"
+    )
+    sets = [*SMALL, "rollout.num_workers=1", "metrics.progress=none", "checkpoint.interval=2"]
+    sets += ["multi_agent.policies={predator: [], prey: []}", "multi_agent.policy_mapping=roles:of"]
+    relay = [str(Path(sys.executable).parent / "relay")]  # the console script: cwd is not on sys.path
+
+    def run(*args):
+        proc = subprocess.run([*relay, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stderr
+
+    code, err = run(
+        "train",
+        str(ROOT / "configs/simple_tag_groups.yaml"),
+        "--run-dir",
+        "run",
+        *[f"--set={kv}" for kv in [*sets, "stop.env_steps=1600"]],
+    )
+    assert code == 0, err[-800:]
+    last = _lines(tmp_path / "run")[-1]
+    assert last["policy/predator/weights_version"] == last["policy/prey/weights_version"] >= 1
+    code, err = run("resume", "run", "--set=stop.env_steps=3200")
+    # both settings that import code (the pettingzoo env and the mapping) are asked for at once
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--set env.id=pettingzoo:mpe2.simple_tag_v3 --set multi_agent.policy_mapping=roles:of" in err
+    named = ["--set=env.id=pettingzoo:mpe2.simple_tag_v3", "--set=multi_agent.policy_mapping=roles:of"]
+    code, err = run("resume", "run", "--set=stop.env_steps=3200", *named)
+    assert code == 0, err[-800:]
+    assert _lines(tmp_path / "run")[-1]["env_steps"] >= 3200

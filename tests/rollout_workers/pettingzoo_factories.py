@@ -53,3 +53,16 @@ class FaultyTag(ParallelEnv):
 
 def faulty_tag(fault="nan", at=5, **kwargs):
     return FaultyTag(fault, at, **kwargs)
+
+
+def tag_roles(agent):
+    """simple_tag's agents to policy groups in code (multi_agent.policy_mapping)."""
+    return "predator" if agent.startswith("adversary") else "prey"
+
+
+def tag_roles_raising(agent):
+    raise KeyError(f"no role for {agent}")
+
+
+def tag_roles_unknown(agent):
+    return "wolf"

@@ -76,12 +76,41 @@ def test_every_agent_plays_for_one_group_of_one_kind(groups, words):
         _spec(cfg)
 
 
+ROLES = "tests.rollout_workers.pettingzoo_factories:tag_roles"
+NAMED_GROUPS = "multi_agent.policies={predator: [], prey: []}"
+
+
+def test_a_mapping_in_code_chooses_the_same_groups_as_patterns():
+    by_code = local_config(TAG, KWARGS, NAMED_GROUPS, f"multi_agent.policy_mapping={ROLES}", T=8, N=8)
+    assert _spec(by_code) == _spec(_cfg(T=8, N=8))
+
+
+@pytest.mark.parametrize(
+    "mapping, words",
+    [
+        ("tag_roles_raising", "policy_mapping raised for agent adversary_0: KeyError"),
+        ("tag_roles_unknown", "gave agent adversary_0 'wolf', not a group of .*predator, prey"),
+        ("nothing_here", "has no callable 'nothing_here'"),
+    ],
+)
+def test_a_mapping_that_fails_is_one_line(mapping, words):
+    fn = f"multi_agent.policy_mapping=tests.rollout_workers.pettingzoo_factories:{mapping}"
+    with pytest.raises(EnvSpecError, match=words) as err:
+        _spec(local_config(TAG, KWARGS, NAMED_GROUPS, fn, T=8, N=8))
+    assert "\n" not in str(err.value)
+    missing = local_config(TAG, KWARGS, NAMED_GROUPS, "multi_agent.policy_mapping=no_such_mod:f", T=8, N=8)
+    with pytest.raises(EnvSpecError, match="cannot import module 'no_such_mod'"):
+        _spec(missing)
+
+
 @pytest.mark.parametrize(
     "setting, words",
     [
         ("multi_agent.policies={'a/b': [x]}", "not a group name"),
         ("multi_agent.policies={}", "1 to 16 groups"),
-        ("multi_agent.policies={a: []}", "1 to 256 agent patterns"),
+        ("multi_agent.policies={a: []}", "no agent patterns: name some, or choose groups in code"),
+        (f"multi_agent.policy_mapping={ROLES}", "give multi_agent.policies.predator no patterns"),
+        ("multi_agent.policy_mapping='os.path:join; rm'", "policy_mapping"),
         ("multi_agent.agents=[adversary_*]", "both choose agents"),
         ("learner.num_learners=2", "one learner actor"),
     ],
@@ -90,6 +119,8 @@ def test_a_config_of_groups_is_checked_up_front(setting, words):
     sets = [f"env.id={TAG}", GROUPS, setting] if "policies" not in setting else [f"env.id={TAG}", setting]
     with pytest.raises(ConfigError, match=words):
         build_config({"rollout": {"num_workers": 2}, "stop": {"env_steps": 10}}, sets)
+    with pytest.raises(ConfigError, match=r"needs the groups it names in multi_agent\.policies"):
+        build_config({"stop": {"env_steps": 10}}, [f"env.id={TAG}", f"multi_agent.policy_mapping={ROLES}"])
 
 
 def test_each_group_gets_its_columns_and_the_same_rounds():
@@ -102,7 +133,7 @@ def test_each_group_gets_its_columns_and_the_same_rounds():
     assert (predator.env.num_envs, prey.env.num_envs) == (24, 8)
     assert predator.buffer_segments == prey.buffer_segments == cfg.buffer_segments == 2
     assert predator.learner.batch_size == 2 * 50 * 24 // 4 and prey.learner.batch_size == 2 * 50 * 8 // 4
-    assert predator.multi_agent.policies is None
+    assert predator.multi_agent.policies is None and predator.multi_agent.policy_mapping is None
     small = local_config(TAG, KWARGS, GROUPS, "learner.batch_size=2", T=2, N=4)  # 4 minibatches of 8
     with pytest.raises(PolicyGroupError, match=r"policy group predator: its 6 steps .* 4 minibatches"):
         group_config(small, _spec(small), "predator")

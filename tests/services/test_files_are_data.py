@@ -85,6 +85,33 @@ def test_resume_of_a_run_whose_config_names_code_asks_for_it_on_the_command_line
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def test_resume_of_a_run_whose_config_maps_agents_in_code_asks_for_it_on_the_command_line(
+    trained, tmp_path, capsys
+):
+    """multi_agent.policy_mapping names a function relay would call with each agent's id: read
+    from the run's config.yaml it is data, like env.id (os:system would run the agents' names)."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    data["multi_agent"].update(policies={"a": []}, policy_mapping="os:system")
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main(["resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--set multi_agent.policy_mapping=os:system" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    data["sweep"] = {"params": {"learner.lr": "choice(0.001)"}}
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump(data))
+    assert main(["sweep", "--resume", str(sweep)]) == 2
+    assert "--set multi_agent.policy_mapping=os:system" in capsys.readouterr().err
+
+
 def test_a_pickled_payload_is_refused_in_one_line(tmp_path):
     class Evil:
         def __reduce__(self):
