@@ -129,6 +129,7 @@ POLICY_KEYS: tuple[str, ...] = (
     "policy_lag_mean",
     "learner_samples_per_s",
     "parameters",
+    "eval_return_mean",  # evaluation during training: each group's in its scene
 )
 
 # Episode statistics whose names carry an id: "agent_return_mean/<agent>" (each agent's mean
@@ -280,6 +281,13 @@ CHARTS: list[dict[str, Any]] = [
         "id": "policy_groups",
         "title": "Policy groups: each group's mean return (over its agents' episodes)",
         "keys": ["policy_return_mean"],
+        "per_policy": True,
+        "optional": True,
+    },
+    {
+        "id": "policy_groups_eval",
+        "title": "Policy groups: each group's evaluation return (its agents, in the whole scene)",
+        "keys": ["eval_return_mean"],
         "per_policy": True,
         "optional": True,
     },

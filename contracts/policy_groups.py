@@ -86,3 +86,8 @@ def group_versions(weights: Mapping[str, Any]) -> dict[str, int]:
     """{group: weights version} of published joined weights."""
     tail = SEP + VERSION
     return {k[: -len(tail)]: int(np.asarray(v)) for k, v in weights.items() if k.endswith(tail)}
+
+
+def without_versions(weights: Mapping[str, T]) -> dict[str, T]:
+    """Published joined weights as a checkpoint's model holds them: the versions taken out."""
+    return {k: v for k, v in weights.items() if not k.endswith(SEP + VERSION)}

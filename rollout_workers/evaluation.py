@@ -182,7 +182,10 @@ def play(
 
 def episode_targets(episodes: int, num_envs: int) -> np.ndarray:
     """[N] episodes each env runs: `episodes` spread as evenly as they go (SB3's split: the last
-    envs run one more)."""
+    envs run one more). Fewer episodes than envs (a multi-agent env's columns, rounded up to whole
+    copies): the first envs run one each, so env 0, the one a video films, always plays."""
+    if episodes < num_envs:
+        return (np.arange(num_envs) < episodes).astype(np.int64)
     return np.array([(episodes + i) // num_envs for i in range(num_envs)], dtype=np.int64)
 
 

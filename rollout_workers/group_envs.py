@@ -15,18 +15,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium.vector.utils import batch_space, create_empty_array
+from gymnasium.vector.utils import create_empty_array
 
 from contracts.segment import ENV_FAULT_KINDS, Fields
-from contracts.spaces import EnvSpec
-from policy.actor_critic import STATE
 from rollout_workers.env_guard import FaultGuard, Step
-from rollout_workers.envs import env_actions
 from rollout_workers.multi_agent.common import ACTIVE_KEY, STATS_KEY, GroupColumns
 from rollout_workers.observations import ObsReader, finite_rows
 
@@ -166,76 +161,3 @@ def joint_seeds(env: Any, group: GroupColumns, seed: Any) -> Any:
     for e in range(copies):
         full[e * A] = seed[e * per_copy]
     return full
-
-
-# (a group's input fields [N_g, ...], with "h_in" for a recurrent policy) -> (its actions, the
-# state after the step or None): rollout_workers/evaluation.py's acting step
-GroupAct = Callable[[Fields], tuple[np.ndarray, np.ndarray | None]]
-
-
-@dataclass
-class OtherGroup:
-    """A group the scene plays itself: its columns, its spec, its acting step and state size."""
-
-    group: GroupColumns
-    spec: EnvSpec
-    act: GroupAct
-    state_size: int = 0
-
-
-class GroupScene(gym.vector.VectorEnv):
-    """One policy group's columns of a grouped parallel env as a plain vector env, every other
-    group played by its own policy inside `step`: the whole scene of a run of policy groups, seen
-    by the group being evaluated (`relay eval --policy`). It renders copy 0's whole scene."""
-
-    def __init__(self, env: Any, focus: str, others: dict[str, tuple[EnvSpec, GroupAct, int]]) -> None:
-        self.env = env
-        groups = {g.name: g for g in env.policy_groups}
-        self.focus = groups[focus]
-        self.others = [OtherGroup(groups[g], spec, act, size) for g, (spec, act, size) in others.items()]
-        self.num_envs = len(self.focus.columns)
-        self.single_observation_space, self.single_action_space = self.focus.spaces
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.metadata, self.render_mode = env.metadata, env.render_mode
-        self._out = create_empty_array(self.single_observation_space, self.num_envs)
-        self._readers = [ObsReader(o.spec, len(o.group.columns)) for o in self.others]
-        self._outs = [create_empty_array(o.group.spaces[0], len(o.group.columns)) for o in self.others]
-        self._states = [np.zeros((len(o.group.columns), o.state_size), np.float32) for o in self.others]
-
-    def reset(
-        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        self.env.reset_copies(joint_seeds(self.env, self.focus, seed), options)
-        for state in self._states:
-            state[:] = 0.0
-        return self.env.batch(self.focus, self._out), {}
-
-    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        acts = np.empty(self.env.num_envs, dtype=object)
-        acts[self.focus.columns] = list(actions)
-        for k, other in enumerate(self.others):
-            fields = self._readers[k].read(self.env.batch(other.group, self._outs[k]), {})
-            chosen, after = other.act({**fields, STATE: self._states[k]} if other.state_size else fields)
-            acts[other.group.columns] = list(env_actions(other.spec.action, other.group.spaces[1], chosen))
-            if after is not None:
-                self._states[k] = after
-        reward, terminated, truncated, info = self.env.step_columns(acts)
-        for k, other in enumerate(self.others):  # a column's state starts over with its episode
-            done = (terminated | truncated)[other.group.columns]
-            self._states[k][done] = 0.0
-        cols = self.focus.columns
-        part = {k: v[cols] for k, v in info.items() if k in (ACTIVE_KEY, "final_obs", "_final_obs")}
-        batch = self.env.batch(self.focus, self._out)
-        return batch, reward[cols], terminated[cols], truncated[cols], part
-
-    @property
-    def envs(self) -> list[Any]:
-        """The env copies (copy 0 renders the scene for a video)."""
-        return list(self.env.envs)
-
-    def render(self) -> Any:
-        return self.env.render()
-
-    def close_extras(self, **kwargs: Any) -> None:
-        self.env.close()

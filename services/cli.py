@@ -41,8 +41,8 @@ from services.tools.evaluate import (
     save_video,
 )
 from services.tools.export import export_onnx
-from services.tools.handle import PolicyHandle, PolicyLoadError
-from services.tools.load import load_group_policies, load_policy
+from services.tools.handle import PolicyLoadError
+from services.tools.load import load_policy
 from services.tools.verify import DTYPES, VerifyOptions, run_verify
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -347,10 +347,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"{path}: an ONNX file names no env relay may build; name one with --env ENV_ID")
     if args.env:
         allow_env_module(args.env, os.getcwd())
-    handle, others = _eval_policies(path, _policy(args))
-    opts = EvalOptions(
-        args.episodes, args.stochastic, args.seed, args.env, video=video_dir is not None, others=others
-    )
+    handle = load_policy(path, policy=_policy(args))
+    opts = EvalOptions(args.episodes, args.stochastic, args.seed, args.env, video=video_dir is not None)
     result = evaluate(handle, opts)
     written, note = save_video(result, video_dir, path.stem, handle.source) if video_dir else (None, None)
     if note:
@@ -363,19 +361,6 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         if written is not None:
             print(f"wrote {written}")
     return EXIT_OK
-
-
-def _eval_policies(path: Path, policy: str | None) -> tuple[PolicyHandle, dict[str, PolicyHandle]]:
-    """The policy `relay eval` scores and, for a policy group (`--policy`), the other groups'."""
-    if policy is None:
-        return load_policy(path), {}
-    if path.suffix == ".onnx":
-        raise InputError(f"{path}: an ONNX file holds one policy: drop --policy {policy}")
-    others = load_group_policies(path)
-    if policy not in others:
-        have = ", ".join(others) or "none: it holds one policy"
-        raise InputError(f"{path.name}: no policy group {policy!r} (groups: {have})")
-    return others.pop(policy), others
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

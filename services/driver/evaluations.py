@@ -25,6 +25,8 @@ import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
 from contracts.config import RelayConfig
+from contracts.metrics import POLICY_PREFIX
+from contracts.policy_groups import without_versions
 from contracts.spaces import EnvSpec
 from rollout_workers.evaluator import EvalReport, Evaluator
 from rollout_workers.video import video_stem
@@ -108,9 +110,14 @@ class ActorEvalRunner:
 
 
 def eval_metrics(report: EvalReport) -> dict[str, Any]:
-    """The eval_* keys of a metrics line (contracts/metrics.py)."""
+    """The eval_* keys of a metrics line (contracts/metrics.py); a run of policy groups adds each
+    group's "policy/<group>/eval_return_mean" (the plain keys: the groups' means)."""
     s = report.summary
+    groups = {
+        f"{POLICY_PREFIX}{name}/eval_return_mean": g["return_mean"] for name, g in s.get("groups", {}).items()
+    }
     return {
+        **groups,
         "eval_return_mean": s["return_mean"],
         "eval_return_std": s["return_std"],
         "eval_return_min": s["return_min"],
@@ -186,7 +193,7 @@ class Evaluations:
     def _save_best(self, report: EvalReport, weights: Weights, counters: RunCounters) -> None:
         learner = {
             # A copy: weights fetched from Ray's object store are read-only views of it.
-            "model": {k: _tensor_copy(v) for k, v in weights.items()},
+            "model": {k: _tensor_copy(v) for k, v in without_versions(weights).items()},
             "version": report.version,
             "updates": 0,
             "eval": {**report.summary, "iteration": report.iteration},

@@ -111,11 +111,6 @@ def policies(cfg: RelayConfig, env: EnvSpec) -> list[tuple[RelayConfig, EnvSpec]
     (contracts/policy_groups.py). PreflightError where the groups cannot be split or evaluated."""
     if not env.groups:
         return [(cfg, env)]
-    if cfg.eval.every_iterations:
-        raise PreflightError(
-            "eval.every_iterations: evaluation during training is not built for policy groups yet "
-            "(multi_agent.policies); the training returns per group are policy_return_mean/<group>"
-        )
     try:
         return [(group_config(cfg, env, name), env.policy(name)) for name in env.policy_names]
     except PolicyGroupError as err:

@@ -10,26 +10,24 @@ names no env relay trusts: those need `--env`.
 from __future__ import annotations
 
 import contextlib
-import glob
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.config import EnvConfig, MultiAgentConfig
+from contracts.config import EnvConfig
 from rollout_workers.envs import PETTINGZOO, EnvSpecError
 from rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
     EvalResult,
     build_eval_env,
     eval_env_config,
-    model_act,
     play,
 )
-from rollout_workers.group_envs import GroupScene
+from rollout_workers.scenes import open_scene
 from rollout_workers.video import encode_mp4, video_stem
 from services.driver.checkpoints import BEST_NAME, load_newest_valid
 from services.files import write_numbered
 from services.tools.handle import PolicyHandle, PolicyLoadError
-from services.tools.load import check_env_fits
+from services.tools.load import check_env_fits, scene_policies
 
 MAX_EPISODES = 100_000
 
@@ -41,9 +39,6 @@ class EvalOptions:
     seed: int | None = None  # default: the run's env.seed (else 0), on the evaluation seed stream
     env_id: str | None = None  # --env: the env the user names
     video: bool = False  # keep the frames of one episode
-    # A policy group's episodes (the handle's `group`): the other groups' policies, which play
-    # their agents in the same scene.
-    others: dict[str, PolicyHandle] = field(default_factory=dict)
 
 
 def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
@@ -73,23 +68,14 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         raise PolicyLoadError(f"--episodes {opts.episodes}: must be 1 to {MAX_EPISODES}")
     ec = eval_env(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
     seed = opts.seed if opts.seed is not None else ec.seed
-    ma = None
-    if handle.group is not None:
-        ec, ma = _scene(handle, opts.others, ec)
     try:
-        envs, note = build_eval_env(ec, ma)
+        if handle.group is None:
+            envs, note = build_eval_env(ec)
+        else:
+            players = scene_policies(handle)
+            envs, note = open_scene(ec, handle.group, players, opts.stochastic, seed)
     except EnvSpecError as err:
         raise PolicyLoadError(str(err)) from None
-    if handle.group is not None:
-        others = {
-            name: (
-                other.env,
-                model_act(other.model, opts.stochastic, seed + k + 1),
-                other.model.acting_state_size,
-            )
-            for k, (name, other) in enumerate(opts.others.items())
-        }
-        envs = GroupScene(envs, handle.group, others)
     try:
         info = envs.reset(seed=seed)[1]
         check_env_fits(handle, envs, ec.id, info, acting=True)
@@ -109,20 +95,6 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         with contextlib.suppress(Exception):
             envs.close()
     return result
-
-
-def _scene(
-    handle: PolicyHandle, others: dict[str, PolicyHandle], ec: EnvConfig
-) -> tuple[EnvConfig, MultiAgentConfig]:
-    """The env of a policy group's episodes: as many copies as `ec` gives the group columns, every
-    group's agents named exactly (the groups of the run, whatever patterns chose them)."""
-    groups = {str(handle.group): handle, **others}
-    copies = ec.num_envs // handle.env.columns
-    columns = copies * sum(h.env.columns for h in groups.values())
-    ma = MultiAgentConfig(
-        policies={name: [glob.escape(a) for a in h.env.agents] for name, h in groups.items()}
-    )
-    return ec.model_copy(update={"num_envs": columns}), ma
 
 
 def describe(result: EvalResult, source: str, deterministic: bool) -> str:

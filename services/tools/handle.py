@@ -8,7 +8,7 @@ clip for imports).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import psutil
@@ -41,6 +41,9 @@ class PolicyHandle:
     config: RelayConfig | None = None
     action_transform: Callable[[Tensor], Tensor] = identity
     group: str | None = None  # the policy group of a run of policy groups (multi_agent.policies)
+    # A group's scene-mates: the other groups' policies of the same checkpoint, which play their
+    # agents where this one is evaluated or its observations are recorded.
+    others: dict[str, PolicyHandle] = field(default_factory=dict)
 
     @property
     def obs_dim(self) -> int:

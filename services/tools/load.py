@@ -24,9 +24,11 @@ from contracts.policy_groups import PolicyGroupError, group_config, part_of
 from contracts.segment import Fields
 from contracts.spaces import EnvSpec
 from policy.actor_critic import STATE, draw_noise, fields_to_torch
-from policy.models import infer_env_spec
+from policy.models import ActorCritic, infer_env_spec
 from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
+from rollout_workers.evaluation import eval_env_config
 from rollout_workers.observations import ObsReader
+from rollout_workers.scenes import open_scene
 from rollout_workers.vector_backends import make_vector_env
 from services.driver.checkpoints import read_data
 from services.tools.handle import (
@@ -50,15 +52,23 @@ def _read_checkpoint(raw: Any, name: str) -> tuple[Checkpoint, EnvSpec]:
 
 def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyHandle:
     ckpt, env = _read_checkpoint(raw, name)
-    weights = ckpt.learner["model"]
     if not env.groups:
         if policy is not None:
             raise PolicyLoadError(f"{name} holds one policy, not policy groups: drop --policy {policy}")
-        return relay_policy(ckpt.config, env, weights, f"relay checkpoint {name}")
+        return relay_policy(ckpt.config, env, ckpt.learner["model"], f"relay checkpoint {name}")
     if policy is None:
         raise PolicyLoadError(
             f"{name} holds policy groups ({', '.join(env.policy_names)}): choose one with --policy NAME"
         )
+    if policy not in env.policy_names:
+        raise PolicyLoadError(f"{name}: no policy group {policy!r} (groups: {', '.join(env.policy_names)})")
+    groups = {group: _group_policy(ckpt, env, name, group) for group in env.policy_names}
+    focus = groups.pop(policy)
+    return replace(focus, others=groups)
+
+
+def _group_policy(ckpt: Checkpoint, env: EnvSpec, name: str, policy: str) -> PolicyHandle:
+    """Group `policy`'s policy out of checkpoint `ckpt` of policy groups (without its scene-mates)."""
     try:
         spec = env.policy(policy)
         cfg = group_config(RelayConfig.model_validate(ckpt.config), env, policy)
@@ -68,20 +78,8 @@ def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyH
         first = " ".join(str(err).split())[:200]
         raise PolicyLoadError(f"{name}: unreadable relay config ({first})") from None
     source = f"relay checkpoint {name}, policy {policy}"
-    handle = relay_policy(cfg.model_dump(mode="json"), spec, part_of(weights, policy), source)
+    handle = relay_policy(cfg.model_dump(mode="json"), spec, part_of(ckpt.learner["model"], policy), source)
     return replace(handle, group=policy)
-
-
-def load_group_policies(path: str | Path) -> dict[str, PolicyHandle]:
-    """Every policy group's policy out of a relay checkpoint of policy groups, in the groups'
-    order; {} for a checkpoint of one policy."""
-    p = Path(path)
-    try:
-        raw = read_data(p)
-    except CheckpointError as err:
-        raise PolicyLoadError(str(err)) from None
-    _, env = _read_checkpoint(raw, p.name)
-    return {name: _relay_checkpoint(raw, p.name, name) for name in env.policy_names}
 
 
 def load_policy(path: str | Path, relay_only: bool = False, policy: str | None = None) -> PolicyHandle:
@@ -118,19 +116,30 @@ def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
     return EnvConfig(id=env_id, num_envs=8)
 
 
+def scene_policies(handle: PolicyHandle) -> dict[str, tuple[EnvSpec, ActorCritic]]:
+    """A policy group's scene's policies: its own, then the other groups' of its checkpoint."""
+    mates = {name: (h.env, h.model) for name, h in handle.others.items()}
+    return {str(handle.group): (handle.env, handle.model), **mates}
+
+
 @torch.no_grad()
-def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> Fields:
+def recorded_observations(
+    handle: PolicyHandle,
+    env_id: str,
+    count: int = 1000,
+    seed: int = 0,
+) -> Fields:
     """Input fields of `count` observations met by the policy acting in `env_id`, which the user
-    named (its leaves and masks must be the policy's)."""
-    if handle.group is not None:
-        raise PolicyLoadError(
-            f"--env {env_id}: observations of one policy group's agents are not recorded yet; "
-            "drop --env (the export is then checked on observations drawn from its spec)"
-        )
+    named (its leaves and masks must be the policy's). A policy group's are met in its scene, the
+    other groups of its checkpoint playing their agents."""
     ec = _named_env(handle, env_id)
     try:
         check_env_id(ec.id)
-        env = make_vector_env(ec)
+        if handle.group is None:
+            env = make_vector_env(ec)
+        else:
+            ec = eval_env_config(ec, ec.num_envs, False, handle.env.columns)
+            env = open_scene(ec, handle.group, scene_policies(handle), seed=seed)[0]
     except EnvSpecError as err:
         raise PolicyLoadError(str(err)) from None
     except Exception as err:

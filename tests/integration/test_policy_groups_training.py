@@ -24,15 +24,40 @@ def _lines(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_groups_train_locally_with_a_line_for_each(tmp_path):
+def test_groups_train_locally_with_a_line_for_each_and_are_evaluated_in_the_scene(tmp_path, capsys):
+    """Each group's line, and the evaluation during training: every group scored in its scene (the
+    other group playing the same weights), a video of the first group's, and best.pt, which
+    `relay eval --best --policy` and `relay export --policy --env` (observations recorded in the
+    scene) read."""
     run = tmp_path / "tag"
-    assert train_local("simple_tag_groups.yaml", run, *SMALL, "stop.env_steps=2000") == 0
-    last = _lines(run)[-1]
+    evals = ["eval.every_iterations=2", "eval.episodes=4", "eval.video_every=1", "checkpoint.keep_best=true"]
+    assert train_local("simple_tag_groups.yaml", run, *SMALL, *evals, "stop.env_steps=4800") == 0
+    lines = _lines(run)
+    last = lines[-1]
     for group in ("predator", "prey"):
         assert {f"policy/{group}/{k}" for k in ("policy_loss", "entropy", "weights_version")} <= set(last)
         assert f"policy_return_mean/{group}" in last
     assert last["policy/predator/weights_version"] == last["policy/prey/weights_version"] == last["iteration"]
     assert last["weights_version"] == 2 * last["iteration"]
+
+    scored = [x for x in lines if "eval_return_mean" in x]
+    assert scored, "no evaluation finished"
+    for x in scored:
+        groups = [x["policy/predator/eval_return_mean"], x["policy/prey/eval_return_mean"]]
+        assert x["eval_return_mean"] == pytest.approx(np.mean(groups))
+        assert x["eval_episodes"] == 8 and x["eval_len_mean"] == 25  # 4 episodes of each group
+        assert groups[1] <= 0  # the prey is only ever caught (or leaves the field): never rewarded
+    assert list((run / "videos").glob("iter-*.mp4")), "no video of the scene"
+
+    best = run / "checkpoints" / "best.pt"
+    assert best.is_file()
+    capsys.readouterr()
+    args = ["eval", str(run), "--best", "--policy", "prey", "--env", TAG, "--episodes", "2", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 2
+    out = tmp_path / "prey.onnx"
+    assert main(["export", str(best), "--policy", "prey", "--env", TAG, "--out", str(out)]) == 0
+    assert "checked on 2000 observations" in capsys.readouterr().out and out.is_file()
 
 
 def test_a_group_config_that_does_not_split_is_one_line_and_exit_2(tmp_path, capsys):
@@ -50,8 +75,11 @@ def test_a_group_config_that_does_not_split_is_one_line_and_exit_2(tmp_path, cap
 def test_predators_learn_on_ray_and_each_group_is_exported_and_served(local_ray, tmp_path, capsys):
     run = tmp_path / "tag"
     sets = ["stop.env_steps=240000", "checkpoint.interval=25", "metrics.progress=none"]
+    sets += ["eval.every_iterations=20", "eval.episodes=8"]  # on the evaluation actor
     assert train_in_process("simple_tag_groups.yaml", run, *sets) == 0
     lines = _lines(run)
+    scored = [x for x in lines if "policy/predator/eval_return_mean" in x]
+    assert scored and all(x["eval_episodes"] == 16 for x in scored)
     predator = [x["policy_return_mean/predator"] for x in lines if "policy_return_mean/predator" in x]
     # random predators catch the prey now and then (~3 a episode); learning ones chase it down
     first, last = np.mean(predator[:5]), np.mean(predator[-5:])

@@ -281,7 +281,7 @@ def test_a_grouped_learner_state_round_trips_and_is_checked():
 def test_a_groups_scene_plays_the_other_groups_with_their_own_policies(tmp_path):
     """`relay eval --policy prey`'s env: the prey's columns as a plain vector env; the predators
     are moved by the act function given for them (here: always action 1), and copy 0 renders."""
-    from rollout_workers.group_envs import GroupScene
+    from rollout_workers.scenes import GroupScene
     from rollout_workers.vector_backends import make_vector_env
 
     cfg = _cfg("env.kwargs={max_cycles: 25, render_mode: rgb_array}", N=8)

@@ -12,6 +12,8 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rollout_workers.envs import env_seeds
 from rollout_workers.evaluation import EVAL_SEED_STREAM, episode_targets
@@ -59,6 +61,16 @@ def reference_returns(ckpt: Path, episodes: int, seed: int) -> list[float]:
             out.append(total)
             obs, _ = env.reset()
     return out
+
+
+@given(st.integers(1, 500), st.integers(1, 64))
+def test_episodes_are_spread_over_the_envs_and_env_0_always_plays(episodes, envs):
+    """SB3's split where every env plays; fewer episodes than envs (a multi-agent env's columns
+    rounded up to whole copies) go to the first envs: env 0 is the one a video films."""
+    targets = episode_targets(episodes, envs)
+    assert targets.sum() == episodes and targets[0] >= 1 and targets.max() - targets.min() <= 1
+    if episodes >= envs:
+        assert list(targets) == [(episodes + i) // envs for i in range(envs)]
 
 
 def test_deterministic_returns_match_episodes_played_by_hand(run, capsys):
