@@ -316,8 +316,11 @@ def _rllib_shared(
 
 
 def _at(curve: list[tuple[float, int, float | None]], wall: float) -> tuple[int | None, float | None]:
+    """(agent steps, team return) at `wall` seconds: the steps of the last point by then, the last
+    return reported by then (RLlib reports NaN for an iteration in which no episode ended)."""
     seen = [c for c in curve if c[0] <= wall]
-    return (seen[-1][1], seen[-1][2]) if seen else (None, None)
+    returns = [c[2] for c in seen if c[2] is not None and c[2] == c[2]]
+    return (seen[-1][1], returns[-1] if returns else None) if seen else (None, None)
 
 
 def spread(args: argparse.Namespace) -> None:
@@ -327,7 +330,10 @@ def spread(args: argparse.Namespace) -> None:
 
 # ---- pistonball -------------------------------------------------------------------------------
 def _pistonball_env(channels_first: bool) -> Any:
-    """pistonball as relay's env.preprocess=pixels makes it (RLlib's CNN reads channels last)."""
+    """pistonball as relay's env.preprocess=pixels makes it; for RLlib channels last (its CNN's
+    layout) and float32 in [0, 1] (relay's CNN scales uint8 frames itself, RLlib's takes floats;
+    CleanRL divides by 255 in its network)."""
+    import numpy as np
     import supersuit as ss
     from pettingzoo.butterfly import pistonball_v6
 
@@ -338,7 +344,9 @@ def _pistonball_env(channels_first: bool) -> Any:
         return _pixels(env)
     env = ss.color_reduction_v0(env, mode="B")
     env = ss.resize_v1(env, 84, 84)
-    return ss.frame_stack_v1(env, 3)
+    env = ss.frame_stack_v1(env, 3)
+    env = ss.dtype_v0(env, np.float32)
+    return ss.normalize_obs_v0(env, env_min=0.0, env_max=1.0)
 
 
 def _relay_pistonball(wall: float) -> list[tuple[float, int, float | None]]:
@@ -381,6 +389,9 @@ def _versus(title: str, runs: dict[str, Any], args: argparse.Namespace) -> None:
     for system in args.only.split(","):
         print(f"... {system}: {title}, {args.wall:.0f} s", file=sys.stderr, flush=True)
         curves[system] = runs[system](args.wall)
+        # each system's curve as soon as it is measured: a later system's failure loses nothing
+        points = [(round(t, 1), n, r) for t, n, r in curves[system]]
+        print(f"... {system}: {points}", file=sys.stderr, flush=True)
     print(machine_header(f"{title}, {args.wall:.0f} s each, seed 0"))
     rows = []
     for f in (0.25, 0.5, 0.75, 1.0):

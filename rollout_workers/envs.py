@@ -21,7 +21,14 @@ from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
 from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
 from rollout_workers.pomdp import register_pomdp
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
-from rollout_workers.user_code import PETTINGZOO, add_finder, module_folders, one_line
+from rollout_workers.user_code import (
+    PETTINGZOO,
+    UserCodeError,
+    add_finder,
+    import_named,
+    module_folders,
+    one_line,
+)
 from rollout_workers.user_code import allow_env_module as allow_env_module  # callers import it here
 
 
@@ -32,20 +39,17 @@ class EnvSpecError(ValueError):
 def _resolve_factory(env_id: str) -> Callable[..., gym.Env] | None:
     """The callable named by `module:factory`, or None where the id is gymnasium's
     `module:EnvName-v0` form (import the module, then look the id up in the registry)."""
-    module_name, _, attr = env_id.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # ImportError, SyntaxError, or whatever the module raises on import
-        raise EnvSpecError(
-            f"env.id={env_id!r}: cannot import module {module_name!r} ({one_line(err)})"
-        ) from None
+        module, attr = import_named(env_id, f"env.id={env_id!r}")
+    except UserCodeError as err:
+        raise EnvSpecError(str(err)) from None
     factory = getattr(module, attr, None)
     if callable(factory):
         return factory
     if attr in gym.registry:
         return None
     raise EnvSpecError(
-        f"env.id={env_id!r}: {module_name} has no callable {attr!r} and no env registered as it"
+        f"env.id={env_id!r}: {module.__name__} has no callable {attr!r} and no env registered as it"
     )
 
 

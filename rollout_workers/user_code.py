@@ -69,16 +69,20 @@ def module_folders() -> list[tuple[str, str]]:
     return [(f.top, f.folder) for f in sys.meta_path if isinstance(f, _EnvModuleFinder)]
 
 
-def import_callable(spec: str, setting: str) -> Callable[..., Any]:
-    """The callable `module:fn` names; UserCodeError naming `setting` where it cannot be had."""
+def import_named(spec: str, label: str) -> tuple[Any, str]:
+    """(the module, the attribute name) of `module:attr`; UserCodeError starting with `label` where
+    the module cannot be imported."""
     module_name, _, attr = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name), attr
     except Exception as err:  # ImportError, SyntaxError, or whatever the module raises on import
-        raise UserCodeError(
-            f"{setting}={spec}: cannot import module {module_name!r} ({one_line(err)})"
-        ) from None
+        raise UserCodeError(f"{label}: cannot import module {module_name!r} ({one_line(err)})") from None
+
+
+def import_callable(spec: str, setting: str) -> Callable[..., Any]:
+    """The callable `module:fn` names; UserCodeError naming `setting` where it cannot be had."""
+    module, attr = import_named(spec, f"{setting}={spec}")
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise UserCodeError(f"{setting}={spec}: {module_name} has no callable {attr!r}")
+        raise UserCodeError(f"{setting}={spec}: {module.__name__} has no callable {attr!r}")
     return fn
