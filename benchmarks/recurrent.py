@@ -11,6 +11,13 @@ annealed from 1e-3 and 0.2, LSTM 64 with a critic LSTM, ReLU [64] heads, no orth
 One process each (relay in local mode, as SB3), one after another on this machine, seed 0; wall
 counts from the first env step. Target: relay reaches 475 in <= 0.5x RecurrentPPO's wall.
 
+    python benchmarks/recurrent.py --only memory --env-steps 500000
+
+A grid task with memory: MiniGrid-MemoryS7-v0 (configs/minigrid_memory_lstm_ppo.yaml, 2 workers
+on Ray) with the LSTM core and without it (the same config, model.recurrent=none), the same env
+steps each, seed 0: the mean return against env steps. Without memory the agent can at best
+guess at the fork (about 0.5 once it navigates); above that is memory.
+
     python benchmarks/recurrent.py --only sampling --seconds 15 --repeats 3
 
 What the core costs a rollout worker: env steps/s of 2 workers alone on CartPole (8 envs each)
@@ -27,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import ZOO_CARTPOLE, machine_header, sampling_rate, sb3_learn_until, table
+from common import ZOO_CARTPOLE, machine_header, sampling_rate, sb3_learn_until, table, train_relay
 from spaces import Outcome, Task, run_relay
 
 TASK = Task("novel", "relay/CartPoleNoVel-v1", 475.0, 1_000_000)
@@ -129,13 +136,43 @@ def sampling_table(seconds: float, repeats: int) -> str:
     )
 
 
+MEMORY_CONFIG = "configs/minigrid_memory_lstm_ppo.yaml"
+MARKS = (0.1, 0.25, 0.5, 0.75, 1.0)  # of the env-step budget: the table's rows
+
+
+def memory_table(env_steps: int) -> str:
+    """MemoryS7 with and without the LSTM core, the same budget each: the mean return (last 100
+    episodes) and the wall at each mark of the budget."""
+    runs = {}
+    for name, sets in (("lstm 128", []), ("no memory", ["model.recurrent=none", "learner.minibatch=steps"])):
+        print(f"... MemoryS7, {name}", file=sys.stderr, flush=True)
+        base = [f"stop.env_steps={env_steps}", "stop.episode_return_mean=null", "checkpoint.interval=1000"]
+        runs[name] = [x for x in train_relay(MEMORY_CONFIG, [*base, *sets]) if "env_steps" in x]
+    rows = []
+    for mark in MARKS:
+        row: list[object] = [int(mark * env_steps)]
+        for lines in runs.values():
+            line = next((x for x in lines if x["env_steps"] >= mark * env_steps), lines[-1])
+            row += [line["env_steps"], line["wall_s"], line["episode_return_mean"]]
+        rows.append(row)
+    headers = ["mark", "lstm env steps", "lstm wall s", "lstm return"]
+    headers += ["no-memory env steps", "no-memory wall s", "no-memory return"]
+    return table(headers, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-wall", type=float, default=900.0)
     parser.add_argument("--only", default="lstm,none,sb3")
     parser.add_argument("--seconds", type=float, default=15.0, help="sampling: seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="sampling: interleaved repeats per policy")
+    parser.add_argument("--env-steps", type=int, default=500_000, help="memory: env steps per run")
     args = parser.parse_args()
+    if args.only == "memory":
+        title = f"recurrent: MiniGrid-MemoryS7-v0, LSTM vs no memory, {args.env_steps:,} env steps (seed 0)"
+        print(machine_header(title))
+        print(memory_table(args.env_steps))
+        return
     if args.only == "sampling":
         print(machine_header("recurrent: what a core costs the rollout workers (CartPole, W = 2)"))
         print(sampling_table(args.seconds, args.repeats))
