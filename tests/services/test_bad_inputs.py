@@ -352,17 +352,24 @@ def _onnx_with(tmp_path: Path, spec_shape: list[int] | None = None, dims: list[i
 )
 def test_sizes_read_from_an_onnx_file_are_checked_before_anything_is_allocated(tmp_path, kind, needle):
     """Run as a process, so its peak memory is measured: the refusal costs no more than start-up."""
-    import resource
 
     path = _onnx_with(
         tmp_path,
         spec_shape=[4194304] if kind == "spec" else None,
         dims=[1 << 20, 1 << 20] if kind == "dims" else None,
     )
+    # The peak is read in a fresh process whose only child is the command: this process's
+    # RUSAGE_CHILDREN is the largest of every child any earlier test waited for (a training run).
+    measure = (
+        "import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "verify", str(path)], capture_output=True, text=True
+        [sys.executable, "-c", measure, sys.executable, "-m", "services.cli", "verify", str(path)],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    peak_gb = int(proc.stdout.strip().splitlines()[-1]) / 2**20
     assert peak_gb < 1.5, peak_gb
