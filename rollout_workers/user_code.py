@@ -49,14 +49,19 @@ def allow_env_module(env_id: str, folder: str) -> None:
     if env_id.startswith(PETTINGZOO):
         add_finder(env_id[len(PETTINGZOO) :].split(".")[0], folder)
     elif ":" in env_id:
-        add_finder(env_id.partition(":")[0].split(".")[0], folder)
+        add_finder(_top_module(env_id), folder)
 
 
 def allow_user_code(cfg: RelayConfig, folder: str) -> None:
     """`allow_env_module` for the config's env and, where it has one, its agent-to-group mapping."""
     allow_env_module(cfg.env.id, folder)
     if cfg.multi_agent.policy_mapping is not None:
-        add_finder(cfg.multi_agent.policy_mapping.partition(":")[0].split(".")[0], folder)
+        add_finder(_top_module(cfg.multi_agent.policy_mapping), folder)
+
+
+def _top_module(spec: str) -> str:
+    """The top-level module of `module:attr` ("pkg" of "pkg.sub:fn")."""
+    return spec.partition(":")[0].split(".")[0]
 
 
 def add_finder(top: str, folder: str) -> None:

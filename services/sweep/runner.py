@@ -391,13 +391,15 @@ def start(cfg: RelayConfig, root: Path | None, address: str | None, max_concurre
 
 def resume(root: Path, overrides: list[str], address: str | None, max_concurrent: int | None) -> int:
     """`relay sweep --resume D`: the same plan (sweep.yaml, read as data), its unfinished trials.
-    A `module:factory` env runs code, so it is imported only when named on the command line too."""
+    A setting that runs code (a `module:factory` env, a `module:fn` group mapping) is imported only
+    when named on the command line too, with its stored value."""
     if not (root / SWEEP_FILE).is_file():
         raise SweepError(f"{root} is not a sweep folder (no {SWEEP_FILE})")
     cfg = load_config(root / SWEEP_FILE)
     code = code_settings(cfg)
-    named = {(o.split("=", 1)[0].strip(), o.split("=", 1)[-1].strip()) for o in overrides}
-    others = [o for o in overrides if (o.split("=", 1)[0].strip(), o.split("=", 1)[-1].strip()) not in code]
+    settings = {o: tuple(part.strip() for part in o.split("=", 1)) for o in overrides}  # (leaf, value)
+    named = set(settings.values())
+    others = [o for o, setting in settings.items() if setting not in code]
     if others:
         raise SweepError(f"--resume continues the sweep as it was planned; {others[0]!r} would change it")
     confirmed = {leaf for leaf, value in code if (leaf, value) in named}

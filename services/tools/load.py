@@ -60,26 +60,29 @@ def _relay_checkpoint(raw: Any, name: str, policy: str | None = None) -> PolicyH
         raise PolicyLoadError(
             f"{name} holds policy groups ({', '.join(env.policy_names)}): choose one with --policy NAME"
         )
-    if policy not in env.policy_names:
-        raise PolicyLoadError(f"{name}: no policy group {policy!r} (groups: {', '.join(env.policy_names)})")
-    groups = {group: _group_policy(ckpt, env, name, group) for group in env.policy_names}
-    focus = groups.pop(policy)
-    return replace(focus, others=groups)
-
-
-def _group_policy(ckpt: Checkpoint, env: EnvSpec, name: str, policy: str) -> PolicyHandle:
-    """Group `policy`'s policy out of checkpoint `ckpt` of policy groups (without its scene-mates)."""
     try:
-        spec = env.policy(policy)
-        cfg = group_config(RelayConfig.model_validate(ckpt.config), env, policy)
+        env.policy(policy)  # KeyError naming the groups
+        run_cfg = RelayConfig.model_validate(ckpt.config)
+        groups = {group: (env.policy(group), group_config(run_cfg, env, group)) for group in env.policy_names}
     except KeyError as err:
         raise PolicyLoadError(f"{name}: {err.args[0]}") from None
     except (ValidationError, PolicyGroupError, ValueError) as err:
         first = " ".join(str(err).split())[:200]
         raise PolicyLoadError(f"{name}: unreadable relay config ({first})") from None
-    source = f"relay checkpoint {name}, policy {policy}"
-    handle = relay_policy(cfg.model_dump(mode="json"), spec, part_of(ckpt.learner["model"], policy), source)
-    return replace(handle, group=policy)
+    handles = {
+        group: replace(
+            relay_policy(
+                cfg.model_dump(mode="json"),
+                spec,
+                part_of(ckpt.learner["model"], group),
+                f"relay checkpoint {name}, policy {group}",
+            ),
+            group=group,
+        )
+        for group, (spec, cfg) in groups.items()
+    }
+    focus = handles.pop(policy)  # the others are its scene-mates
+    return replace(focus, others=handles)
 
 
 def load_policy(path: str | Path, relay_only: bool = False, policy: str | None = None) -> PolicyHandle:
@@ -123,12 +126,7 @@ def scene_policies(handle: PolicyHandle) -> dict[str, tuple[EnvSpec, ActorCritic
 
 
 @torch.no_grad()
-def recorded_observations(
-    handle: PolicyHandle,
-    env_id: str,
-    count: int = 1000,
-    seed: int = 0,
-) -> Fields:
+def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> Fields:
     """Input fields of `count` observations met by the policy acting in `env_id`, which the user
     named (its leaves and masks must be the policy's). A policy group's are met in its scene, the
     other groups of its checkpoint playing their agents."""
