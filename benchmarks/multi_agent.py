@@ -6,6 +6,7 @@
     pip install -e ".[cpu,bench,pettingzoo]"          # RLlib beside relay (a venv of its own)
     python benchmarks/multi_agent.py spread [--wall 300] [--only relay,rllib]
     python benchmarks/multi_agent.py groups [--seconds 20] [--env-steps 400000]
+    python benchmarks/multi_agent.py mappo [--env-steps 1500000] [--seeds 0,1]
     python benchmarks/multi_agent.py pistonball [--wall 900] [--only relay,rllib]   # bench venv
 
 columns: agent steps/s of one rollout worker's sampler (acting, recording, env) on simple_spread
@@ -26,6 +27,10 @@ groups: policy groups. What they cost: a rollout worker's sampler on simple_spre
   with one shared policy, 2 groups and 3 groups (one per agent), side by side in one run. What
   they learn: configs/simple_tag_groups.yaml (predators and prey, 2 workers on Ray), each group's
   return and entropy against env steps.
+mappo: simple_spread with a centralized critic (configs/simple_spread_mappo.yaml: each value trunk
+  reads the env's global state) against the same config without (each critic sees its own agent's
+  observation), seed by seed, one run after the other: the team return at the same agent steps,
+  and each run's agent steps/s.
 """
 
 from __future__ import annotations
@@ -328,6 +333,50 @@ def spread(args: argparse.Namespace) -> None:
     _versus("simple_spread (3 agents, 25 steps)", runs, args)
 
 
+# ---- mappo ------------------------------------------------------------------------------------
+def mappo(args: argparse.Namespace) -> None:
+    seeds = [int(x) for x in args.seeds.split(",")]
+    marks = (0.25, 0.5, 0.75, 1.0)
+    curves: dict[tuple[str, int], list[tuple[float, int, float | None]]] = {}
+    for seed in seeds:
+        for critic, central in (("local", "false"), ("central", "true")):
+            sets = [
+                f"env.seed={seed}",
+                f"stop.env_steps={args.env_steps}",
+                f"multi_agent.central_critic={central}",
+                "metrics.progress=none",
+            ]
+            print(f"... {critic} critic, seed {seed}", file=sys.stderr, flush=True)
+            lines = _relay_lines("configs/simple_spread_mappo.yaml", sets)
+            curves[critic, seed] = [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in lines]
+            print(f"... {critic} {seed}: {curves[critic, seed][-1]}", file=sys.stderr, flush=True)
+    print(
+        machine_header(f"simple_spread (3 agents, 25 steps), local vs centralized critic, seeds {args.seeds}")
+    )
+    rows = []
+    for f in marks:
+        steps = int(f * args.env_steps)
+        row: list[Any] = [steps]
+        for critic in ("local", "central"):
+            got = [_by_steps(curves[critic, seed], steps) for seed in seeds]
+            row += [sum(got) / len(got), " ".join(f"{g:.1f}" for g in got)]
+        rows.append(row)
+    rate = {c: [curves[c, s][-1][1] / curves[c, s][-1][0] for s in seeds] for c in ("local", "central")}
+    headers = ["agent steps", "local critic", "by seed", "central critic", "by seed"]
+    print(table(headers, rows))
+    print(
+        f"agent steps/s: local {sum(rate['local']) / len(seeds):,.0f}, "
+        f"central {sum(rate['central']) / len(seeds):,.0f}"
+    )
+
+
+def _by_steps(curve: list[tuple[float, int, float | None]], steps: int) -> float:
+    """The mean of the last 5 team returns reported by `steps` agent steps (the curve is noisy)."""
+    seen = [r for _, n, r in curve if n <= steps and r is not None and r == r]
+    tail = seen[-5:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
 # ---- pistonball -------------------------------------------------------------------------------
 def _pistonball_env(channels_first: bool) -> Any:
     """pistonball as relay's env.preprocess=pixels makes it; for RLlib channels last (its CNN's
@@ -508,6 +557,9 @@ def main() -> None:
     g = sub.add_parser("groups")
     g.add_argument("--seconds", type=float, default=20.0)
     g.add_argument("--env-steps", type=int, default=400_000)
+    m = sub.add_parser("mappo")
+    m.add_argument("--env-steps", type=int, default=1_500_000)
+    m.add_argument("--seeds", default="0,1")
     args = parser.parse_args()
     what = {
         "columns": columns,
@@ -515,6 +567,7 @@ def main() -> None:
         "spread": spread,
         "groups": groups,
         "pistonball": pistonball,
+        "mappo": mappo,
     }
     what[args.what](args)
 

@@ -495,6 +495,13 @@ class MultiAgentConfig(_Section):
         "fn(agent_id) returns a name of multi_agent.policies (give those groups no patterns, []). It "
         "imports and runs code, so a resume runs it only when named again with --set.",
     )
+    central_critic: bool = Field(
+        False,
+        description="Parallel envs with a global state (PettingZoo's state()): each value trunk "
+        "also reads the env copy's state beside its agent's observation (MAPPO's centralized "
+        "critic); the acting path, exports and serving never read it. Needs model.shared_trunk=false "
+        "and an algorithm with a critic.",
+    )
 
     @field_validator("policies")
     @classmethod
@@ -660,7 +667,18 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
-    return problems + _fleet_problems(cfg) + _policy_group_problems(cfg)
+    return problems + _fleet_problems(cfg) + _policy_group_problems(cfg) + _central_critic_problems(cfg)
+
+
+def _central_critic_problems(cfg: RelayConfig) -> list[str]:
+    if not cfg.multi_agent.central_critic:
+        return []
+    if cfg.model.shared_trunk:
+        return [
+            "multi_agent.central_critic: the value trunk reads the global state, which the policy must "
+            "not: set model.shared_trunk=false"
+        ]
+    return []
 
 
 def _policy_group_problems(cfg: RelayConfig) -> list[str]:

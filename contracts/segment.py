@@ -17,7 +17,7 @@ import numpy as np
 
 from contracts.spaces import PATH_SEP, EnvSpec
 
-ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask", "N+state"]
+ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask", "N+state", "TN+global"]
 DtypeRule = Literal["float32", "obs", "action", "bool"]
 
 
@@ -30,6 +30,7 @@ class SegmentField:
     grouped_only: bool = False  # present only in grouped (GRPO) segments
     masked_only: bool = False  # present only where the env has action masks
     recurrent_only: bool = False  # present only where the policy has a recurrent core
+    global_only: bool = False  # present only where a centralized critic reads the env's global state
 
 
 SEGMENT_FIELDS: tuple[SegmentField, ...] = (
@@ -37,6 +38,13 @@ SEGMENT_FIELDS: tuple[SegmentField, ...] = (
         "obs", "TN+obs", "obs", "observation each action was taken from: one field per leaf of a tree"
     ),
     SegmentField("action_mask", "TN+mask", "bool", "the actions allowed at the step", masked_only=True),
+    SegmentField(
+        "global_state",
+        "TN+global",
+        "float32",
+        "the env copy's global state at the step, for the value trunk alone (multi_agent.central_critic)",
+        global_only=True,
+    ),
     SegmentField("actions", "TN+action", "action", "the sampled action (unclipped)"),
     SegmentField("logp", "TN", "float32", "behaviour policy log-prob of the action"),
     SegmentField("values", "TN", "float32", "V(obs) under the behaviour policy (0 without a critic)"),
@@ -78,6 +86,7 @@ class Segment:
     episode_returns / episode_lengths: episodes that finished in it; env_steps: valid steps;
     env_faults: faults since the previous segment of this worker, by kind (ENV_FAULT_KINDS);
     obs_moments: normalizer moments of its valid observations ({"count": 0} when none);
+    global_moments: the same of its valid steps' global states (multi_agent.central_critic);
     return_moments: moments of the discounted returns of its valid steps, for reward scaling
     (env.normalize_reward; {"count": 0} otherwise);
     episode_stats: other values of the episodes that finished in it, by name (a multi-agent env's
@@ -93,6 +102,7 @@ class Segment:
     env_steps: int = 0
     env_faults: dict[str, int] = field(default_factory=dict)
     obs_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
+    global_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
     return_moments: dict[str, Any] = field(default_factory=lambda: {"count": 0})
     episode_stats: dict[str, list[float]] = field(default_factory=dict)
 
@@ -140,8 +150,9 @@ def state_resets(terminated: Any, truncated: Any, mask: Any) -> Any:
 
 
 def is_policy_input(name: str) -> bool:
-    """Whether a Segment field is one a policy reads: an observation leaf or the action mask."""
-    return name == "obs" or name.startswith("obs" + PATH_SEP) or name == "action_mask"
+    """Whether a Segment field is one a policy reads: an observation leaf, the action mask, or the
+    global state its value trunk reads."""
+    return name == "obs" or name.startswith("obs" + PATH_SEP) or name in ("action_mask", "global_state")
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,7 @@ class SegmentLayout:
             "TN+action": tn + self.env.action.shape,
             "TN+mask": (*tn, self.env.action.param_size),
             "N+state": (self.num_envs, self.state_size),
+            "TN+global": (*tn, self.env.global_state),
         }
         dtypes: dict[DtypeRule, np.dtype] = {
             "float32": np.dtype(np.float32),
@@ -176,6 +188,7 @@ class SegmentLayout:
                 (f.grouped_only and not self.grouped)
                 or (f.masked_only and self.env.action_mask is None)
                 or (f.recurrent_only and not self.state_size)
+                or (f.global_only and not self.env.global_state)
             ):
                 continue
             if f.shape == "TN+obs":  # one field per leaf, each in its own dtype

@@ -33,6 +33,9 @@ MAX_POLICY_GROUPS = 16
 NATIVE_STORAGE_DTYPES = ("uint8",)
 # Numbers in one observation a spec read from a file may name (a 4-frame 1024x1024 stack is 4M).
 MAX_OBS_NUMBERS = 1 << 24
+# A global state is read flat by an MLP beside each observation: bigger ones (a whole frame) are
+# images, which the centralized critic does not take.
+MAX_GLOBAL_STATE = 4096
 
 
 class SpecError(ValueError):
@@ -252,6 +255,9 @@ class EnvSpec:
     # its spaces and its agents). The spec around them describes the whole env (`agents`: every
     # agent; its spaces: the first group's); () for one shared policy.
     groups: tuple[tuple[str, EnvSpec], ...] = ()
+    # Floats in a parallel env's global state (PettingZoo's state(), flattened) that each column's
+    # value trunk reads beside its agent's observation (multi_agent.central_critic); 0: none.
+    global_state: int = 0
 
     @property
     def policy_names(self) -> tuple[str, ...]:
@@ -324,6 +330,8 @@ class EnvSpec:
             out["agents"] = list(self.agents)
         if self.groups:
             out["groups"] = [{"name": name, "spec": spec.to_dict()} for name, spec in self.groups]
+        if self.global_state:
+            out["global_state"] = self.global_state
         return out
 
     @staticmethod
@@ -363,7 +371,19 @@ class EnvSpec:
         if api not in (None, "parallel", "aec"):
             raise SpecError(f"env spec multi_agent must be parallel or aec, got {str(api)[:20]!r}")
         action = ActionSpec.from_dict(data.get("action"))
-        spec = EnvSpec(shape, action, dtype, low, high, leaves, mask, api, tuple(agents))
+        global_state = data.get("global_state", 0)
+        if (
+            not isinstance(global_state, int)
+            or isinstance(global_state, bool)
+            or not 0 <= global_state <= MAX_GLOBAL_STATE
+            or (global_state and api != "parallel")
+        ):
+            raise SpecError(
+                f"env spec global_state must be 0 to {MAX_GLOBAL_STATE} floats, of a parallel env only"
+            )
+        spec = EnvSpec(
+            shape, action, dtype, low, high, leaves, mask, api, tuple(agents), global_state=global_state
+        )
         return replace(spec, groups=_groups_from(data.get("groups", []), spec))
 
 

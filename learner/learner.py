@@ -139,6 +139,7 @@ class Learner:
         self.updates = 0
         self._pending: list[Moments] = []  # observation moments since the last update
         self._pending_returns: list[Moments] = []  # discounted-return moments (reward scaling)
+        self._pending_global: list[Moments] = []  # global-state moments (a centralized critic)
         self._fresh_segments = 0
         self._fresh_steps = 0  # valid steps in the fresh segments
         self._behaviour_versions: list[int] = []
@@ -165,6 +166,7 @@ class Learner:
         for pending, moments in (
             (self._pending, segment.obs_moments),
             (self._pending_returns, segment.return_moments),
+            (self._pending_global, segment.global_moments),
         ):
             if moments.get("count", 0) > 0:
                 pending.append(Moments.from_numpy(moments))
@@ -176,6 +178,7 @@ class Learner:
     def _discard_fresh(self) -> None:
         self._pending.clear()
         self._pending_returns.clear()
+        self._pending_global.clear()
         self._fresh_segments = self._fresh_steps = 0
         self._behaviour_versions.clear()
 
@@ -285,9 +288,13 @@ class Learner:
         # are exactly the ones the learner trains version v's data with.
         for moments in gather_moments(self._pending):
             self.model.normalizer.update(moments)
-        if self.model.return_stats is not None:
-            for moments in gather_moments(self._pending_returns):
-                self.model.return_stats.update(moments)
+        for stats, pending in (
+            (self.model.return_stats, self._pending_returns),
+            (self.model.global_normalizer, self._pending_global),
+        ):
+            if stats is not None:
+                for moments in gather_moments(pending):
+                    stats.update(moments)
         lag = [self.version - v for v in self._behaviour_versions]
         self._discard_fresh()
         self.updates += 1

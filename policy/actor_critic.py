@@ -4,7 +4,9 @@ value head unless the algorithm is critic-free). Trunks come from the model regi
 (`policy/models/__init__.py`).
 
 Inputs are the Segment's policy fields: "obs" (or "obs/<path>" per leaf) and, where the env has
-masks, "action_mask" [B, param_size] bool; a bare tensor means {"obs": tensor}.
+masks, "action_mask" [B, param_size] bool; a bare tensor means {"obs": tensor}. A centralized critic
+(multi_agent.central_critic) also reads "global_state" [B, S]: its value trunk takes the
+normalized state beside the observation's features, and the acting path never reads it.
 
 With a recurrent core (`policy/cores/`, between the trunk and the heads) the inputs also carry
 "h_in" [k, state_size], the state entering each of k sequences, and optionally "starts" [B] bool
@@ -106,8 +108,14 @@ class ActorCritic(nn.Module):
         plan: EncoderPlan | None = None,
         make_core: Callable[[int], RecurrentCore] | None = None,
         burn_in: int = 0,
+        global_state: int = 0,
+        make_value_trunk: Callable[[], TrunkModule] | None = None,
     ) -> None:
+        """`global_state`: floats of the env's global state the value trunk reads beside the
+        trunk input (`make_value_trunk` builds that trunk, reading in_dim + global_state)."""
         super().__init__()
+        if global_state and (shared_trunk or not critic):
+            raise ValueError("a centralized critic needs a value trunk of its own (model.shared_trunk=false)")
         self.action = action
         self.dist = distribution(action.kind)
         # A tree observation is encoded leaf by leaf (`plan`); the normalizer then covers its flat
@@ -118,10 +126,14 @@ class ActorCritic(nn.Module):
         # Running statistics of the discounted return (reward scaling), shipped with the weights;
         # only present when used, so other policies' state dicts stay as they were.
         self.return_stats: ObsNormalizer | None = ObsNormalizer((1,)) if normalize_reward else None
+        # The global state's own float32 statistics (a centralized critic's), shipped likewise.
+        self.global_normalizer: ObsNormalizer | None = (
+            ObsNormalizer((global_state,), enabled=normalize_obs) if global_state else None
+        )
         self.pi_trunk = make_trunk()
         self.v_trunk: TrunkModule | None = None
         if critic and not shared_trunk:
-            self.v_trunk = make_trunk()
+            self.v_trunk = (make_value_trunk or make_trunk)()
         self.shared_trunk = shared_trunk
         out_dim = self.pi_trunk.out_dim
         # The core sits after the trunk; a value trunk of its own gets a core of its own.
@@ -190,7 +202,11 @@ class ActorCritic(nn.Module):
         fields = as_fields(inputs)
         x = self._trunk_input(fields)
         pi = self.pi_trunk(x)
-        v_feat = None if self.v_head is None else (pi if self.v_trunk is None else self.v_trunk(x))
+        v_feat = (
+            None
+            if self.v_head is None
+            else (pi if self.v_trunk is None else self.v_trunk(self._value_input(x, fields)))
+        )
         state = None
         if self.pi_core is not None:
             pi, v_shared, state = self._through_cores(fields, pi, v_feat if self.v_core is not None else None)
@@ -198,6 +214,14 @@ class ActorCritic(nn.Module):
         if self.v_head is None or v_feat is None:
             return pi, None, state
         return pi, self.v_head(v_feat).squeeze(-1).float(), state
+
+    def _value_input(self, x: Tensor, fields: Mapping[str, Tensor]) -> Tensor:
+        """The value trunk's input: the trunk input x [B, D], with a centralized critic's
+        normalized global state beside it [B, D + S]."""
+        if self.global_normalizer is None:
+            return x
+        state = self.global_normalizer(fields["global_state"].float()).to(x.dtype)
+        return torch.cat([x.reshape(x.shape[0], -1), state], dim=-1)
 
     def _through_cores(
         self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None

@@ -81,6 +81,7 @@ class NumpyPolicy:
         self.normalize_obs = normalize_obs
         self.layers: list[tuple[np.ndarray, np.ndarray]] = []
         self.has_value = False
+        self.global_stats: tuple[np.ndarray, np.ndarray] | None = None  # a centralized critic's
 
     def _trunk_layers(self, arr: dict[str, np.ndarray], trunk: str) -> list[tuple[np.ndarray, np.ndarray]]:
         idx = sorted(
@@ -95,6 +96,15 @@ class NumpyPolicy:
         v = self._trunk_layers(arr, "v_trunk")
         head_w, head_b = arr["pi_head.weight"].T, arr["pi_head.bias"]
         self.has_value = "v_head.weight" in arr
+        self.global_stats = None
+        if "global_normalizer.mean" in arr:  # a centralized critic: [x | state] in, zero rows for pi
+            g = ("global_normalizer.mean", "global_normalizer.var_sum", "global_normalizer.steps")
+            mean, var_sum, steps = (arr[k] for k in g)
+            self.global_stats = (mean, 1.0 / np.sqrt(var_sum / steps))
+            pi[0] = (
+                np.vstack([pi[0][0], np.zeros((mean.shape[0], pi[0][0].shape[1]), np.float32)]),
+                pi[0][1],
+            )
         if self.has_value and v:  # separate trunks, fused side by side
             layers = [(np.hstack([pi[0][0], v[0][0]]), np.concatenate([pi[0][1], v[0][1]]))]
             layers += [
@@ -121,14 +131,25 @@ class NumpyPolicy:
         self.mean = arr["normalizer.mean"]
         self.inv_scale = 1.0 / np.sqrt(arr["normalizer.var_sum"] / arr["normalizer.steps"])
 
-    def _normalize(self, x: np.ndarray) -> np.ndarray:
+    def _normalize(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """x normalized by the observation's statistics, or `stats` (mean, 1 / std)."""
         if not self.normalize_obs:
             return x
+        mean, inv_scale = stats if stats is not None else (self.mean, self.inv_scale)
         # minimum/maximum: two ufunc calls, cheaper than np.clip's wrapper on tiny batches
-        return np.minimum(np.maximum((x - self.mean) * self.inv_scale, -CLIP), CLIP)
+        return np.minimum(np.maximum((x - mean) * inv_scale, -CLIP), CLIP)
 
     def _input(self, fields: Fields) -> np.ndarray:
-        """The trunk's input [B, D]: the normalized observation, or a tree's encoded features."""
+        """The fused first layer's input: the trunk's [B, D] (the normalized observation, or a
+        tree's encoded features), with a centralized critic's normalized global state after it
+        [B, D + S]."""
+        x = self._trunk_input(fields)
+        if self.global_stats is None:
+            return x
+        state = self._normalize(fields["global_state"].astype(np.float32, copy=False), self.global_stats)
+        return np.concatenate([x, state], axis=-1)
+
+    def _trunk_input(self, fields: Fields) -> np.ndarray:
         if self.plan is None:
             obs = fields["obs"]
             return self._normalize(obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False))

@@ -30,9 +30,12 @@ class TrunkModule(nn.Module):
 
 class ModelKind:
     """A policy trunk family. `numpy_mirror`: rollout workers may act through the numpy mirror of
-    the MLP forward pass (`policy/numpy_mirror.py`) instead of the torch model."""
+    the MLP forward pass (`policy/numpy_mirror.py`) instead of the torch model. `reads_global_state`:
+    its trunk reads flat features, so a value trunk can take the env's global state beside them."""
 
     numpy_mirror = False
+    # Its value trunk can read a global state beside the flat trunk input (a centralized critic).
+    reads_global_state = False
 
     def config_problems(self, cfg: RelayConfig) -> list[str]:
         """Rules of this kind's settings, each naming fields and numbers (none by default)."""

@@ -104,7 +104,7 @@ class ContinuingSampler(SamplerCore):
         """V(final obs) for the envs whose episode was truncated in this step; 0 elsewhere [N]."""
         out = np.zeros(truncated.shape[0], dtype=np.float32)
         idx = np.flatnonzero(truncated)
-        final = self.reader.stack([self.reader.read_one(info["final_obs"][i]) for i in idx])
+        final = self.reader.stack([self.reader.read_final(info, int(i)) for i in idx])
         out[idx] = self.fast.value(self._stepped_inputs(final, idx))
         return out
 

@@ -335,13 +335,13 @@ def env_spec(
     ec: EnvConfig | None = None,
     reset_info: dict[str, Any] | None = None,
     notes: list[str] | None = None,
-    multi_agent: tuple[str | None, tuple[str, ...]] = (None, ()),
+    multi_agent: tuple[str | None, tuple[str, ...], int] = (None, (), 0),
 ) -> EnvSpec:
     """The EnvSpec of an env's (single) observation and action spaces: a plain Box stays one Box,
     anything else becomes leaves. `ec` brings env.obs_keys and env.action_mask; `reset_info`, an
     info dict of a reset, resolves info masks; `notes` collects what was skipped (one line each);
-    `multi_agent`: a PettingZoo env's API and (parallel) agent columns."""
-    api, agents = multi_agent
+    `multi_agent`: a PettingZoo env's API, (parallel) agent columns and global state floats."""
+    api, agents, global_state = multi_agent
     action = action_spec(act)
     mask = mask_source(ec, obs, act, reset_info)
     if (
@@ -370,7 +370,15 @@ def env_spec(
         low, high = float(np.min(obs.low)), float(np.max(obs.high))
         shape = tuple(int(d) for d in obs.shape)
         return EnvSpec(
-            shape, action, str(obs.dtype), low, high, action_mask=mask, multi_agent=api, agents=agents
+            shape,
+            action,
+            str(obs.dtype),
+            low,
+            high,
+            action_mask=mask,
+            multi_agent=api,
+            agents=agents,
+            global_state=global_state,
         )
     if is_text(obs):
         raise EnvSpecError(f"unsupported observation space {obs}: relay does not read text observations")
@@ -378,7 +386,15 @@ def env_spec(
     _walk(obs, "", notes if notes is not None else [], leaves)
     if not leaves:
         raise EnvSpecError(f"observation space {obs} has no leaf relay reads")
-    return EnvSpec((), action, leaves=tuple(leaves), action_mask=mask, multi_agent=api, agents=agents)
+    return EnvSpec(
+        (),
+        action,
+        leaves=tuple(leaves),
+        action_mask=mask,
+        multi_agent=api,
+        agents=agents,
+        global_state=global_state,
+    )
 
 
 def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.ndarray:
@@ -409,6 +425,11 @@ def multi_agent_problem(ec: EnvConfig, ma: MultiAgentConfig, api: str) -> str | 
         return f"env.preprocess={ec.preprocess} is for gymnasium envs; a PettingZoo env takes {takes}"
     if ma.self_play is not None and api == "parallel":
         return f"multi_agent.self_play is for turn-based (AEC) games; env.id={ec.id} is a parallel env"
+    if ma.central_critic and api != "parallel":
+        return (
+            f"multi_agent.central_critic reads a parallel env's global state; env.id={ec.id} is a "
+            "turn-based (AEC) game"
+        )
     return None
 
 
@@ -447,8 +468,10 @@ def columns_spec(vec: gym.vector.VectorEnv, ec: EnvConfig, notes: list[str] | No
         return env_spec(
             vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
         )
+    state = columns_of(vec)[2]
     parts = tuple(
-        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, ("parallel", g.agents))) for g in groups
+        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, ("parallel", g.agents, state)))
+        for g in groups
     )
     return replace(parts[0][1], agents=tuple(map(str, getattr(vec, "agents", ()))), groups=parts)
 
@@ -473,6 +496,11 @@ def probe_env_spec(
     if api is not None:
         return _multi_agent_spec(ec, ma or MultiAgentConfig(), api, make, env, notes)
     try:
+        if ma is not None and ma.central_critic:
+            raise EnvSpecError(
+                f"multi_agent.central_critic reads a PettingZoo parallel env's global state; {ec.id} is a "
+                "gymnasium env"
+            )
         if not preprocessor(ec.preprocess).applies_to(multi_agent=False):
             raise EnvSpecError(
                 f"env.preprocess={ec.preprocess} is for PettingZoo envs; {ec.id} is a gymnasium env"

@@ -22,7 +22,13 @@ from gymnasium.vector.utils import create_empty_array
 
 from contracts.segment import ENV_FAULT_KINDS, Fields
 from rollout_workers.env_guard import FaultGuard, Step
-from rollout_workers.multi_agent.common import ACTIVE_KEY, STATS_KEY, GroupColumns
+from rollout_workers.multi_agent.common import (
+    ACTIVE_KEY,
+    FINAL_GLOBAL_KEY,
+    GLOBAL_KEY,
+    STATS_KEY,
+    GroupColumns,
+)
 from rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
@@ -71,7 +77,11 @@ class JointEnvs(FaultGuard):
         out = {}
         for g in self.groups:
             cols = g.columns
-            part = {k: v[cols] for k, v in info.items() if k in (ACTIVE_KEY, "final_obs", "_final_obs")}
+            part = {
+                k: v[cols]
+                for k, v in info.items()
+                if k in (ACTIVE_KEY, "final_obs", "_final_obs", FINAL_GLOBAL_KEY)
+            }
             part[STATS_KEY] = info.get(STATS_KEY, []) if g is self.groups[0] else []  # once per episode
             if ok is None:
                 out[g.name] = Step(fields[g.name], reward[cols], terminated[cols], truncated[cols], part)
@@ -114,7 +124,8 @@ class GroupEnvs:
         self.joint = joint
         self.group = group
         self.agents = group.agents
-        self.env = self  # what `columns_of` reads the API and agents from
+        self.env = self  # what `columns_of` reads the API, agents and global state from
+        self.global_state = joint.env.global_state
         self.num_envs = len(group.columns)
         self.single_observation_space, self.single_action_space = group.spaces
         self.reader: ObsReader | None = None
@@ -130,7 +141,8 @@ class GroupEnvs:
     def read(self) -> Fields:
         """This group's columns' newest observations as its policy's input fields."""
         assert self.reader is not None, "read_with first"
-        return self.reader.read(self.joint.env.batch(self.group, self._out), {})
+        info = {GLOBAL_KEY: self.joint.env.global_states(self.group.columns)} if self.global_state else {}
+        return self.reader.read(self.joint.env.batch(self.group, self._out), info)
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> Fields:
         self.joint.reset(self.group, seed, options)

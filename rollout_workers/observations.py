@@ -15,6 +15,7 @@ import numpy as np
 
 from contracts.segment import Fields
 from contracts.spaces import PATH_SEP, EnvSpec, ObsLeaf
+from rollout_workers.multi_agent.common import FINAL_GLOBAL_KEY, GLOBAL_KEY
 
 
 def _at(tree: Any, path: str) -> Any:
@@ -38,8 +39,11 @@ class ObsReader:
     reset (gymnasium flags them in info["_<key>"]), the others keep the mask they had.
     """
 
-    def __init__(self, spec: EnvSpec, num_envs: int) -> None:
+    def __init__(self, spec: EnvSpec, num_envs: int, value_inputs: bool = False) -> None:
+        """`value_inputs`: read what only the value trunk takes too (a centralized critic's global
+        state, from the env's infos); acting alone never needs it."""
         self.spec = spec
+        self.global_state = spec.global_state if value_inputs else 0
         self.leaves = spec.obs_leaves
         self.mask_kind, _, self.mask_key = (spec.action_mask or "").partition(":")
         self.mask = np.ones((num_envs, spec.action.param_size), dtype=bool)
@@ -54,6 +58,8 @@ class ObsReader:
             out = {leaf.field: _leaf_array(leaf, _at(obs, leaf.path)) for leaf in self.leaves}
         if self.mask_kind:
             out["action_mask"] = self._read_mask(obs, info or {})
+        if self.global_state:  # a parallel env read with its global state (a fresh array)
+            out["global_state"] = (info or {})[GLOBAL_KEY]
         return out
 
     def _read_mask(self, obs: Any, info: dict[str, Any]) -> np.ndarray:
@@ -77,6 +83,14 @@ class ObsReader:
         if not self.spec.structured:
             return {"obs": np.asarray(obs)[None].astype(self.spec.storage_dtype, copy=False)}
         return {leaf.field: _leaf_array(leaf, _at(obs, leaf.path))[None] for leaf in self.leaves}
+
+    def read_final(self, info: dict[str, Any], i: int) -> Fields:
+        """The input fields of env i's final observation in a step's `info`, each [1, ...]: its
+        observation and, where the value trunk reads one, the global state it ended in."""
+        out = self.read_one(info["final_obs"][i])
+        if self.global_state:
+            out["global_state"] = info[FINAL_GLOBAL_KEY][i][None]
+        return out
 
     def stack(self, rows: list[Fields]) -> Fields:
         """Fields of several read_one results, [k, ...]."""

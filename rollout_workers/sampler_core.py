@@ -61,7 +61,7 @@ class SamplerCore:
             raise ValueError(
                 f"learner.algo={cfg.learner.algo} samples groups of whole episodes: not multi-agent envs"
             )
-        self.reader = ObsReader(self.spec, cfg.env.num_envs)
+        self.reader = ObsReader(self.spec, cfg.env.num_envs, value_inputs=True)
         self.envs.read_with(self.reader)
         self.plan = encoder_plan(self.spec, cfg.model.encoders) if self.spec.structured else None
         self.layout = SegmentLayout(
@@ -199,6 +199,9 @@ class SamplerCore:
             normalized = normalizer_input(self.spec, self.plan, seg.arrays, valid.shape[0])
             if normalized is not None:
                 seg.obs_moments = Moments.of(torch.from_numpy(normalized[valid])).to_numpy()
+        if self.spec.global_state and self.cfg.model.normalize_obs and valid.any():
+            states = seg["global_state"].reshape(-1, self.spec.global_state)[valid]
+            seg.global_moments = Moments.of(torch.from_numpy(states)).to_numpy()
         if self._returns is not None and valid.any():
             seg.return_moments = Moments.of(torch.from_numpy(self._returns.reshape(-1, 1)[valid])).to_numpy()
         return seg

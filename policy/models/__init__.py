@@ -41,10 +41,16 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
     in_dim = plan.out_dim if plan is not None else env.obs_dim
     core = core_class(cfg.model.recurrent)
     size = cfg.model.recurrent_size
+    kind = model_kind(cfg.model.kind)
+    global_state = env.global_state if critic else 0
+    if global_state and not kind.reads_global_state:
+        raise ValueError(global_state_problem(cfg))
     return ActorCritic(
         obs_dim=in_dim,
         action=env.action,
-        make_trunk=model_kind(cfg.model.kind).trunk_factory(cfg, env, in_dim),
+        make_trunk=kind.trunk_factory(cfg, env, in_dim),
+        global_state=global_state,
+        make_value_trunk=kind.trunk_factory(cfg, env, in_dim + global_state) if global_state else None,
         plan=plan,
         shared_trunk=cfg.model.shared_trunk,
         critic=critic,
@@ -53,6 +59,15 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
         normalize_reward=cfg.env.normalize_reward,
         make_core=None if core is None else (lambda features: core(features, size)),
         burn_in=cfg.model.burn_in,
+    )
+
+
+def global_state_problem(cfg: RelayConfig) -> str:
+    """Why the configured model kind cannot be a centralized critic."""
+    readers = ", ".join(name for name, k in MODEL_KINDS.items() if k.reads_global_state)
+    return (
+        f"multi_agent.central_critic: model.kind={cfg.model.kind}'s value trunk cannot read the global "
+        f"state beside its input; use model.kind={readers}"
     )
 
 

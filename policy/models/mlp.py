@@ -54,6 +54,7 @@ def mlp_policy(
 
 class MlpKind(ModelKind):
     numpy_mirror = True
+    reads_global_state = True
 
     def trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
         hidden, activation = list(cfg.model.hidden_sizes), cfg.model.activation

@@ -25,6 +25,8 @@ from contracts.config import MultiAgentConfig
 from rollout_workers.multi_agent import parallel, turns
 from rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
+    FINAL_GLOBAL_KEY,
+    GLOBAL_KEY,
     STATS_KEY,
     Build,
     MultiAgentError,
@@ -34,6 +36,8 @@ from rollout_workers.multi_agent.common import (
 
 __all__ = [
     "ACTIVE_KEY",
+    "FINAL_GLOBAL_KEY",
+    "GLOBAL_KEY",
     "MULTI_AGENT_APIS",
     "STATS_KEY",
     "MultiAgentError",

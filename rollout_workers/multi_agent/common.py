@@ -14,9 +14,15 @@ import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from contracts.config import MultiAgentConfig
+from contracts.spaces import MAX_GLOBAL_STATE
 
 ACTIVE_KEY = "relay_active"  # info key: bool [N], the columns whose step was an agent's real step
 STATS_KEY = "relay_episode_stats"  # info key: [(name, value)] of episodes that ended in the step
+# info keys of a parallel env read with its global state (multi_agent.central_critic): float32
+# [N, S], each column's env copy's state after the step (or reset); and where a column's episode
+# ended in the step, the state it ended in (its final observation's, for the bootstrap value).
+GLOBAL_KEY = "relay_global_state"
+FINAL_GLOBAL_KEY = "relay_final_global_state"
 
 
 class MultiAgentError(ValueError):
@@ -154,10 +160,28 @@ def columns_problem(num_envs: int, agents: int, env_id: str = "the env") -> str 
     )
 
 
-def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...]]:
-    """(API, agent columns) of a vector env for EnvSpec.multi_agent/agents: (None, ()) for a
-    gymnasium one."""
-    return getattr(vec, "api", None), tuple(getattr(vec, "agents", ()))
+def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...], int]:
+    """(API, agent columns, global state floats) of a vector env for EnvSpec.multi_agent/agents/
+    global_state: (None, (), 0) for a gymnasium one."""
+    return getattr(vec, "api", None), tuple(getattr(vec, "agents", ())), int(getattr(vec, "global_state", 0))
+
+
+def global_state_size(env: Any) -> int:
+    """Floats in a PettingZoo env's global state (its `state_space`, read flat); MultiAgentError
+    (one line) where it has none, or one that is not a Box of at most MAX_GLOBAL_STATE floats."""
+    space = getattr(env, "state_space", None)
+    if not isinstance(space, gym.spaces.Box) or not callable(getattr(env, "state", None)):
+        raise MultiAgentError(
+            f"multi_agent.central_critic reads the env's global state: {type(env).__name__} has no "
+            "state_space Box and state()"
+        )
+    size = int(np.prod(space.shape))
+    if not 0 < size <= MAX_GLOBAL_STATE:
+        raise MultiAgentError(
+            f"multi_agent.central_critic: the env's global state {space} holds {size} numbers; the "
+            f"critic reads at most {MAX_GLOBAL_STATE} flat (an image state is not taken)"
+        )
+    return size
 
 
 @dataclass(frozen=True)

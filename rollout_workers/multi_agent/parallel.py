@@ -21,12 +21,15 @@ from gymnasium.vector.utils import concatenate
 from contracts.config import MultiAgentConfig
 from rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
+    FINAL_GLOBAL_KEY,
+    GLOBAL_KEY,
     STATS_KEY,
     Build,
     ColumnsVectorEnv,
     GroupColumns,
     MultiAgentError,
     columns_problem,
+    global_state_size,
     played_agents,
     policy_groups,
     same_spaces,
@@ -62,6 +65,22 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         E = len(self.envs)
         self._live = np.zeros((E, A), dtype=bool)  # in its copy's episode and not finished
         self._returns = np.zeros((E, A), dtype=np.float64)  # this episode's return per agent
+        # Each copy's global state [E, S] (multi_agent.central_critic), read after every reset and
+        # step; S = 0 without a centralized critic.
+        self.global_state = global_state_size(first) if ma.central_critic else 0
+        self._global = np.zeros((E, self.global_state), dtype=np.float32)
+
+    def _read_global(self, e: int) -> None:
+        if self.global_state:
+            self._global[e] = np.asarray(self.envs[e].state(), dtype=np.float32).reshape(-1)
+
+    def global_states(self, columns: np.ndarray | None = None) -> np.ndarray:
+        """Each column's (of `columns`, or all N) copy's global state, float32 [N, S] (a new array)."""
+        per_column = np.repeat(self._global, len(self.agents), axis=0)
+        return per_column if columns is None else per_column[columns]
+
+    def _global_info(self) -> dict[str, Any]:
+        return {GLOBAL_KEY: self.global_states()} if self.global_state else {}
 
     # ---- episodes ---------------------------------------------------------------------------------
     def _begin(self, e: int, obs: dict[str, Any]) -> None:
@@ -74,6 +93,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             elif self._obs[e * len(self.agents) + a] is None:  # never seen yet: a valid placeholder
                 self._obs[e * len(self.agents) + a] = self._placeholders[a].sample()
         self._returns[e] = 0.0
+        self._read_global(e)
 
     def _reset_copy(self, e: int, seed: int | None, options: dict[str, Any] | None) -> None:
         obs, _ = self.envs[e].reset(seed=seed, options=options)
@@ -85,7 +105,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         """Reset every copy (or those with a column in options["reset_mask"], [N] bool); a list of
         N seeds seeds copy e with its first column's."""
         self.reset_copies(seed, options)
-        return self._batch(), {}
+        return self._batch(), self._global_info()
 
     def reset_copies(self, seed: int | list[int | None] | None, options: dict[str, Any] | None) -> None:
         """`reset` without the batch (policy groups read their columns with `batch`)."""
@@ -106,8 +126,10 @@ class ParallelVectorEnv(ColumnsVectorEnv):
 
     # ---- stepping ---------------------------------------------------------------------------------
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        # [N, ...]: every action kind relay acts in is one array
-        return self._batch(), *self.step_columns(np.asarray(actions))
+        # [N, ...]: every action kind relay acts in is one array. The batch is read after the step
+        # (`_batch` copies the columns' observations as they are when it is called).
+        reward, terminated, truncated, info = self.step_columns(np.asarray(actions))
+        return self._batch(), reward, terminated, truncated, info
 
     def step_columns(self, acts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """`step` without the batch: `acts[c]` is column c's action (one array, or a sequence of
@@ -118,6 +140,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         truncated = np.zeros(N, dtype=bool)
         active = np.zeros(N, dtype=bool)
         final_obs = np.full(N, None, dtype=object)
+        final_global = np.zeros((N, self.global_state), dtype=np.float32)
         stats: list[tuple[str, float]] = []
         for e, env in enumerate(self.envs):
             live = np.flatnonzero(self._live[e]).tolist()
@@ -127,6 +150,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             present = set(env.agents)
             step = {self.agents[a]: acts[e * A + a] for a in live if self.agents[a] in present}
             obs, rew, term, trunc, _ = env.step(step)
+            self._read_global(e)
             left = set(env.agents)
             for a in live:
                 col, agent = e * A + a, self.agents[a]
@@ -141,15 +165,18 @@ class ParallelVectorEnv(ColumnsVectorEnv):
                 if terminated[col] or truncated[col]:
                     self._live[e, a] = False
                     final_obs[col] = self._obs[col]
+                    final_global[col] = self._global[e]
             self._returns[e, live] += reward[[e * A + a for a in live]]
             if not self._live[e].any():
                 stats += self._episode_stats(e)
                 if self.autoreset:
                     self._reset_copy(e, None, None)
-        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats}
+        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats, **self._global_info()}
         ended = terminated | truncated
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended
+            if self.global_state:
+                info[FINAL_GLOBAL_KEY] = final_global
         return reward, terminated, truncated, info
 
     def _episode_stats(self, e: int) -> list[tuple[str, float]]:

@@ -26,7 +26,7 @@ from learner.device import DeviceContext, check_device, parse_device_spec
 from learner.precision import is_convolutional, resolve_precision
 from policy import cores
 from policy.encoders import ENCODERS, encoder_plan
-from policy.models import MODEL_KINDS, build_policy, model_kind
+from policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
 from rollout_workers.envs import EnvSpecError, probe_env_spec
 from rollout_workers.multi_agent.common import columns_problem
 from rollout_workers.preprocess import PREPROCESSORS, preprocessor
@@ -122,6 +122,8 @@ def _check_policy(cfg: RelayConfig, env: EnvSpec) -> None:
     problem = model_kind(cfg.model.kind).env_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
+    if env.global_state and not model_kind(cfg.model.kind).reads_global_state:
+        raise PreflightError(global_state_problem(cfg))
     if cfg.model.encoders and not env.structured:
         raise PreflightError(
             f"model.encoders chooses encoders for the leaves of a Dict/Tuple (or Discrete) observation; "

@@ -133,10 +133,10 @@ def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, 
     ec = _named_env(handle, env_id)
     try:
         check_env_id(ec.id)
+        ec = eval_env_config(ec, ec.num_envs, False, handle.env.columns)  # whole copies of agents
         if handle.group is None:
             env = make_vector_env(ec)
         else:
-            ec = eval_env_config(ec, ec.num_envs, False, handle.env.columns)
             env = open_scene(ec, handle.group, scene_policies(handle), seed=seed)[0]
     except EnvSpecError as err:
         raise PolicyLoadError(str(err)) from None

@@ -13,6 +13,7 @@ from tests.helpers import train_in_process, train_local
 pytest.importorskip("pettingzoo")
 
 C4 = "pettingzoo:classic.connect_four_v3"
+SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 SMALL = [
     "env.num_envs=12",
     "rollout.rollout_len=25",
@@ -35,6 +36,38 @@ def test_simple_spread_locally_reports_the_team_and_each_agent(tmp_path):
     # the team's return is the sum of its agents' (each averaged over the same episodes)
     assert last["team_return_mean"] == pytest.approx(sum(agents), rel=1e-6)
     assert last["env_steps"] >= 6000 and last["episodes"] > 0
+
+
+def test_a_centralized_critic_trains_resumes_and_exports_the_policy_alone(tmp_path, capsys):
+    """The learner folds the global state's statistics into the checkpoint's weights; a resume
+    goes on from them; the export and its check take the agent's observation alone."""
+    import onnx
+
+    from services.driver.checkpoints import read_data
+
+    run = tmp_path / "mappo"
+    assert train_local("simple_spread_mappo.yaml", run, *SMALL, "stop.env_steps=3000") == 0
+    first = _lines(run)
+    ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    raw = read_data(ckpt)
+    weights = raw["learner"]["model"]
+    assert raw["env"]["global_state"] == 54 and weights["v_trunk.net.0.weight"].shape[1] == 18 + 54
+    # every valid step's state was counted, up to the last update's (folded in after it)
+    assert 1 < float(weights["global_normalizer.steps"]) <= first[-1]["env_steps"] + 1
+    again = ["resume", str(run), "--set=stop.env_steps=4500", "--set=env.id=" + SPREAD]
+    assert main(again) == 0
+    assert (
+        _lines(run)[-1]["env_steps"] >= 4500
+        and _lines(run)[-1]["weights_version"] > first[-1]["weights_version"]
+    )
+    ckpt = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    capsys.readouterr()
+    assert main(["export", str(ckpt)]) == 0
+    graph = onnx.load(str(ckpt.with_suffix(".onnx"))).graph
+    assert [i.name for i in graph.input] == ["obs"]
+    assert main(["verify", str(ckpt.with_suffix(".onnx")), "--env", SPREAD, "--dtypes", "float32"]) == 0
+    assert main(["eval", str(ckpt), "--env", SPREAD, "--episodes", "6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 6
 
 
 @pytest.mark.parametrize("core", [[], ["model.recurrent=gru", "learner.minibatch=sequences"]])

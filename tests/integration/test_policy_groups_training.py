@@ -141,6 +141,7 @@ def test_a_mapping_in_the_users_folder_chooses_the_groups_on_ray_workers(tmp_pat
     )
     sets = [*SMALL, "rollout.num_workers=1", "metrics.progress=none", "checkpoint.interval=2"]
     sets += ["multi_agent.policies={predator: [], prey: []}", "multi_agent.policy_mapping=roles:of"]
+    sets += ["multi_agent.central_critic=true"]  # each group's critic reads the scene's state too
     relay = [str(Path(sys.executable).parent / "relay")]  # the console script: cwd is not on sys.path
 
     def run(*args):

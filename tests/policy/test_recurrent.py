@@ -136,6 +136,17 @@ def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic):
         ("minigrid_doorkey_ppo.yaml", ["rollout.rollout_len=32", "env.num_envs=4"]),
         # the Nature CNN on Atari frames: the torch policy acts
         ("breakout_ppo.yaml", ["rollout.rollout_len=16", "env.num_envs=2", "learner.batch_size=32"]),
+        # agents as columns, each value trunk (and its own core) reading the copy's global state
+        (
+            "simple_spread_mappo.yaml",
+            [
+                "rollout.rollout_len=32",
+                "env.num_envs=6",
+                "rollout.num_workers=0",
+                "learner.buffer_size=192",
+                "learner.batch_size=192",
+            ],
+        ),
     ],
 )
 def test_a_core_after_any_encoder_replays_as_the_worker_acted(config, sets):

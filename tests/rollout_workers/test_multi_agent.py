@@ -36,6 +36,26 @@ def test_spread_spec_is_one_agent_per_column():
     envs.close()
 
 
+def test_a_step_returns_the_observations_after_it():
+    """Each column's observation from a vector step is its agent's after that step, as the env
+    itself steps it with the same seed and actions (not the one the action was chosen on)."""
+    from mpe2 import simple_spread_v3
+
+    cfg = _cfg(SPREAD, "env.kwargs={N: 3, max_cycles: 25}", N=3)
+    envs = make_vector_env(cfg.env, ma=cfg.multi_agent)
+    raw = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    obs, _ = envs.reset(seed=[5, 5, 5])
+    want, _ = raw.reset(seed=5)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        np.testing.assert_array_equal(obs, np.stack([want[a] for a in raw.possible_agents]))
+        acts = rng.integers(0, 5, size=3)
+        obs, *_ = envs.step(acts)
+        want, *_ = raw.step(dict(zip(raw.possible_agents, acts.tolist(), strict=True)))
+    envs.close()
+    raw.close()
+
+
 def test_columns_must_be_a_multiple_of_the_agents():
     cfg = _cfg(SPREAD, "env.kwargs={N: 3}", N=8)
     with pytest.raises(
