@@ -6,7 +6,10 @@ by `@serve.batch`) behind Serve's HTTP proxy.
     GET  /metadata   observation shape, action spec, source file, fingerprint, runtime, device
 
 `build` is the application builder `serve run` and `serve deploy` call with a config's `args`
-(deploy/serve.yaml); `relay serve` builds the same application.
+(deploy/serve.yaml); `relay serve` builds the same application. With several replicas it holds a
+`SessionDeployment` too: one store of a recurrent policy's sessions that every replica starts and
+keeps them in, so a client's calls carry its state whichever replica answers them. Every answer
+names the replica that gave it (`"replica"`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ import ray
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve.deployment import Application
+from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
 from contracts.spaces import POLICY_NAME
 from learner.device import accelerator_resources, ray_options
 from services.serving.service import ActRequest, BadRequest, PolicyService, finite_json, parse_act
+from services.serving.sessions import Keep, SessionStore, Start, Started
 
 log = logging.getLogger(__name__)
 APP_NAME = "relay"
@@ -84,13 +89,20 @@ async def _body(request: Request, limit: int) -> bytes:
     graceful_shutdown_wait_loop_s=0.5,
 )
 class PolicyDeployment:
-    """A replica: the policy service, batching and, with follow, a watcher swapping weights in."""
+    """A replica: the policy service, batching and, with follow, a watcher swapping weights in;
+    `sessions`: the store its replicas share (several replicas), else one of its own."""
 
-    def __init__(self, args: dict[str, Any]) -> None:
+    def __init__(self, args: dict[str, Any], sessions: DeploymentHandle | None = None) -> None:
         self.args = ServeArgs.model_validate(args)
         self.service = PolicyService(
-            self.args.model, self.args.runtime, self.args.device, self.args.follow, self.args.policy
+            self.args.model,
+            self.args.runtime,
+            self.args.device,
+            self.args.follow,
+            self.args.policy,
+            sessions=None if sessions is None else SharedSessions(sessions),
         )
+        self.replica = serve.get_replica_context().replica_id.unique_id
         # @serve.batch's own setters (added by the decorator, unknown to type checkers).
         self.act_batch.set_max_batch_size(self.args.max_batch_size)  # type: ignore[attr-defined]
         self.act_batch.set_batch_wait_timeout_s(self.args.batch_wait_ms / 1000)  # type: ignore[attr-defined]
@@ -125,13 +137,43 @@ class PolicyDeployment:
             if request.method == "POST" and path == "act":
                 act = parse_act(await _body(request, self.args.max_body_bytes), self.service.handle)
                 answer = dict(await self.act_batch(act))
-                return _json(answer.pop("_status", 200), answer)
+                return _json(answer.pop("_status", 200), {**answer, "replica": self.replica})
             return _json(
                 404,
                 {"error": f"no {request.method} {request.url.path}: POST /act, GET /healthz, GET /metadata"},
             )
         except BadRequest as err:
             return _json(err.status, {"error": str(err)})
+
+
+@serve.deployment(name="relay-sessions", num_replicas=1, ray_actor_options={"num_cpus": 0})
+class SessionDeployment:
+    """The one session store the policy replicas share (a dict in one actor: a call is a
+    dictionary lookup, so one replica of it serves many policy replicas)."""
+
+    def __init__(self) -> None:
+        self.store = SessionStore()
+
+    def start_many(self, calls: list[Start]) -> list[Started]:
+        return self.store.start_many(calls)
+
+    def keep_many(self, states: list[Keep]) -> None:
+        self.store.keep_many(states)
+
+
+class SharedSessions:
+    """The shared store seen from a policy replica: blocking calls through its handle. The service
+    calls them from `act_batch`'s worker thread, never from the replica's event loop."""
+
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self.handle = handle
+
+    def start_many(self, calls: list[Start]) -> list[Started]:
+        result: list[Started] = self.handle.start_many.remote(calls).result()
+        return result
+
+    def keep_many(self, states: list[Keep]) -> None:
+        self.handle.keep_many.remote(states).result()
 
 
 def replica_options(args: ServeArgs) -> dict[str, Any]:
@@ -145,6 +187,8 @@ def build(args: dict[str, Any]) -> Application:
     """The application for `args` (ServeArgs' fields): what `serve run`/`serve deploy` import."""
     checked = ServeArgs.model_validate(args)
     deployment: Any = PolicyDeployment  # @serve.deployment made it a Deployment
+    store: Any = SessionDeployment
+    sessions = store.bind() if checked.replicas > 1 else None
     return deployment.options(num_replicas=checked.replicas, ray_actor_options=replica_options(checked)).bind(
-        checked.model_dump()
+        checked.model_dump(), sessions
     )

@@ -15,9 +15,9 @@ missing or out of its range (naming the leaf's path), or NaN or inf anywhere; 41
 limit. Actions come back as the env takes them (choices from the space's start, in its shape).
 
 A recurrent policy's requests name their client's session, `"session": "robot-7"` (and
-`"reset": true` at an episode's start): the replica carries the policy's state from one call of
-the session to the next (`services/serving/sessions.py`), and each answer says what the state
-was (`"state": "new" | "carried" | "reset" | "expired" | "weights changed"`).
+`"reset": true` at an episode's start): the service carries the policy's state from one call of
+the session to the next, in a store of its own or one its replicas share
+(`services/serving/sessions.py`), and each answer says what the state was (`"state": "new" | "carried" | "reset" | "expired" | "weights changed"`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from learner.device import resolve_device
 from policy.actor_critic import STATE, draw_noise
 from services.driver.checkpoints import list_checkpoints, load_checkpoint
 from services.serving.runtimes import RUNTIMES
-from services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, SessionsFull, SessionStore
+from services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, Keep, Sessions, SessionStore
 from services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of
 from services.tools.load import load_policy
 from services.tools.verify import fingerprint
@@ -266,14 +266,16 @@ class PolicyService:
         device: str = "auto",
         follow: bool = False,
         policy: str | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
-        """`policy`: the policy group served from checkpoints of policy groups."""
+        """`policy`: the policy group served from checkpoints of policy groups; `sessions`: where
+        a recurrent policy's sessions live (default: a store of this service's own)."""
         self.path = Path(model)
         self.runtime_name, self.device, self.follow = runtime, device, follow
         self.policy = policy
         self.served = self._load_newest() if follow else self._load(self.path)
         self._refused = ""  # the newest checkpoint, when it did not fit what is served
-        self.sessions = SessionStore()
+        self.sessions: Sessions = sessions if sessions is not None else SessionStore()
 
     @property
     def handle(self) -> PolicyHandle:
@@ -372,17 +374,19 @@ class PolicyService:
         ready: list[tuple[ActRequest, str]] = []
         refused: dict[int, dict[str, Any]] = {}
         width = served.handle.model.acting_state_size
+        calls = [r for r in group if r.session is not None]
+        started = iter(
+            self.sessions.start_many([(str(r.session), r.rows, width, _tag(served), r.reset) for r in calls])
+            if calls
+            else []
+        )
         for r in group:
             if r.session is None:
                 ready.append((r, ""))
                 continue
-            try:
-                state, status = self.sessions.start(r.session, r.rows, width, _tag(served), r.reset)
-            except ValueError as err:
-                refused[id(r)] = {"error": str(err), "_status": 400}
-                continue
-            except SessionsFull as err:
-                refused[id(r)] = {"error": str(err), "_status": 503}
+            state, status, code = next(started)
+            if state is None:
+                refused[id(r)] = {"error": status, "_status": code}
                 continue
             r.obs = {**r.obs, STATE: state}
             ready.append((r, status))
@@ -401,9 +405,13 @@ class PolicyService:
         actions, state = served.runtime.act(obs, deterministic, noise)
         splits = np.cumsum([r.rows for r in requests])[:-1]
         if state is not None:
-            for r, rows in zip(requests, np.split(state, splits), strict=True):
-                if r.session is not None:
-                    self.sessions.keep(r.session, rows.astype(np.float32, copy=False), _tag(served))
+            keep: list[Keep] = [
+                (r.session, rows.astype(np.float32, copy=False), _tag(served))
+                for r, rows in zip(requests, np.split(state, splits), strict=True)
+                if r.session is not None
+            ]
+            if keep:  # before the answers go: the session's next call may land on another replica
+                self.sessions.keep_many(keep)
         return np.split(actions, splits)
 
 

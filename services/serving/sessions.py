@@ -8,6 +8,12 @@ swapped in another checkpoint since the session's last call, whose state meant s
 old weights only). A replica that restarted has no sessions: its answers say `new` to a client
 that expected `carried`. Idle sessions expire after `idle_s`; past `capacity` live sessions a new
 one is refused (503) rather than evicting a client mid-episode.
+
+One replica keeps its sessions in a `SessionStore` of its own. Several replicas share one, held by
+a Serve deployment of its own (`services/serving/app.py`), so a client's calls may land on any
+replica (Serve routes each call to the least busy one) and still carry the state: each batch
+starts its sessions in one call (`start_many`) and keeps their new states in one more
+(`keep_many`) before it answers, so a client's next call, wherever it lands, starts from them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -24,6 +31,22 @@ SESSION_ID = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_SESSION_CHARS}}}")
 
 class SessionsFull(RuntimeError):
     """Every session slot holds a live client."""
+
+
+# A session call to start: (session id, rows, state width, what the weights are, reset)
+Start = tuple[str, int, int, str, bool]
+# How it starts: (the state [rows, width], "new" | "carried" | ...), or (None, why not, HTTP status)
+Started = tuple[np.ndarray | None, str, int]
+# A state to keep: (session id, state [rows, width], what the weights are)
+Keep = tuple[str, np.ndarray, str]
+
+
+class Sessions(Protocol):
+    """Where a service's sessions live: its own store, or one its replicas share."""
+
+    def start_many(self, calls: list[Start]) -> list[Started]: ...
+
+    def keep_many(self, states: list[Keep]) -> None: ...
 
 
 @dataclass
@@ -73,6 +96,22 @@ class SessionStore:
 
     def keep(self, session: str, state: np.ndarray, version: str) -> None:
         self._sessions[session] = _Session(state, version, time.monotonic())
+
+    def start_many(self, calls: list[Start]) -> list[Started]:
+        """`start` for each call, in order: a refused one is (None, why, 400 or 503)."""
+        out: list[Started] = []
+        for session, rows, width, version, reset in calls:
+            try:
+                out.append((*self.start(session, rows, width, version, reset), 200))
+            except ValueError as err:
+                out.append((None, str(err), 400))
+            except SessionsFull as err:
+                out.append((None, str(err), 503))
+        return out
+
+    def keep_many(self, states: list[Keep]) -> None:
+        for session, state, version in states:
+            self.keep(session, state, version)
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self._sessions.items() if now - s.used > self.idle_s]:

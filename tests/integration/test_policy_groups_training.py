@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from services.cli import main
+from services.driver.checkpoints import read_data
 from services.serving.service import PolicyService
 from tests.helpers import ROOT, train_in_process, train_local
 
@@ -158,6 +159,10 @@ def test_a_mapping_in_the_users_folder_chooses_the_groups_on_ray_workers(tmp_pat
     assert code == 0, err[-800:]
     last = _lines(tmp_path / "run")[-1]
     assert last["policy/predator/weights_version"] == last["policy/prey/weights_version"] >= 1
+    assert last["rejected_segments"] == 0
+    # each group's critic read the scene's state (3 predators' 16 numbers, the prey's 14)
+    spec = read_data(sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))[-1])["env"]
+    assert [g["spec"]["global_state"] for g in spec["groups"]] == [62, 62]
     code, err = run("resume", "run", "--set=stop.env_steps=3200")
     # both settings that import code (the pettingzoo env and the mapping) are asked for at once
     assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -313,29 +314,36 @@ def test_serve_application_answers_tree_observations_and_masks(tmp_path):
 
 
 def test_serve_application_carries_a_recurrent_policys_state_per_session(tmp_path):
-    """A recurrent policy behind real Ray Serve: concurrent clients, each its own session, get
-    their state carried call after call (the answers say so), a 503 never, a missing session 400."""
+    """A recurrent policy behind real Ray Serve on two replicas: concurrent clients, each its own
+    session, get their state carried call after call (the answers say so) whichever replica
+    answers (Serve spreads a session's calls over both: they share one session store), with the
+    actions the policy gives stepping each session alone; a 503 never, a missing session 400."""
     import ray
     from ray import serve
 
     from services.serving.app import build
+    from services.serving.service import PolicyService, parse_act
 
     run = tmp_path / "novel"
     assert (
         train_local("cartpole_novel_lstm_ppo.yaml", run, "stop.env_steps=1024", "learner.buffer_size=256")
         == 0
     )
+    ckpt = str(list_checkpoints(run / "checkpoints")[-1])
     port = _free_port()
     ray.init(num_cpus=4, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build({"model": str(list_checkpoints(run / "checkpoints")[-1])}), name="relay")
+        serve.run(build({"model": ckpt, "replicas": 2}), name="relay")
         url = f"http://127.0.0.1:{port}/act"
+
+        def obs(name: str, step: int) -> list[float]:
+            return [0.01 * step * (1 + int(name[1:])), -0.02 * step]
 
         async def client(session, name: str) -> list[tuple[int, dict]]:
             out = []
-            for step in range(5):
-                out.append(await _post(session, url, {"obs": [0.01 * step, 0.0], "session": name}))
+            for step in range(8):
+                out.append(await _post(session, url, {"obs": obs(name, step), "session": name}))
             return out
 
         async def ask() -> tuple[list[list[tuple[int, dict]]], tuple[int, dict]]:
@@ -344,9 +352,23 @@ def test_serve_application_carries_a_recurrent_policys_state_per_session(tmp_pat
                 return calls, await _post(session, url, {"obs": [0.0, 0.0]})
 
         calls, (status, body) = asyncio.run(ask())
-        for answers in calls:
-            assert [s for s, _ in answers] == [200] * 5
-            assert [b["state"] for _, b in answers] == ["new"] + ["carried"] * 4
+        alone = PolicyService(ckpt)  # each session stepped by itself, here
+
+        def locally(session: str, step: int, name: str) -> Any:
+            raw = json.dumps({"obs": obs(name, step), "session": session}).encode()
+            return alone.act([parse_act(raw, alone.handle)])[0]["actions"]
+
+        spread, state_told = 0, 0
+        for i, answers in enumerate(calls):
+            assert [s for s, _ in answers] == [200] * 8
+            assert [b["state"] for _, b in answers] == ["new"] + ["carried"] * 7
+            for step, (_, b) in enumerate(answers):
+                assert b["actions"] == locally(f"c{i}", step, f"c{i}"), (i, step)
+                # from zeros instead: the carried state changed what the policy did
+                state_told += b["actions"] != locally(f"fresh-{i}-{step}", step, f"c{i}")
+            spread += len({b["replica"] for _, b in answers}) > 1
+        assert spread > 0, "no session's calls reached both replicas"
+        assert state_told > 0, "the policy acts the same whatever its state: the check shows nothing"
         assert status == 400 and '"session"' in body["error"]
     finally:
         serve.shutdown()
