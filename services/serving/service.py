@@ -17,7 +17,8 @@ limit. Actions come back as the env takes them (choices from the space's start, 
 A recurrent policy's requests name their client's session, `"session": "robot-7"` (and
 `"reset": true` at an episode's start): the service carries the policy's state from one call of
 the session to the next, in a store of its own or one its replicas share
-(`services/serving/sessions.py`), and each answer says what the state was (`"state": "new" | "carried" | "reset" | "expired" | "weights changed"`).
+(`services/serving/sessions.py`), and each answer says what the state was
+(`"state": "new" | "carried" | "reset" | "expired" | "weights changed"`).
 """
 
 from __future__ import annotations

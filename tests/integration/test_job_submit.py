@@ -58,12 +58,17 @@ def head_node():
     )
     address = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 60
-    while "No jobs found" not in _ray("job", "list", "--address", address, env=env, check=False):
+    while not _job_server_answers(address, env):  # the dashboard's job server starts after `ray start`
         if time.time() > deadline:
-            break  # `job list` output differs across versions; submit will tell
+            break  # submit will tell
         time.sleep(1)
     yield address, env
     _ray("stop", "--force", env=env, check=False)
+
+
+def _job_server_answers(address: str, env: dict) -> bool:
+    cmd = [RAY, "job", "list", "--address", address]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=300).returncode == 0
 
 
 def _submit_train(address: str, env: dict, *args: str) -> str:

@@ -73,7 +73,16 @@ def test_grpo_takes_a_recurrent_core(tmp_path):
         tmp_path / "grpo",
         "model.recurrent=gru",
         "learner.minibatch=sequences",
-        "stop.env_steps=8000",
+        # short grouped segments: the GRU replays each [T] column step by step, per minibatch
+        "rollout.rollout_len=100",
+        "env.num_envs=8",
+        "learner.buffer_size=800",
+        "learner.batch_size=400",
+        "stop.env_steps=1600",
         "stop.episode_return_mean=null",
     )
     assert code == 0
+    lines = [json.loads(x) for x in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    # env_steps counts the episodes' real steps, fewer than a round's T x N slots
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1)) and len(lines) >= 2
+    assert lines[-1]["env_steps"] >= 1600 and lines[-1]["rejected_segments"] == 0
