@@ -43,8 +43,9 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
     size = cfg.model.recurrent_size
     kind = model_kind(cfg.model.kind)
     global_state = env.global_state if critic else 0
-    if global_state and not kind.reads_global_state:
-        raise ValueError(global_state_problem(cfg))
+    problem = global_state_problem(cfg, env) if critic else None
+    if problem:
+        raise ValueError(problem)
     return ActorCritic(
         obs_dim=in_dim,
         action=env.action,
@@ -62,8 +63,11 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
     )
 
 
-def global_state_problem(cfg: RelayConfig) -> str:
-    """Why the configured model kind cannot be a centralized critic."""
+def global_state_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
+    """Why the configured model kind cannot read `env`'s global state (a centralized critic), or
+    None when it can or there is none."""
+    if not env.global_state or model_kind(cfg.model.kind).reads_global_state:
+        return None
     readers = ", ".join(name for name, k in MODEL_KINDS.items() if k.reads_global_state)
     return (
         f"multi_agent.central_critic: model.kind={cfg.model.kind}'s value trunk cannot read the global "

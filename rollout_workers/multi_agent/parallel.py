@@ -75,9 +75,11 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             self._global[e] = np.asarray(self.envs[e].state(), dtype=np.float32).reshape(-1)
 
     def global_states(self, columns: np.ndarray | None = None) -> np.ndarray:
-        """Each column's (of `columns`, or all N) copy's global state, float32 [N, S] (a new array)."""
-        per_column = np.repeat(self._global, len(self.agents), axis=0)
-        return per_column if columns is None else per_column[columns]
+        """Each column's (of `columns`, or all N) copy's global state, float32 [N, S] (a new array:
+        column c is agent c % A of copy c // A)."""
+        if columns is None:
+            columns = np.arange(self.num_envs)
+        return self._global[columns // len(self.agents)]
 
     def _global_info(self) -> dict[str, Any]:
         return {GLOBAL_KEY: self.global_states()} if self.global_state else {}
@@ -129,7 +131,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         # [N, ...]: every action kind relay acts in is one array. The batch is read after the step
         # (`_batch` copies the columns' observations as they are when it is called).
         reward, terminated, truncated, info = self.step_columns(np.asarray(actions))
-        return self._batch(), reward, terminated, truncated, info
+        return self._batch(), reward, terminated, truncated, {**info, **self._global_info()}
 
     def step_columns(self, acts: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """`step` without the batch: `acts[c]` is column c's action (one array, or a sequence of
@@ -171,7 +173,8 @@ class ParallelVectorEnv(ColumnsVectorEnv):
                 stats += self._episode_stats(e)
                 if self.autoreset:
                     self._reset_copy(e, None, None)
-        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats, **self._global_info()}
+        # (The columns' global states join the info in `step`: policy groups read theirs per group.)
+        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats}
         ended = terminated | truncated
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended

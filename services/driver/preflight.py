@@ -119,11 +119,9 @@ def policies(cfg: RelayConfig, env: EnvSpec) -> list[tuple[RelayConfig, EnvSpec]
 
 def _check_policy(cfg: RelayConfig, env: EnvSpec) -> None:
     """The model can read the env (a policy group's, for each group)."""
-    problem = model_kind(cfg.model.kind).env_problem(cfg, env)
+    problem = model_kind(cfg.model.kind).env_problem(cfg, env) or global_state_problem(cfg, env)
     if problem:
         raise PreflightError(problem)
-    if env.global_state and not model_kind(cfg.model.kind).reads_global_state:
-        raise PreflightError(global_state_problem(cfg))
     if cfg.model.encoders and not env.structured:
         raise PreflightError(
             f"model.encoders chooses encoders for the leaves of a Dict/Tuple (or Discrete) observation; "
