@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from contracts.segment import Fields
-from policy.actor_critic import STATE, fields_to_numpy, fields_to_torch
+from policy.actor_critic import fields_to_numpy, fields_to_torch
 from services.files import write_new
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
@@ -38,6 +38,7 @@ from services.tools.handle import (
     rows_of,
 )
 from services.tools.load import recorded_observations
+from services.tools.onnx_check import RELAY_IO, graph_outputs, max_difference, sequence_error, torch_outputs
 
 TOLERANCE = 1e-5
 
@@ -94,10 +95,8 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: Fields) -> floa
 
     session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     x = handle.as_input(obs)
-    got = session.run(None, x)
-    with torch.no_grad():
-        inputs = fields_to_torch(x)
-        want = [w.numpy() for w in DeterministicPolicy(handle)(*(inputs[n] for n in handle.input_names))]
+    want = torch_outputs(handle, x)
+    got = graph_outputs(session, x, RELAY_IO, want)
     rows = rows_of(x)
     for name, g, w in zip(output_names(handle), got, want, strict=True):
         bad = sum(int(np.sum(~np.isfinite(a.astype(np.float64)))) for a in (g, w))
@@ -106,36 +105,7 @@ def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: Fields) -> floa
                 f"the policy's {name!r} is not finite ({bad} NaN/inf values on {rows} observations); "
                 "nothing written"
             )
-    diffs = (np.abs(g.astype(np.float64) - w.astype(np.float64)) for g, w in zip(got, want, strict=True))
-    return max(float(d.max()) for d in diffs)
-
-
-def sequence_error(
-    handle: PolicyHandle, model_bytes: bytes, steps: int = 100, batch: int = 8, seed: int = 0
-) -> float:
-    """The largest |onnxruntime - torch| over `steps` steps of a recurrent policy, each runtime
-    feeding its own `h_out` back as the next `h_in` (so a drift that compounds shows); 0.0 for a
-    policy without state."""
-    if not handle.recurrent:
-        return 0.0
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    module = DeterministicPolicy(handle).eval()
-    gen = torch.Generator().manual_seed(seed)
-    h_ort = h_torch = handle.initial_state(batch)
-    worst = 0.0
-    for _ in range(steps):
-        x = handle.as_input(fields_to_numpy(handle.synthetic_obs(batch, gen)))
-        got = session.run(None, {**x, STATE: h_ort})
-        with torch.no_grad():
-            inputs = fields_to_torch({**x, STATE: h_torch})
-            want = [w.numpy() for w in module(*(inputs[n] for n in handle.input_names))]
-        worst = max(
-            worst, *(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want, strict=True))
-        )
-        h_ort, h_torch = got[-1], want[-1]
-    return worst
+    return max_difference(got, want)
 
 
 def export_onnx(

@@ -14,6 +14,11 @@ through the logits. The graph is recognised by its interface (`obs_0`, `version_
 `memory_size`, `deterministic_*_actions`); the path from `obs_0` to the action head is walked
 node by node, and anything not a normalizer, a linear layer or a supported activation is refused
 in one line. `onnx_import` then cross-checks the result against onnxruntime on the original file.
+
+Recurrent exports (`memory_size` > 0, ML-Agents' `network_settings.memory`) put an LSTM between the
+body and the heads, one step per call: the graph reads `recurrent_in` [batch, 1, memory_size] and
+writes `recurrent_out`, the memory being [h | c] with h = c = memory_size / 2 units: the layout of
+relay's LSTM core state (`h_in`), so the import is that core after the same body.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from torch import Tensor
 
 from contracts.spaces import ActionSpec, EnvSpec
+from policy.cores.lstm import LstmCore
 from policy.models.mlp import mlp_policy
 from services.tools.handle import PolicyHandle, PolicyLoadError, identity
 from services.tools.onnx_graph import GraphError, Node, OnnxGraph
@@ -39,7 +45,12 @@ DETERMINISTIC = {
     "discrete": "deterministic_discrete_actions",
 }
 MASKS_INPUT = "action_masks"
+MEMORY_INPUT, MEMORY_OUTPUT = "recurrent_in", "recurrent_out"  # [batch, 1, memory_size]
 PASS_THROUGH = ("Identity", "Cast", "Concat", "Flatten", "Reshape")  # single-input, value-preserving
+# Around the LSTM the exporter moves the batch and sequence axes (sequence length 1: one step).
+SEQUENCE_PASS = (*PASS_THROUGH, "Transpose", "Squeeze", "Unsqueeze")
+# ONNX's LSTM gate blocks are (i, o, f, c); torch's (i, f, g, o): torch block k is ONNX block [k].
+ONNX_TO_TORCH_GATES = (0, 2, 3, 1)
 
 
 def mlagents_clip(actions: Tensor) -> Tensor:
@@ -59,9 +70,12 @@ class ImportedMlp:
     log_sigma: np.ndarray | None = None  # [A], continuous only
     normalizer: tuple[np.ndarray, np.ndarray] | None = None  # (mean [obs], std [obs])
     clipped: bool = True  # continuous actions go through clamp(a, -3, 3) / 3
+    # An LSTM after the body, in torch's layout: (W_ih [4H, in], W_hh [4H, H], b_ih [4H], b_hh [4H]).
+    lstm: tuple[np.ndarray, ...] | None = None
     notes: list[str] = field(default_factory=list)
 
     def build(self, source: str) -> PolicyHandle:
+        lstm = self.lstm
         model = mlp_policy(
             self.obs_dim,
             self.action,
@@ -69,6 +83,7 @@ class ImportedMlp:
             self.activation,
             critic=False,
             normalize_obs=self.normalizer is not None,
+            make_core=None if lstm is None else (lambda in_dim: LstmCore(in_dim, lstm[1].shape[1])),
         )
         linears = [m for m in model.pi_trunk.modules() if isinstance(m, torch.nn.Linear)]
         with torch.no_grad():
@@ -77,6 +92,12 @@ class ImportedMlp:
                 linear.bias.copy_(_tensor(b))
             model.pi_head.weight.copy_(_tensor(self.head[0]))
             model.pi_head.bias.copy_(_tensor(self.head[1]))
+            if lstm is not None:
+                cell = cast(LstmCore, model.pi_core).cell
+                for param, value in zip(
+                    (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh), lstm, strict=True
+                ):
+                    param.copy_(_tensor(value))
             if self.log_sigma is not None:
                 model.log_std.copy_(_tensor(self.log_sigma).reshape(-1))
             if self.normalizer is not None:
@@ -98,8 +119,11 @@ def _tensor(value: Any) -> Tensor:
 
 # ---- .pt: a Policy state dict (module names are the format there) ---------------------------------
 def _find(sd: dict[str, Any], suffix: str, required: bool = True) -> Any:
+    """The one tensor whose name ends in `suffix`. ML-Agents 1.1.0 registers a normalizer under
+    two names (`network_body.processors.0` and `...observation_encoder.processors.0`): names
+    holding the same values are one tensor."""
     hits = [k for k in sd if k.endswith(suffix)]
-    if len(hits) == 1:
+    if hits and all(torch.equal(_tensor(sd[k]), _tensor(sd[hits[0]])) for k in hits[1:]):
         return sd[hits[0]]
     if not hits and not required:
         return None
@@ -136,7 +160,20 @@ def mlagents_policy_from_state_dict(sd: dict[str, Any], source: str) -> PolicyHa
         action = ActionSpec("continuous", head[0].shape[0])
         log_sigma = _tensor(_find(sd, "_continuous_distribution.log_sigma")).numpy().reshape(-1)
     imported = ImportedMlp(layers[0][0].shape[1], action, layers, "silu", head, log_sigma, normalizer)
+    imported.lstm = _state_dict_lstm(sd, source)
     return imported.build(source)
+
+
+def _state_dict_lstm(sd: dict[str, Any], source: str) -> tuple[np.ndarray, ...] | None:
+    """A recurrent policy's LSTM (`network_body.lstm.lstm`, torch's own layout), or None."""
+    if _find(sd, "lstm.weight_ih_l0", required=False) is None:
+        if any("lstm." in k for k in sd):
+            raise PolicyLoadError(f"{source}: recurrent weights relay does not recognise (lstm.*)")
+        return None
+    if any(re.search(r"lstm\.weight_ih_l[1-9]", k) for k in sd):
+        raise PolicyLoadError(f"{source}: an LSTM of several layers; relay's core has one")
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return tuple(_tensor(_find(sd, f"lstm.{n}_l0")).numpy() for n in names)
 
 
 # ---- ONNX: the graph's structure ------------------------------------------------------------------
@@ -216,8 +253,8 @@ def _normalizer(graph: OnnxGraph, name: str, obs: str) -> tuple[np.ndarray, np.n
     return mean.reshape(-1), std.reshape(-1)
 
 
-def _skip_pass_through(graph: OnnxGraph, name: str) -> str:
-    while (node := graph.producer.get(name)) is not None and node.op in PASS_THROUGH:
+def _skip_pass_through(graph: OnnxGraph, name: str, ops: tuple[str, ...] = PASS_THROUGH) -> str:
+    while (node := graph.producer.get(name)) is not None and node.op in ops:
         live = [i for i in node.inputs if i and graph.const(i) is None]
         if len(live) != 1:
             break
@@ -355,22 +392,78 @@ def _discrete(graph: OnnxGraph, obs: str, masks: str | None, into: ImportedMlp) 
     return heads[0][0]
 
 
+def _memory_size(graph: OnnxGraph) -> int:
+    """The export's memory_size constant (0: no memory), checked against its memory input."""
+    value = graph.const("memory_size")
+    memory = 0 if value is None or not value.size else int(np.asarray(value).reshape(-1)[0])
+    has_input = MEMORY_INPUT in graph.inputs
+    if memory < 0 or memory % 2 or (memory > 0) != has_input:
+        raise GraphError(f"memory_size {memory} does not match the graph's {MEMORY_INPUT} input")
+    if memory and graph.input_shapes.get(MEMORY_INPUT, ())[1:] != (1, memory):
+        shape = list(graph.input_shapes.get(MEMORY_INPUT, ()))
+        raise GraphError(f"{MEMORY_INPUT} has shape {shape}; expected [batch, 1, {memory}] (one step a call)")
+    if memory and MEMORY_OUTPUT not in graph.outputs:
+        raise GraphError(f"memory_size {memory} without a {MEMORY_OUTPUT} output")
+    return memory
+
+
+def _lstm(graph: OnnxGraph, head_input: str, memory: int, into: ImportedMlp) -> str:
+    """Fill the LSTM between the body and the heads from the ONNX LSTM node under `head_input`;
+    return the LSTM's input (the body's output)."""
+    t = _skip_pass_through(graph, head_input, SEQUENCE_PASS)
+    node = graph.producer.get(t)
+    if node is None or node.op != "LSTM" or node.outputs[0] != t:
+        op = node.op if node is not None else "an input"
+        raise GraphError(f"memory_size {memory} but {op} before the action head (expected an LSTM)")
+    attrs = {k: v for k, v in node.attrs.items() if k not in ("hidden_size",)}
+    plain = {"direction": b"forward", "input_forget": 0, "layout": 0}
+    if any(k not in plain or plain[k] != v for k, v in attrs.items()):
+        raise GraphError(f"an LSTM with {sorted(attrs)} set; relay's core is a plain forward LSTM")
+    ins = (*node.inputs, *[""] * 8)[:8]
+    if ins[4] or ins[7]:
+        raise GraphError("an LSTM with sequence lengths or peepholes; relay's core has neither")
+    w, r, b = (graph.const(i) if i else None for i in ins[1:4])
+    hidden = memory // 2
+    if (
+        w is None
+        or r is None
+        or w.ndim != 3
+        or w.shape[:2] != (1, 4 * hidden)
+        or r.shape != (1, 4 * hidden, hidden)
+    ):
+        raise GraphError(f"the LSTM's weights are not constants for {hidden} units (memory_size {memory})")
+    b = np.zeros((1, 8 * hidden), np.float32) if b is None else b
+    if b.shape != (1, 8 * hidden):
+        raise GraphError(f"the LSTM's bias has shape {list(b.shape)}; expected [1, {8 * hidden}]")
+    if not all(graph.depends_on(i, MEMORY_INPUT) for i in ins[5:7]):
+        raise GraphError(f"the LSTM's initial state is not read from {MEMORY_INPUT}")
+
+    def torch_order(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([x[k * hidden : (k + 1) * hidden] for k in ONNX_TO_TORCH_GATES])
+
+    into.lstm = (
+        torch_order(w[0]),
+        torch_order(r[0]),
+        torch_order(b[0, : 4 * hidden]),
+        torch_order(b[0, 4 * hidden :]),
+    )
+    return _skip_pass_through(graph, ins[0], SEQUENCE_PASS)
+
+
 def mlagents_policy_from_graph(graph: OnnxGraph, source: str) -> PolicyHandle:
-    """An ML-Agents ONNX export (one vector observation, no memory) as a relay policy."""
+    """An ML-Agents ONNX export (one vector observation; memory or none) as a relay policy."""
     obs_inputs = sorted(i for i in graph.inputs if i.startswith("obs_"))
-    extra = [i for i in graph.inputs if i not in (*obs_inputs, MASKS_INPUT)]
+    extra = [i for i in graph.inputs if i not in (*obs_inputs, MASKS_INPUT, MEMORY_INPUT)]
     try:
         if len(obs_inputs) != 1:
             raise GraphError(f"{len(obs_inputs)} observation inputs; relay imports one vector observation")
         if extra:
-            raise GraphError(f"inputs {extra} (recurrent memory?) are not supported")
+            raise GraphError(f"inputs {extra} are not supported")
         obs = obs_inputs[0]
         shape = graph.input_shapes.get(obs, ())
         if len(shape) != 2 or shape[1] is None:
             raise GraphError(f"{obs} has shape {list(shape)}; relay imports vector observations [batch, n]")
-        memory = graph.const("memory_size")
-        if memory is not None and np.any(memory):
-            raise GraphError("a recurrent policy (memory_size > 0) is not supported")
+        memory = _memory_size(graph)
         kinds = [k for k, name in DETERMINISTIC.items() if name in graph.outputs]
         if len(kinds) != 1:
             raise GraphError("hybrid (continuous + discrete) actions are not supported")
@@ -381,6 +474,8 @@ def mlagents_policy_from_graph(graph: OnnxGraph, source: str) -> PolicyHandle:
         head_input = (
             _continuous(graph, obs, into) if kinds[0] == "continuous" else _discrete(graph, obs, masks, into)
         )
+        if memory:
+            head_input = _lstm(graph, head_input, memory, into)
         _body(graph, head_input, obs, into)
         return into.build(source)
     except GraphError as err:

@@ -4,8 +4,9 @@ metadata, weights by name) and Unity ML-Agents exports (read from the graph's st
 
 The metadata is data: it is validated, never executed, and no env is built from it. Whatever is
 imported is cross-checked against onnxruntime running the original file (deterministic actions on
-1,024 observations, max abs <= 1e-5) before anything uses it; a file that does not match is
-refused in one line.
+1,024 observations, and a recurrent policy's state after the step on them and over 100 steps with
+each runtime feeding its own state back; max abs <= 1e-5) before anything uses it; a file that
+does not match is refused in one line.
 """
 
 from __future__ import annotations
@@ -19,17 +20,24 @@ import torch
 
 from contracts.segment import Fields
 from contracts.spaces import ActionSpec, EnvSpec, SpecError
-from policy.actor_critic import fields_to_numpy, fields_to_torch
+from policy.actor_critic import STATE, fields_to_numpy
 from policy.models import action_outputs
 from services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
-    DeterministicPolicy,
     PolicyHandle,
     PolicyLoadError,
     rows_of,
 )
-from services.tools.mlagents import DETERMINISTIC, MASKS_INPUT, is_mlagents_graph, mlagents_policy_from_graph
+from services.tools.mlagents import (
+    DETERMINISTIC,
+    MASKS_INPUT,
+    MEMORY_INPUT,
+    MEMORY_OUTPUT,
+    is_mlagents_graph,
+    mlagents_policy_from_graph,
+)
+from services.tools.onnx_check import GraphIO, graph_outputs, max_difference, sequence_error, torch_outputs
 from services.tools.onnx_graph import GraphError, OnnxGraph
 from services.tools.relay_policy import relay_policy
 
@@ -54,32 +62,35 @@ IMPORT_TOLERANCE = 1e-5
 CHECK_ROWS = 1024
 
 
-def cross_check(
-    handle: PolicyHandle, data: bytes, feeds: dict[str, np.ndarray], output: str, inputs: Fields
-) -> float:
-    """Max abs difference between the handle's deterministic actions on its input fields `inputs`
-    and `output` of onnxruntime running the original graph on `feeds` (the same observations)."""
-    import onnxruntime as ort
+def mlagents_io(graph: OnnxGraph, handle: PolicyHandle) -> GraphIO:
+    """An ML-Agents graph's names: obs_N, action_masks (every action allowed: relay's import has
+    no masks of its own), the memory as recurrent_in [B, 1, S]; the deterministic actions and the
+    memory after the step compared."""
+    obs = next(i for i in graph.inputs if i.startswith("obs_"))
+    masks = MASKS_INPUT in graph.inputs
 
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    want = session.run([output], feeds)[0]
-    x = fields_to_torch(handle.as_input(inputs))
-    with torch.no_grad():
-        got = DeterministicPolicy(handle)(*(x[n] for n in handle.input_names))[0].numpy()
-    if want.size != got.size:
-        return float("inf")
-    return float(np.abs(want.reshape(got.shape).astype(np.float64) - got.astype(np.float64)).max())
+    def feeds(fields: Fields) -> dict[str, np.ndarray]:
+        out = {obs: fields["obs"]}
+        if masks:
+            out[MASKS_INPUT] = np.ones((rows_of(fields), handle.model.action.param_size), np.float32)
+        if handle.recurrent:
+            out[MEMORY_INPUT] = fields[STATE][:, None, :]
+        return out
+
+    action = DETERMINISTIC["continuous" if handle.continuous else "discrete"]
+    return GraphIO(feeds, (action, MEMORY_OUTPUT) if handle.recurrent else (action,))
 
 
 def _check_obs(handle: PolicyHandle) -> Fields:
-    """Input fields the policy accepts; with a normalizer, half of the rows of every float field
-    scaled by 100 (to reach its clamp)."""
+    """Input fields the policy accepts; with a normalizer, half of the rows of every float
+    observation field scaled by 100 (to reach its clamp; a recurrent state keeps the range a core
+    meets)."""
     fields = handle.as_input(
         fields_to_numpy(handle.synthetic_obs(CHECK_ROWS, torch.Generator().manual_seed(0)))
     )
     if handle.model.normalizer.enabled:
-        for arr in fields.values():
-            if arr.dtype.kind == "f":
+        for name, arr in fields.items():
+            if arr.dtype.kind == "f" and name != STATE:
                 arr[: CHECK_ROWS // 2] *= 100
     return fields
 
@@ -101,17 +112,18 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
         raise PolicyLoadError(f"{path}: {err}") from None
     if is_mlagents_graph(graph):
         handle = mlagents_policy_from_graph(graph, f"ML-Agents ONNX {path.name}")
-        inputs = _check_obs(handle)
-        feeds = {next(i for i in graph.inputs if i.startswith("obs_")): inputs["obs"]}
-        if MASKS_INPUT in graph.inputs:
-            feeds[MASKS_INPUT] = np.ones((rows_of(inputs), handle.model.action.param_size), np.float32)
-        output = DETERMINISTIC["continuous" if handle.continuous else "discrete"]
+        io = mlagents_io(graph, handle)
     else:
         handle = _relay_export(proto, graph, path)
-        inputs = _check_obs(handle)
-        feeds, output = dict(inputs), "action"
+        io = GraphIO(outputs=("action", "h_out") if handle.recurrent else ("action",))
     try:
-        diff = cross_check(handle, data, feeds, output, inputs)
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        inputs = _check_obs(handle)
+        want = torch_outputs(handle, inputs, io)
+        got = graph_outputs(session, inputs, io, want)
+        diff = max(max_difference(got, want), sequence_error(handle, data, io))
     except Exception as exc:  # onnxruntime refusing the file is the file's fault
         raise PolicyLoadError(f"{handle.source}: onnxruntime cannot run it ({type(exc).__name__})") from None
     if not diff <= IMPORT_TOLERANCE:

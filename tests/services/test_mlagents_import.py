@@ -1,6 +1,6 @@
 """Importing ML-Agents PPO policies: ONNX exports read from the graph's structure (folded
-normalizer, no normalizer, a discrete branch with action masks), cross-checked against
-onnxruntime on the original file, and `.pt` checkpoints with a Policy state dict.
+normalizer, no normalizer, a discrete branch with action masks, an LSTM memory), cross-checked
+against onnxruntime on the original file, and `.pt` checkpoints with a Policy state dict.
 
 Real exports: tests/services/data/mlagents/*.onnx were written by ML-Agents 1.1.0's own
 SimpleActor and ModelSerializer (make_exports.py there says how; `mlagents` pins a Python and
@@ -9,6 +9,7 @@ builds more graphs with ML-Agents' structure and exporter settings (opset 9, con
 for the variations a real file cannot show: scrambled names, a .pt state dict, odd structures.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from services.cli import main
+from services.serving.service import PolicyService, parse_act
 from services.tools.handle import DeterministicPolicy, PolicyLoadError
 from services.tools.load import load_policy
 from tests.services.mlagents_like import export_opset9, randomized
@@ -189,3 +191,94 @@ def test_real_mlagents_exports_verify_two_branches_included(capsys):
     assert "fingerprint" in capsys.readouterr().out
     handle = load_policy(MLAGENTS_EXPORTS / "discrete_two_branches.onnx")
     assert handle.model.action.kind == "multi_discrete" and len(handle.model.action.nvec) == 2
+
+
+RECURRENT = ["recurrent_discrete", "recurrent_continuous"]
+
+
+def _memory_steps(path, handle, steps, seed):
+    """Greedy actions and memories of `steps` steps of 4 envs, onnxruntime on the ML-Agents file
+    (its own recurrent_out fed back as recurrent_in) and relay's import (its own h_out fed back),
+    on the same observations."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    action = next(o.name for o in session.get_outputs() if o.name.startswith("deterministic_"))
+    rng = np.random.default_rng(seed)
+    m_ort = np.zeros((4, 1, inputs["recurrent_in"][2]), np.float32)
+    h_relay = handle.initial_state(4)
+    out = []
+    for _ in range(steps):
+        obs = (rng.standard_normal((4, inputs["obs_0"][1])) * 3).astype(np.float32)
+        feeds = {"obs_0": obs, "recurrent_in": m_ort}
+        if "action_masks" in inputs:
+            feeds["action_masks"] = np.ones((4, inputs["action_masks"][1]), np.float32)
+        want, m_ort = session.run([action, "recurrent_out"], feeds)
+        with torch.no_grad():
+            got = DeterministicPolicy(handle)(torch.from_numpy(obs), torch.from_numpy(h_relay))
+        h_relay = got[-1].numpy()
+        out.append((want, got[0].numpy(), m_ort.reshape(4, -1), h_relay))
+    return out
+
+
+@pytest.mark.parametrize("name", RECURRENT)
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+def test_recurrent_mlagents_policies_step_as_onnxruntime_does(name, suffix):
+    """ML-Agents' memory (network_settings.memory: an LSTM after the body, [h | c] carried as
+    recurrent_in/recurrent_out) imported from the real export and from the real checkpoint written
+    beside it: over 100 steps with each side carrying its own memory, the same greedy actions and
+    the same memory (<= 1e-5), and the memory does change the actions."""
+    handle = load_policy(MLAGENTS_EXPORTS / f"{name}{suffix}")
+    assert handle.recurrent and handle.input_names == ["obs", "h_in"]
+    steps = _memory_steps(MLAGENTS_EXPORTS / f"{name}.onnx", handle, 100, seed=5)
+    for want, got, m_ort, h_relay in steps:
+        if name.endswith("discrete"):
+            np.testing.assert_array_equal(got, want[:, 0])
+        else:
+            assert np.abs(got - want).max() <= 1e-5
+        assert np.abs(m_ort - h_relay).max() <= 1e-5
+    # the same observation from two memories: a policy that ignored its memory would agree
+    obs = torch.ones(2, handle.obs_dim)
+    states = torch.from_numpy(np.stack([np.zeros_like(steps[-1][3][0]), steps[-1][3][0]]))
+    with torch.no_grad():
+        params, _ = handle.model.policy_step({"obs": obs, "h_in": states})
+    assert not torch.allclose(params[0], params[1])
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_recurrent_mlagents_exports_verify_and_serve_with_sessions(capsys, runtime):
+    """`relay verify` on the recurrent ML-Agents file; served (the service without Ray), a session
+    carries the memory between calls as onnxruntime on the file does when fed its own memory."""
+    path = MLAGENTS_EXPORTS / "recurrent_continuous.onnx"
+    assert main(["verify", str(path)]) == 0
+    assert "fingerprint" in capsys.readouterr().out
+    service = PolicyService(str(path), runtime=runtime)
+    handle = load_policy(path)
+    steps = _memory_steps(path, handle, 20, seed=7)
+    rng = np.random.default_rng(7)  # the observations _memory_steps drew
+    for i, (want, _, _, _) in enumerate(steps):
+        obs = (rng.standard_normal((4, 8)) * 3).astype(np.float32)
+        body = json.dumps({"obs": obs.tolist(), "session": "s"}).encode()
+        answer = service.act([parse_act(body, service.handle)])[0]
+        assert answer["state"] == ("new" if i == 0 else "carried")
+        assert np.abs(np.array(answer["actions"]) - want).max() <= 1e-5
+
+
+def test_a_recurrent_graph_that_disagrees_with_its_memory_is_refused(tmp_path):
+    """The cross-check compares the memory after the step too: a graph whose recurrent_out is not
+    the LSTM's state (here its h and c swapped) is refused in one line, not imported."""
+    proto = onnx.load(MLAGENTS_EXPORTS / "recurrent_continuous.onnx")
+    concat = next(n for n in proto.graph.node if n.op_type == "Concat" and "lstm" in n.output[0])
+    concat.input[:] = [concat.input[1], concat.input[0]]
+    path = tmp_path / "swapped.onnx"
+    onnx.save(proto, path)
+    with pytest.raises(PolicyLoadError, match="differs from onnxruntime"):
+        load_policy(path)
+
+
+def test_a_normalized_mlagents_checkpoint_names_its_normalizer_twice():
+    """ML-Agents 1.1.0's checkpoints hold the normalizer under two module paths (the same values):
+    one normalizer, not an ambiguity."""
+    raw = torch.load(MLAGENTS_EXPORTS / "recurrent_discrete.pt", weights_only=True)["Policy"]
+    assert len([k for k in raw if k.endswith("normalizer.running_mean")]) == 2
+    handle = load_policy(MLAGENTS_EXPORTS / "recurrent_discrete.pt")
+    assert handle.model.normalizer.enabled

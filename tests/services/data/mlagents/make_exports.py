@@ -1,7 +1,8 @@
 """Writes the ML-Agents exports next to this file with ML-Agents' own code (mlagents 1.1.0):
 its SimpleActor built the way its PPO trainer builds it, its ModelSerializer writing the .onnx,
 its normalizer updated on observations. These files are what `mlagents-learn` writes at the end
-of a run, without a Unity build to train in; relay's tests read them as data.
+of a run, without a Unity build to train in (for the recurrent ones also the .pt checkpoint its
+TorchModelSaver writes beside the .onnx); relay's tests read them as data.
 
 mlagents 1.1.0 pins Python <= 3.10.12, numpy < 1.24, protobuf < 3.21 and grpcio <= 1.48, none of
 which relay's environment has, and it never runs at test time. To regenerate:
@@ -9,14 +10,15 @@ which relay's environment has, and it never runs at test time. To regenerate:
     mkdir -p /tmp/mla && cd /tmp/mla
     pip download --no-deps --ignore-requires-python mlagents==1.1.0 mlagents-envs==1.1.0
     unzip -oq mlagents-1.1.0-py3-none-any.whl -d ml && unzip -oq mlagents_envs-1.1.0-py3-none-any.whl -d envs
-    pip install --target deps --no-deps "cattrs<1.7" "protobuf==3.20.3" "setuptools<81" h5py
+    pip install --target deps --no-deps "cattrs<1.7" "protobuf==3.20.3" "setuptools<81" h5py "onnx==1.14.1"
     cd -  # back to relay's root
     PYTHONPATH=/tmp/mla/ml:/tmp/mla/envs:/tmp/mla/deps PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \\
         python tests/services/data/mlagents/make_exports.py
 
 Two shims, both outside ML-Agents' graph: numpy's removed aliases (np.float, ...) that 1.1.0
 still names, and torch.onnx.export's TorchScript exporter (dynamo=False), the only exporter of the
-torch 2.1-2.2 that ML-Agents 1.1.0 ran on.
+torch 2.1-2.2 that ML-Agents 1.1.0 ran on (it loads `onnx`: the one of that time, 1.14, which
+reads protobuf 3 as ML-Agents does, sits in deps/ before relay's).
 """
 
 from __future__ import annotations
@@ -73,6 +75,28 @@ POLICIES = {
         ActionSpec(0, (3, 2)),
         NetworkSettings(normalize=False, hidden_units=32, num_layers=1),
     ),
+    # Recurrent (memory_size > 0): an LSTM after the body, its [h | c] memory the graph's
+    # recurrent_in [batch, 1, memory_size] input and recurrent_out output.
+    "recurrent_discrete": (
+        12,
+        ActionSpec(0, (5,)),
+        NetworkSettings(
+            normalize=True,
+            hidden_units=64,
+            num_layers=2,
+            memory=NetworkSettings.MemorySettings(sequence_length=16, memory_size=32),
+        ),
+    ),
+    "recurrent_continuous": (
+        8,
+        ActionSpec(2, ()),
+        NetworkSettings(
+            normalize=False,
+            hidden_units=32,
+            num_layers=1,
+            memory=NetworkSettings.MemorySettings(sequence_length=8, memory_size=64),
+        ),
+    ),
 }
 
 
@@ -96,6 +120,9 @@ def export(name: str, obs_size: int, action_spec: ActionSpec, network: NetworkSe
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
     ModelSerializer(policy).export_policy_model(str(HERE / name))
+    if network.memory is not None:  # and the checkpoint beside it, as ML-Agents' TorchModelSaver writes it
+        modules = policy.get_modules()
+        torch.save({key: module.state_dict() for key, module in modules.items()}, HERE / f"{name}.pt")
     print(
         name,
         json.dumps(
@@ -109,6 +136,6 @@ def export(name: str, obs_size: int, action_spec: ActionSpec, network: NetworkSe
 
 
 if __name__ == "__main__":
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # one stream for all, in order: the files are reproduced byte for byte
     for name, spec in POLICIES.items():
         export(name, *spec)
