@@ -328,6 +328,13 @@ class ModelConfig(_Section):
         "none, lstm or gru. Its state is carried through segments; needs learner.minibatch=sequences.",
     )
     recurrent_size: int = Field(64, ge=1, le=4096, description="Units of the recurrent core.")
+    post_core_size: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Units of a tanh layer between the recurrent core and the heads (0: the heads read "
+        "the core's output): lets a head act on what the memory holds and what the step shows together.",
+    )
     burn_in: int = Field(
         0,
         ge=0,

@@ -8,7 +8,7 @@ from policy.cores.base import RecurrentCore
 from policy.cores.gru import GruCore
 from policy.cores.lstm import LstmCore
 
-# name -> core class, built as cls(in_dim, model.recurrent_size)
+# name -> core class, built as cls(in_dim, model.recurrent_size, model.post_core_size)
 CORES: dict[str, type[RecurrentCore]] = {"lstm": LstmCore, "gru": GruCore}
 NO_CORE = "none"
 
@@ -38,7 +38,8 @@ def config_problems(cfg: RelayConfig) -> list[str]:
     """The recurrent core's rules, each naming fields and numbers."""
     m, T = cfg.model, cfg.rollout.rollout_len
     if m.recurrent == NO_CORE:
-        return [f"model.burn_in={m.burn_in} needs a recurrent core (model.recurrent)"] if m.burn_in else []
+        needs = [f"model.{k}={getattr(m, k)}" for k in ("burn_in", "post_core_size") if getattr(m, k)]
+        return [f"{k} needs a recurrent core (model.recurrent)" for k in needs]
     problems = []
     if cfg.learner.minibatch != "sequences":
         problems.append(

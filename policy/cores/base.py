@@ -5,6 +5,12 @@ the next state, one step at a time (`step`), or over a time-major sequence [T, B
 stored initial state with the state zeroed where an episode starts (`sequence`: masks, never a
 Python loop over episodes). The state is one flat float32 row per env so a segment stores it as
 one per-env field (`initial_state`, contracts/segment.py) whatever the core keeps inside.
+
+A core may end in a tanh layer of `out_size` units (`model.post_core_size`): the heads then read
+a nonlinear function of the memory and the step's input together. A linear head on the cell's
+output alone cannot compute "what I remember agrees with what I see" (an XOR of the two), which
+memory tasks such as MiniGrid's Memory ask for; torch-ac's and the recurrent-PPO baselines'
+actors put a hidden layer there for the same reason.
 """
 
 from __future__ import annotations
@@ -22,23 +28,31 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class RecurrentCore(nn.Module):
-    """Subclasses take (in_dim, size), set `out_dim`, declare `state_per_unit` (floats of state
-    per unit of `model.recurrent_size`) and implement `step`, and its numpy mirror for rollout
-    workers: `np_prepare` (the cell's weights, from its state-dict entries, laid out for x @ W)
-    and `np_step` (tied to `step` by tests/policy/test_recurrent.py)."""
+    """Subclasses take (in_dim, size, out_size), declare `state_per_unit` (floats of state per unit
+    of `model.recurrent_size`) and implement `cell_step` (x, state -> the cell's output [B, size],
+    next state), and its numpy mirror for rollout workers: `np_cell_prepare` (the cell's weights,
+    from its state-dict entries, laid out for x @ W) and `np_cell_step` (tied to `cell_step` by
+    tests/policy/test_recurrent.py). The optional output layer is this class's, on both sides."""
 
     state_per_unit: ClassVar[int] = 1
-    out_dim: int
 
-    def __init__(self, in_dim: int, size: int) -> None:
+    def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:
         super().__init__()
         self.in_dim = in_dim
         self.size = size
         self.state_size = self.state_per_unit * size
+        # Only present when asked for, so a core without one keeps its state-dict keys.
+        self.out: nn.Linear | None = nn.Linear(size, out_size) if out_size else None
+        self.out_dim = out_size or size
+
+    def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, in_dim], state [B, state_size] -> (the cell's output [B, size], next state)."""
+        raise NotImplementedError
 
     def step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, in_dim], state [B, state_size] -> (features [B, out_dim], next state [B, state_size])."""
-        raise NotImplementedError
+        h, state = self.cell_step(x, state)
+        return (h if self.out is None else torch.tanh(self.out(h))), state
 
     def sequence(
         self, x: Tensor, state: Tensor, starts: Tensor, detach_before: int = 0
@@ -51,17 +65,33 @@ class RecurrentCore(nn.Module):
         for t in range(x.shape[0]):  # T is the segment's fixed length: one graph shape
             if t == detach_before and t > 0:
                 state = state.detach()
-            out, state = self.step(x[t], state * keep[t])
-            outs.append(out)
-        return torch.stack(outs), state
+            h, state = self.cell_step(x[t], state * keep[t])
+            outs.append(h)
+        seq = torch.stack(outs)
+        # The output layer once over the whole [T, B, size] sequence: one matmul, not T.
+        return (seq if self.out is None else torch.tanh(self.out(seq))), state
+
+    @classmethod
+    def np_prepare(cls, weights: Mapping[str, np.ndarray]) -> Any:
+        """The core's float32 arrays (`weights` keyed as in its state dict: "cell.weight_ih", ...,
+        "out.weight") arranged for `np_step`."""
+        out = None
+        if "out.weight" in weights:
+            out = (np.ascontiguousarray(weights["out.weight"].T), weights["out.bias"])
+        return cls.np_cell_prepare(weights), out
+
+    @classmethod
+    def np_step(cls, prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`step` in float32 numpy: x [B, in_dim], state [B, state_size] -> (features, next state)."""
+        cell, out = prepared
+        h, state = cls.np_cell_step(cell, x, state)
+        return (h if out is None else np.tanh(h @ out[0] + out[1])), state
 
     @staticmethod
-    def np_prepare(weights: Mapping[str, np.ndarray]) -> Any:
-        """The cell's float32 arrays (`weights` keyed as in its state dict: "cell.weight_ih", ...)
-        arranged for `np_step`."""
+    def np_cell_prepare(weights: Mapping[str, np.ndarray]) -> Any:
         raise NotImplementedError
 
     @staticmethod
-    def np_step(prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """`step` in float32 numpy: x [B, in_dim], state [B, state_size] -> (features, next state)."""
+    def np_cell_step(prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`cell_step` in float32 numpy."""
         raise NotImplementedError

@@ -12,17 +12,16 @@ from policy.cores.base import RecurrentCore, sigmoid
 
 
 class GruCore(RecurrentCore):
-    def __init__(self, in_dim: int, size: int) -> None:
-        super().__init__(in_dim, size)
+    def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:
+        super().__init__(in_dim, size, out_size)
         self.cell = nn.GRUCell(in_dim, size)
-        self.out_dim = size
 
-    def step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         h = self.cell(x, state)
         return h, h
 
     @staticmethod
-    def np_prepare(weights: Mapping[str, np.ndarray]) -> Any:
+    def np_cell_prepare(weights: Mapping[str, np.ndarray]) -> Any:
         return (
             np.ascontiguousarray(weights["cell.weight_ih"].T),
             weights["cell.bias_ih"],
@@ -31,7 +30,7 @@ class GruCore(RecurrentCore):
         )
 
     @staticmethod
-    def np_step(prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def np_cell_step(prepared: Any, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         w_ih, b_ih, w_hh, b_hh = prepared
         size = state.shape[1]
         gi, gh = x @ w_ih + b_ih, state @ w_hh + b_hh  # torch's gate order: r, z, n

@@ -40,7 +40,7 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
     plan = encoder_plan(env, cfg.model.encoders) if env.structured else None
     in_dim = plan.out_dim if plan is not None else env.obs_dim
     core = core_class(cfg.model.recurrent)
-    size = cfg.model.recurrent_size
+    size, post = cfg.model.recurrent_size, cfg.model.post_core_size
     kind = model_kind(cfg.model.kind)
     global_state = env.global_state if critic else 0
     problem = global_state_problem(cfg, env) if critic else None
@@ -58,7 +58,7 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
         init_log_std=cfg.model.init_log_std,
         normalize_obs=cfg.model.normalize_obs,
         normalize_reward=cfg.env.normalize_reward,
-        make_core=None if core is None else (lambda features: core(features, size)),
+        make_core=None if core is None else (lambda features: core(features, size, post)),
         burn_in=cfg.model.burn_in,
     )
 

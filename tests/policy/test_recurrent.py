@@ -25,10 +25,14 @@ def recurrent_cfg(core: str, *more: str):
     )
 
 
+@pytest.mark.parametrize("post", [0, 6])
 @pytest.mark.parametrize("core", sorted(CORES))
-def test_a_cores_sequence_is_its_steps_with_resets(core):
+def test_a_cores_sequence_is_its_steps_with_resets(core, post):
+    """With an output layer (model.post_core_size) too: applied once over the sequence, it gives
+    what it gives step by step."""
     torch.manual_seed(0)
-    cell = CORES[core](5, 8)
+    cell = CORES[core](5, 8, post)
+    assert cell.out_dim == (post or 8)
     x, starts = torch.randn(6, 3, 5), torch.rand(6, 3) < 0.3
     state = torch.randn(3, cell.state_size)
     out, last = cell.sequence(x, state, starts)
@@ -40,13 +44,20 @@ def test_a_cores_sequence_is_its_steps_with_resets(core):
     torch.testing.assert_close(last, s)
 
 
-@pytest.mark.parametrize(("core", "shared"), [("lstm", "false"), ("gru", "true")])
-def test_the_learner_replays_what_the_worker_computed(core, shared):
+@pytest.mark.parametrize(
+    ("core", "shared", "post"), [("lstm", "false", 0), ("gru", "true", 0), ("lstm", "false", 16)]
+)
+def test_the_learner_replays_what_the_worker_computed(core, shared, post):
     """Two consecutive segments of 8 CartPole envs over 64 steps each: episodes end inside them and
     the second starts from the carried state, not zeros. Replayed from `initial_state` with the
-    starts rule, log-probs and values match the worker's to float precision."""
+    starts rule, log-probs and values match the worker's (its numpy mirror, the core's output
+    layer included) to float precision."""
     cfg = recurrent_cfg(
-        core, f"model.shared_trunk={shared}", "rollout.rollout_len=64", "learner.batch_size=512"
+        core,
+        f"model.shared_trunk={shared}",
+        "rollout.rollout_len=64",
+        "learner.batch_size=512",
+        f"model.post_core_size={post}",
     )
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     model = build_policy(cfg, sampler.spec, critic=True)
@@ -76,6 +87,7 @@ def test_column_rows_read_a_time_major_batch_column_by_column():
         (["model.recurrent=lstm", "learner.minibatch=steps"], "set learner.minibatch=sequences"),
         (["model.recurrent=lstm", "learner.minibatch=sequences", "model.burn_in=32"], "model.burn_in=32"),
         (["model.burn_in=4"], "needs a recurrent core"),
+        (["model.post_core_size=32"], "model.post_core_size=32 needs a recurrent core"),
         (["model.recurrent=transformer"], "not a core: choose none, lstm, gru"),
     ],
 )
@@ -100,15 +112,22 @@ def test_the_learner_reports_the_state_it_replays_from(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("core", "shared", "critic"), [("lstm", "false", True), ("gru", "true", True), ("lstm", "false", False)]
+    ("core", "shared", "critic", "post"),
+    [
+        ("lstm", "false", True, 0),
+        ("gru", "true", True, 0),
+        ("lstm", "false", False, 0),
+        ("lstm", "false", True, 12),
+        ("gru", "true", True, 12),
+    ],
 )
-def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic):
+def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic, post):
     """20 steps of 8 envs, each side feeding its own state back, with random episode starts."""
     from contracts.spaces import ActionSpec, EnvSpec
     from policy.actor_critic import STATE, draw_noise
     from policy.numpy_mirror import NumpyPolicy, cpu_policy
 
-    cfg = recurrent_cfg(core, f"model.shared_trunk={shared}")
+    cfg = recurrent_cfg(core, f"model.shared_trunk={shared}", f"model.post_core_size={post}")
     model = build_policy(cfg, EnvSpec((3,), ActionSpec("discrete", 4)), critic=critic)
     fast = cpu_policy(cfg.model, model)
     assert isinstance(fast, NumpyPolicy)
