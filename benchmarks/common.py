@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def train_relay(config: str, sets: list[str]) -> list[dict[str, Any]]:
-    """Run `python -m services.train CONFIG` (quiet, in a temporary run dir) and return its metrics lines."""
+def train_relay(
+    config: str, sets: list[str], inspect: Callable[[Path], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run `python -m services.train CONFIG` (quiet, in a temporary run dir) and return its metrics
+    lines; `inspect` is handed the run dir before it goes (to read its checkpoints)."""
     root = Path(__file__).parents[1]
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
@@ -129,6 +132,8 @@ def train_relay(config: str, sets: list[str]) -> list[dict[str, Any]]:
         for kv in sets:
             cmd += ["--set", kv]
         subprocess.run(cmd, cwd=root, check=True)
+        if inspect is not None:
+            inspect(run)
         return read_metrics(run)
 
 

@@ -140,14 +140,62 @@ MEMORY_CONFIG = "configs/minigrid_memory_lstm_ppo.yaml"
 MARKS = (0.1, 0.25, 0.5, 0.75, 1.0)  # of the env-step budget: the table's rows
 
 
+def cue_success(checkpoint: Path, episodes: int = 400) -> tuple[float, float, float]:
+    """The final policy (sampling, as it trains) on MemoryS7 episodes of seeds apart from
+    training's: (the share of episodes in which the agent saw the start room's object, success
+    when it had, success when it had not). A policy that remembers succeeds more often after
+    seeing the cue; one that guesses succeeds half the time either way."""
+    import gymnasium as gym
+    import minigrid  # noqa: F401  (registers the envs)
+    import numpy as np
+    import torch
+
+    from policy.actor_critic import STATE, draw_noise, fields_to_torch
+    from services.tools.load import load_policy
+
+    handle = load_policy(checkpoint)
+    env = gym.make("MiniGrid-MemoryS7-v0")
+    gen = torch.Generator().manual_seed(0)
+    counts = {True: [0, 0], False: [0, 0]}  # saw the cue -> [episodes, successes]
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=10_000_000 + episode)
+        core = env.unwrapped
+        cue = (1, core.height // 2 - 1)  # where the start room's object lies
+        saw, reward, done = core.agent_sees(*cue), 0.0, False
+        state = handle.initial_state(1)
+        while not done:
+            fields = {"obs/image": obs["image"][None], "obs/direction": np.array([obs["direction"]])}
+            if handle.recurrent:
+                fields[STATE] = state
+            with torch.no_grad():
+                action, after = handle.model.choose(
+                    fields_to_torch(handle.as_input(fields)), draw_noise(handle.model.action, 1, gen)
+                )
+            state = after.numpy() if after is not None else state
+            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+            done = terminated or truncated
+            saw = saw or (not done and core.agent_sees(*cue))
+        counts[saw][0] += 1
+        counts[saw][1] += reward > 0
+    rate = {k: (s / n if n else float("nan")) for k, (n, s) in counts.items()}
+    return counts[True][0] / episodes, rate[True], rate[False]
+
+
 def memory_table(env_steps: int) -> str:
     """MemoryS7 with and without the LSTM core, the same budget each: the mean return (last 100
-    episodes) and the wall at each mark of the budget."""
-    runs = {}
+    episodes) and the wall at each mark of the budget; then each final policy's success with and
+    without having seen the cue (`cue_success`)."""
+    from services.driver.checkpoints import list_checkpoints
+
+    runs, cues = {}, {}
     for name, sets in (("lstm 128", []), ("no memory", ["model.recurrent=none", "learner.minibatch=steps"])):
         print(f"... MemoryS7, {name}", file=sys.stderr, flush=True)
         base = [f"stop.env_steps={env_steps}", "stop.episode_return_mean=null", "checkpoint.interval=1000"]
-        runs[name] = [x for x in train_relay(MEMORY_CONFIG, [*base, *sets]) if "env_steps" in x]
+
+        def probe(run: Path, name: str = name) -> None:
+            cues[name] = cue_success(list_checkpoints(run / "checkpoints")[-1])
+
+        runs[name] = [x for x in train_relay(MEMORY_CONFIG, [*base, *sets], probe) if "env_steps" in x]
     rows = []
     for mark in MARKS:
         row: list[object] = [int(mark * env_steps)]
@@ -157,7 +205,9 @@ def memory_table(env_steps: int) -> str:
         rows.append(row)
     headers = ["mark", "lstm env steps", "lstm wall s", "lstm return"]
     headers += ["no-memory env steps", "no-memory wall s", "no-memory return"]
-    return table(headers, rows)
+    probe_rows = [[name, f"{a:.2f}", f"{b:.2f}", f"{c:.2f}"] for name, (a, b, c) in cues.items()]
+    probe_headers = ["final policy (400 episodes)", "saw the cue", "success having seen it", "success not"]
+    return table(headers, rows) + "\n\n" + table(probe_headers, probe_rows)
 
 
 def main() -> None:
