@@ -282,3 +282,20 @@ def test_a_normalized_mlagents_checkpoint_names_its_normalizer_twice():
     assert len([k for k in raw if k.endswith("normalizer.running_mean")]) == 2
     handle = load_policy(MLAGENTS_EXPORTS / "recurrent_discrete.pt")
     assert handle.model.normalizer.enabled
+
+
+@pytest.mark.parametrize("name", [*REAL, "discrete_two_branches"])
+def test_real_mlagents_checkpoints_act_as_their_exports(name):
+    """The .pt checkpoint ML-Agents' saver writes beside each real export (its normalizer
+    registered under two module paths where it has one) loads and acts as the export does on
+    onnxruntime."""
+    path = MLAGENTS_EXPORTS / f"{name}.onnx"
+    handle = load_policy(MLAGENTS_EXPORTS / f"{name}.pt")
+    inputs = {i.name: i.shape for i in ort.InferenceSession(str(path)).get_inputs()}
+    obs = (np.random.default_rng(2).standard_normal((512, inputs["obs_0"][1])) * 10).astype(np.float32)
+    masks = np.ones((512, inputs["action_masks"][1]), np.float32) if "action_masks" in inputs else None
+    want, got = _onnx_actions(path, obs, masks), _relay_actions(handle, obs)
+    if name.startswith("discrete"):
+        assert np.array_equal(got.reshape(want.shape), want)
+    else:
+        assert np.abs(got - want).max() <= 1e-5

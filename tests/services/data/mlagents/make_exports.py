@@ -1,8 +1,8 @@
 """Writes the ML-Agents exports next to this file with ML-Agents' own code (mlagents 1.1.0):
 its SimpleActor built the way its PPO trainer builds it, its ModelSerializer writing the .onnx,
 its normalizer updated on observations. These files are what `mlagents-learn` writes at the end
-of a run, without a Unity build to train in (for the recurrent ones also the .pt checkpoint its
-TorchModelSaver writes beside the .onnx); relay's tests read them as data.
+of a run, without a Unity build to train in (each .onnx with the .pt checkpoint its
+TorchModelSaver writes beside it); relay's tests read them as data.
 
 mlagents 1.1.0 pins Python <= 3.10.12, numpy < 1.24, protobuf < 3.21 and grpcio <= 1.48, none of
 which relay's environment has, and it never runs at test time. To regenerate:
@@ -120,9 +120,9 @@ def export(name: str, obs_size: int, action_spec: ActionSpec, network: NetworkSe
             if p.requires_grad:
                 p.add_(0.05 * torch.randn_like(p))
     ModelSerializer(policy).export_policy_model(str(HERE / name))
-    if network.memory is not None:  # and the checkpoint beside it, as ML-Agents' TorchModelSaver writes it
-        modules = policy.get_modules()
-        torch.save({key: module.state_dict() for key, module in modules.items()}, HERE / f"{name}.pt")
+    # and the checkpoint beside it, as ML-Agents' TorchModelSaver writes it
+    modules = policy.get_modules()
+    torch.save({key: module.state_dict() for key, module in modules.items()}, HERE / f"{name}.pt")
     print(
         name,
         json.dumps(
