@@ -37,7 +37,7 @@ SMALL = {
     "hopper_ppo.yaml": ["env.num_envs=2", "rollout.rollout_len=64", "learner.buffer_size=128"],
     "minigrid_doorkey_ppo.yaml": ["env.num_envs=4", "rollout.rollout_len=64"],
     "minigrid_doorkey8_ppo.yaml": ["env.num_envs=4", "rollout.rollout_len=64"],
-    "minigrid_memory_lstm_ppo.yaml": ["env.num_envs=4", "rollout.rollout_len=64"],
+    "minigrid_memory_lstm_ppo.yaml": ["env.num_envs=4", "rollout.rollout_len=64", "learner.batch_size=128"],
     "pendulum_ppo.yaml": ["learner.buffer_size=1024"],
     "taxi_ppo.yaml": ["rollout.rollout_len=32", "learner.buffer_size=512"],
 }
