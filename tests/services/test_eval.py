@@ -241,3 +241,74 @@ def test_a_render_that_raises_is_one_line_and_the_episodes_still_count(monkeypat
     result = run_episodes(envs, spec, lambda f: (np.zeros(2, dtype=np.int64), None), 2, 0, render=broken)
     assert len(result.returns) == 2 and result.frames is not None and not result.frames.images
     assert "rendering failed" in result.frames.note and "libegl1" in result.frames.note
+
+
+MLAGENTS_EXPORTS = Path(__file__).parent / "data" / "mlagents"
+
+
+def onnxruntime_returns(export: Path, env_id: str, episodes: int, seed: int) -> list[float]:
+    """The episodes `relay eval` plays, played by hand with onnxruntime on ML-Agents' own graph:
+    its `deterministic_*_actions` output, all actions allowed in `action_masks`, the LSTM memory
+    fed back from `recurrent_out` and zeroed when an episode ends; no relay code but the seeds."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(export), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    action = next(name for name in outputs if name.startswith("deterministic_"))
+    discrete = action == "deterministic_discrete_actions"
+    memory_size = inputs["recurrent_in"][-1] if "recurrent_in" in inputs else 0
+    n = min(episodes, 8)
+    seeds = env_seeds(seed, 0, n, EVAL_SEED_STREAM)
+    out = []
+    for i, target in enumerate(episode_targets(episodes, n)):
+        env = gym.make(env_id)
+        obs, _ = env.reset(seed=seeds[i])
+        for _ in range(target):
+            total, done = 0.0, False
+            memory = np.zeros((1, 1, memory_size), np.float32) if memory_size else None
+            while not done:
+                feeds = {"obs_0": obs[None].astype(np.float32)}
+                if "action_masks" in inputs:
+                    feeds["action_masks"] = np.ones((1, inputs["action_masks"][-1]), np.float32)
+                if memory is not None:
+                    feeds["recurrent_in"] = memory
+                result = dict(zip(outputs, session.run(outputs, feeds), strict=True))
+                if memory is not None:
+                    memory = result["recurrent_out"]
+                act = int(result[action][0, 0]) if discrete else result[action][0]
+                obs, reward, terminated, truncated, _ = env.step(act)
+                total += float(reward)
+                done = terminated or truncated
+            out.append(total)
+            obs, _ = env.reset()
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, env_id",
+    [
+        ("discrete_cartpole", "CartPole-v1"),  # one branch of 2, a folded normalizer
+        ("continuous_plain", "Swimmer-v5"),  # 2 actions in [-1, 1] (clamp(x, -3, 3) / 3)
+        ("recurrent_continuous", "Swimmer-v5"),  # an LSTM memory carried through the episode
+    ],
+)
+@pytest.mark.parametrize("suffix", [".onnx", ".pt"])
+def test_mlagents_policies_score_in_the_env_the_user_names(name, env_id, suffix, capsys):
+    """Real ML-Agents 1.1.0 exports and checkpoints (tests/services/data/mlagents) in a
+    gymnasium env of their shape, named with --env: relay's episodes are onnxruntime's."""
+    path = MLAGENTS_EXPORTS / f"{name}{suffix}"
+    got = eval_json(capsys, str(path), "--env", env_id, "--episodes", "3", "--seed", "4")
+    want = onnxruntime_returns(MLAGENTS_EXPORTS / f"{name}.onnx", env_id, 3, 4)
+    assert got["episodes"] == 3
+    assert got["return_mean"] == pytest.approx(np.mean(want), rel=1e-5, abs=1e-5)
+    assert got["return_min"] == pytest.approx(min(want), rel=1e-5, abs=1e-5)
+    assert got["return_max"] == pytest.approx(max(want), rel=1e-5, abs=1e-5)
+
+
+def test_an_mlagents_policy_names_no_env(capsys):
+    """An ML-Agents file names no env relay may build (its Unity scene is not a gymnasium id)."""
+    path = MLAGENTS_EXPORTS / "discrete_cartpole.onnx"
+    assert main(["eval", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--env" in err[0]

@@ -97,6 +97,15 @@ POLICIES = {
             memory=NetworkSettings.MemorySettings(sequence_length=8, memory_size=64),
         ),
     ),
+    # CartPole's shape (4 observations, one branch of 2): a discrete ML-Agents policy that
+    # `relay eval --env CartPole-v1` can play, as recurrent_continuous and continuous_plain
+    # play Swimmer-v5 (8 observations, 2 actions in [-1, 1]). Last, so the files above keep
+    # their bytes.
+    "discrete_cartpole": (
+        4,
+        ActionSpec(0, (2,)),
+        NetworkSettings(normalize=True, hidden_units=32, num_layers=2),
+    ),
 }
 
 
