@@ -26,7 +26,7 @@ from tests.services.mlagents_like import export_opset9, randomized
 
 SMALL = dict(obs=8, hidden=64, layers=2)
 MLAGENTS_EXPORTS = Path(__file__).parent / "data" / "mlagents"
-REAL = ["continuous_normalized", "continuous_plain", "discrete_one_branch"]
+REAL = ["continuous_normalized", "continuous_plain", "discrete_one_branch", "discrete_cartpole"]
 
 
 def _onnx_actions(path, obs, masks=None):
