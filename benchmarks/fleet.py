@@ -5,7 +5,7 @@ object store, several object stores, and Sample Factory side by side.
     python benchmarks/fleet.py lag [--seeds 0,1,2] [--lags 1,2,4,8]
     python benchmarks/fleet.py pipeline [--seconds 20]
     python benchmarks/fleet.py wide [--workers 1,2,4,8,16,32,64] [--seconds 20]
-    python benchmarks/fleet.py nodes [--seconds 20]
+    python benchmarks/fleet.py nodes [--seconds 20] [--rounds 3]
     python benchmarks/fleet.py elastic
     python benchmarks/fleet.py sample-factory [--seconds 60]   # builds its own venv (gymnasium<1, numpy<2)
 
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,48 +269,82 @@ def wide(workers: list[int], seconds: float) -> None:
 
 
 # ---- 4. several object stores ----------------------------------------------------------------------
-def nodes(seconds: float) -> None:
+def _on_raylets(nodes: list[tuple[int, bool]], sets: list[str], seconds: float) -> dict[str, Any]:
+    """A run on a `ray.cluster_utils.Cluster` of a CPU-less head and `nodes` (CPUs, whether it
+    holds the learner's resource), each raylet with its own 300 MB object store."""
     import ray
     from ray.cluster_utils import Cluster
 
-    sets = ["rollout.num_workers=4", "learner.buffer_size=1024", "learner.device=cpu"]
-    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
-    try:
-        one = _run_inprocess(sets, seconds)
-    finally:
-        ray.shutdown()
     store = 300 * 1024 * 1024
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": store})
-    cluster.add_node(num_cpus=1, resources={"learner": 1}, object_store_memory=store)
-    for _ in range(2):
-        cluster.add_node(num_cpus=2, object_store_memory=store)
+    for cpus, learner in nodes:
+        resources = {"learner": 1} if learner else {}
+        cluster.add_node(num_cpus=cpus, resources=resources, object_store_memory=store)
     ray.init(address=cluster.address, log_to_driver=False)
     try:
-        many = _run_inprocess([*sets, "learner.ray_resources={learner: 1}"], seconds)
+        return _run_inprocess([*sets, "learner.ray_resources={learner: 1}"], seconds)
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def _one_node(sets: list[str], seconds: float) -> dict[str, Any]:
+    import ray
+
+    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    try:
+        return _run_inprocess(sets, seconds)
+    finally:
+        ray.shutdown()
+
+
+def nodes(seconds: float, rounds: int) -> None:
+    """One node against four raylets, the layouts alternating over `rounds` rounds so the shared
+    machine's swings (+-40% between minutes here) fall on all of them; medians, and the median of
+    each round's ratio to one node."""
+    sets = ["rollout.num_workers=4", "learner.buffer_size=1024", "learner.device=cpu"]
+    # The same four raylets twice: every actor on the learner's node (the other raylets idle, so
+    # only their processes cost), then the workers on the two other nodes (segments and weights
+    # cross object stores). Against one node, the first is what the extra raylets cost on these
+    # shared cores, the second against the first what crossing stores costs.
+    layouts: dict[str, Callable[[], dict[str, Any]]] = {
+        "one node": lambda: _one_node(sets, seconds),
+        "4 raylets, all on one": lambda: _on_raylets([(5, True), (0, False), (0, False)], sets, seconds),
+        "4 raylets, spread": lambda: _on_raylets([(1, True), (2, False), (2, False)], sets, seconds),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
+    for _ in range(rounds):
+        for name, run in layouts.items():
+            runs[name].append(run())
     print(
         machine_header(
-            "one object store vs four raylets (learner alone on one, workers on two): sync CartPole, W = 4"
+            "one object store vs four raylets: sync CartPole, W = 4, "
+            f"{rounds} alternating rounds of {seconds:.0f} s"
         )
     )
-    rows = [
-        [
-            name,
-            r["steps_per_s"],
-            f"{r['learner_busy']:.2f}",
-            f"{r['wait_ms_per_round']:.1f}",
-            f"{r['ingest_ms_per_segment']:.2f}",
-            f"{r['publish_ms']:.2f}",
-        ]
-        for name, r in (("one node", one), ("4 raylets", many))
-    ]
+    one = [r["steps_per_s"] for r in runs["one node"]]
+    rows = []
+    for name, rs in runs.items():
+        rates = [r["steps_per_s"] for r in rs]
+        rows.append(
+            [
+                name,
+                " / ".join(f"{x:,.0f}" for x in rates),
+                float(np.median(rates)),
+                f"{np.median([x / o for x, o in zip(rates, one, strict=True)]):.2f}x",
+                f"{np.median([r['learner_busy'] for r in rs]):.2f}",
+                f"{np.median([r['wait_ms_per_round'] for r in rs]):.1f}",
+                f"{np.median([r['ingest_ms_per_segment'] for r in rs]):.2f}",
+                f"{np.median([r['publish_ms'] for r in rs]):.2f}",
+            ]
+        )
     print(
         table(
             [
                 "cluster",
-                "steps/s",
+                "steps/s by round",
+                "median",
+                "/ one node",
                 "learner_busy",
                 "learner wait ms/round",
                 "ingest ms/segment",
@@ -446,7 +481,11 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=300_000)
     parser.add_argument("--workers", default="1,2,4,8,16,32,64")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, help="nodes: rounds the layouts alternate over (default 3)")
     args = parser.parse_args()
+    if args.rounds is not None and args.section != "nodes":
+        print(f"fleet.py: --rounds does not apply to {args.section} (only to nodes)", file=sys.stderr)
+        sys.exit(2)
     if args.section == "lag":
         lag([int(s) for s in args.seeds.split(",")], [int(n) for n in args.lags.split(",")], args.budget)
     elif args.section == "pipeline":
@@ -454,7 +493,7 @@ def main() -> None:
     elif args.section == "wide":
         wide([int(w) for w in args.workers.split(",")], args.seconds)
     elif args.section == "nodes":
-        nodes(args.seconds)
+        nodes(args.seconds, args.rounds or 3)
     elif args.section == "elastic":
         elastic()
     else:

@@ -234,15 +234,12 @@ def _update_breakdown(extra: list[str]) -> tuple[float, int, dict[str, float]]:
     obs = torch.from_numpy(seg["obs"][:64].reshape(-1, *sampler.spec.obs_shape)[: cfg.learner.batch_size])
     actions = torch.from_numpy(seg["actions"][:64].reshape(-1)[: cfg.learner.batch_size])
     model, opt = learner.model, learner.optimizer
-    phases = {"uint8->float": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    phases = {"forward (frames converted inside)": 0.0, "backward": 0.0, "optimizer": 0.0}
     reps = 5
     for _ in range(reps):
         t = time.perf_counter()
-        x = obs.float() / 255.0
-        phases["uint8->float"] += time.perf_counter() - t
-        t = time.perf_counter()
         loss = model.evaluate(obs, actions).logp.mean()
-        phases["forward"] += time.perf_counter() - t
+        phases["forward (frames converted inside)"] += time.perf_counter() - t
         t = time.perf_counter()
         loss.backward()
         phases["backward"] += time.perf_counter() - t
@@ -250,16 +247,60 @@ def _update_breakdown(extra: list[str]) -> tuple[float, int, dict[str, float]]:
         opt.step()
         opt.zero_grad()
         phases["optimizer"] += time.perf_counter() - t
-    del x
     return samples_per_s, torch.get_num_threads(), {k: v / reps * 1e3 for k, v in phases.items()}
 
 
-def _relay_training(seconds: float, extra: list[str]) -> float:
-    lines = train_relay(
+def _worker_split(seconds: float, extra: list[str]) -> dict[str, float]:
+    """One rollout worker's sampling in this process on one torch thread (as its actor has), no
+    Ray: seconds per 1,000 env steps of its sample() and of stepping its envs alone with random
+    actions (the rest is acting: the CNN's forward and the distribution, and recording)."""
+    import torch
+
+    from contracts.config import load_config
+    from learner.algorithms import algorithm_traits
+    from rollout_workers.sampler import make_sampler
+
+    cfg = load_config(ROOT / "configs/breakout_ppo.yaml", [*ATARI_SETS, *extra])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        sampler = make_sampler(cfg, algorithm_traits(cfg))
+        sampler.sample()  # warm-up: envs reset, first forward
+        steps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            sampler.sample()
+            steps += cfg.rollout.rollout_len * cfg.env.num_envs
+        sample = (time.perf_counter() - t0) / steps * 1000
+    finally:
+        torch.set_num_threads(threads)
+    env, actions = _stepper(cfg.env.id, "envpool", cfg.env.num_envs)
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.step(actions())
+        steps += cfg.env.num_envs
+    env_s = (time.perf_counter() - t0) / steps * 1000
+    env.close()
+    return {"sample": sample, "env": env_s}
+
+
+def _relay_training(seconds: float, extra: list[str]) -> list[dict[str, Any]]:
+    return train_relay(
         "configs/breakout_ppo.yaml",
         [*ATARI_SETS, "stop.env_steps=100000000", f"stop.wall_s={seconds}", *extra],
     )
-    return lines[-1]["env_steps_per_s"]
+
+
+def _relay_split(lines: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per 1,000 env steps of a relay run after its first line (the first round holds the
+    first resets and, compiled, the compile): wall, and the learner's phases (contracts.metrics
+    PHASES: waiting for segments, ingest, update, publish); the whole run when it has one line."""
+    from contracts.metrics import PHASES
+
+    first, steady = (lines[0], lines[1:]) if len(lines) > 1 else ({"env_steps": 0, "wall_s": 0.0}, lines)
+    per_k = 1000 / (lines[-1]["env_steps"] - first["env_steps"])
+    split = {"wall": (lines[-1]["wall_s"] - first["wall_s"]) * per_k}
+    split.update({k: sum(x.get(k, 0.0) for x in steady) * per_k for k in PHASES})
+    return split
 
 
 def _rllib_atari(seconds: float) -> float:
@@ -315,12 +356,19 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
 
     gym.register_envs(ale_py)
     curve: list[tuple[int, float]] = []
+    rollout_s = [0.0]  # seconds in collect_rollouts (acting and env steps); the rest is the update
 
     class Budget(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.recent: deque[float] = deque(maxlen=WINDOW)
             self.t0 = time.perf_counter()
+
+        def _on_rollout_start(self) -> None:
+            self.rollout_t0 = time.perf_counter()
+
+        def _on_rollout_end(self) -> None:
+            rollout_s[0] += time.perf_counter() - self.rollout_t0
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
@@ -353,13 +401,21 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
     )
     budget = Budget()
     model.learn(total_timesteps=10**9, callback=budget)
-    return model.num_timesteps / (time.perf_counter() - budget.t0), curve
+    wall = time.perf_counter() - budget.t0
+    per_k = 1000 / model.num_timesteps
+    SB3_SPLIT.update(rollouts=rollout_s[0] * per_k, wall=wall * per_k)
+    return model.num_timesteps / wall, curve
+
+
+SB3_SPLIT: dict[str, float] = {}  # the last SB3 run's seconds per 1,000 env steps: rollouts, wall
 
 
 def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> None:
     sampling = _relay_sampling(seconds, extra)
+    worker = _worker_split(min(seconds, 10.0), extra)
     learner_sps, threads, phases = _update_breakdown(extra)
-    training = _relay_training(seconds, extra)
+    lines = _relay_training(seconds, extra)
+    training, split = lines[-1]["env_steps_per_s"], _relay_split(lines)
     rllib = _rllib_atari(seconds) if "rllib" in others else None
     sb3 = _sb3_atari(seconds)[0] if "sb3" in others else None
     print(machine_header(f"Breakout throughput, W = 2 x 8 envs, {seconds:.0f} s each, env (agent) steps/s"))
@@ -377,6 +433,38 @@ def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> Non
         f"relay learner alone ({threads} torch threads, learner.num_cpus): "
         f"{learner_sps:,.0f} samples/s (4 epochs of 512-sample minibatches); "
         "ms per 512-sample minibatch: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
+    )
+    print()
+    print(time_split(split, sampling, worker, SB3_SPLIT if sb3 else {}))
+
+
+def time_split(
+    relay: dict[str, float], sampling: float, worker: dict[str, float], sb3: dict[str, float]
+) -> str:
+    """Where a sync Breakout round's time goes, in seconds per 1,000 env steps: relay's run (its
+    learner's phases), its sampling measured alone (through Ray; one worker in process, env
+    stepping apart from acting), and SB3's rollouts apart from its update."""
+    workers = int(ATARI_SETS[1].split("=")[1])
+    learner = relay["ingest_s"] + relay["update_s"] + relay["publish_s"]
+    acting = (worker["sample"] - worker["env"]) / workers
+    rows = [
+        ["relay end to end (after the first line)", relay["wall"], ""],
+        ["- learner waits for the round's segments", relay["wait_s"], "workers sample, segments travel"],
+        ["  - sampling alone, 2 workers through Ray", 1000 / sampling, "nobody learning"],
+        ["    - env steps (envpool, random actions)", worker["env"] / workers, "1 worker in process / 2"],
+        ["    - acting and recording", acting, "1 worker in process / 2"],
+        ["  - the rest of the wait", relay["wait_s"] - 1000 / sampling, "transfer, workers' Ray overhead"],
+        ["- learner ingest + update + publish", learner, f"update {relay['update_s']:.2f}"],
+        ["- the rest (driver, metrics)", relay["wall"] - relay["wait_s"] - learner, ""],
+    ]
+    if sb3:
+        rows += [
+            ["SB3 end to end", sb3["wall"], ""],
+            ["- rollouts (acting, env steps)", sb3["rollouts"], ""],
+            ["- update", sb3["wall"] - sb3["rollouts"], ""],
+        ]
+    return "where the time goes, s per 1,000 env steps\n" + table(
+        ["phase", "s / 1k steps", "how"], [[name, f"{v:.3f}", how] for name, v, how in rows]
     )
 
 
