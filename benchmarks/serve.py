@@ -6,10 +6,10 @@ same run, a bare Ray Serve deployment answering a constant (Serve's own per-requ
 p50 is held to 1.2x of it) and the in-process onnxruntime call.
 
     pip install -e ".[cpu,dev]"
-    python benchmarks/serve.py [--seconds 8]
+    python benchmarks/serve.py [--seconds 8] [--wait-ms 2,0]
 
-One Ray Serve application at a time (1 replica, --max-batch-size 32, --batch-wait-ms 2), on this
-machine's cores shared by client, proxy and replica.
+One Ray Serve application at a time (1 replica, --max-batch-size 32, --batch-wait-ms from
+--wait-ms, 2 by default), on this machine's cores shared by client, proxy and replica.
 """
 
 from __future__ import annotations
@@ -108,6 +108,21 @@ def _floor(path: Path, calls: int = 3000) -> tuple[float, float]:
     return float(np.percentile(times, 50) * 1e3), float(np.percentile(times, 99) * 1e3)
 
 
+def _parse_ms(path: Path, body: bytes, calls: int = 300) -> float:
+    """p50 ms of reading one request in-process as the replica does: the JSON body parsed and the
+    observation checked against the policy (`parse_act`), no HTTP and no model."""
+    from services.serving.service import parse_act
+    from services.tools.load import load_policy
+
+    handle = load_policy(path)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        parse_act(body, handle)
+        times.append(time.perf_counter() - t0)
+    return float(np.percentile(times, 50) * 1e3)
+
+
 async def _closed_loop(url: str, body: bytes, concurrency: int, seconds: float) -> dict[str, float]:
     import aiohttp
 
@@ -166,7 +181,17 @@ def _row(name: str, runtime: str, c: int, r: dict[str, float]) -> list[Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="per concurrency level")
+    parser.add_argument(
+        "--wait-ms", default="2", help="relay's --batch-wait-ms values, each run for every policy (2,0)"
+    )
     args = parser.parse_args()
+    try:
+        waits = [float(w) for w in args.wait_ms.split(",")]
+    except ValueError:
+        waits = []
+    if not waits or min(waits) < 0:
+        print(f"serve.py: --wait-ms {args.wait_ms!r}: comma-separated milliseconds >= 0", file=sys.stderr)
+        sys.exit(2)
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     import ray
     from ray import serve
@@ -183,6 +208,9 @@ def main() -> None:
             "Nature CNN (4x84x84 uint8 -> 4)": (_breakout_cnn(folder), np.zeros((4, 84, 84), int).tolist()),
         }
         floors = {name: _floor(path) for name, (path, _) in policies.items()}
+        parses = {
+            name: _parse_ms(path, json.dumps({"obs": obs}).encode()) for name, (path, obs) in policies.items()
+        }
         ray.init(include_dashboard=False, logging_level="ERROR")
         serve.start(http_options={"host": "127.0.0.1", "port": 8765}, logging_config=quiet)
         rows, checks = [], []
@@ -193,32 +221,37 @@ def main() -> None:
         for name, (path, obs) in policies.items():
             body = json.dumps({"obs": obs}).encode()
             for runtime in ("torch", "onnxruntime"):
-                serve.run(
-                    build({"model": str(path), "runtime": runtime, "device": "cpu"}),
-                    name="bench",
-                    logging_config=quiet,
-                )
-                results = _run_levels(url, body, args.seconds, f"{name} {runtime}")
-                serve.delete("bench")
-                rows += [_row(name, runtime, c, r) for c, r in results.items()]
-                p50_1, p50_8 = (results[c]["p50"] / bare[c]["p50"] for c in (1, 8))
-                scale = results[32]["rps"] / results[1]["rps"]
-                checks.append(
-                    [
-                        name,
-                        runtime,
-                        f"{p50_1:.2f}x",
-                        f"{p50_8:.2f}x",
-                        "met" if max(p50_1, p50_8) <= 1.2 else "missed",
-                        f"{scale:.1f}x",
-                        "met" if scale >= 5 else "missed",
-                    ]
-                )
+                for wait in waits:
+                    serve.run(
+                        build(
+                            {"model": str(path), "runtime": runtime, "device": "cpu", "batch_wait_ms": wait}
+                        ),
+                        name="bench",
+                        logging_config=quiet,
+                    )
+                    label = f"{runtime}, wait {wait:g} ms"
+                    results = _run_levels(url, body, args.seconds, f"{name} {label}")
+                    serve.delete("bench")
+                    rows += [_row(name, label, c, r) for c, r in results.items()]
+                    p50_1, p50_8 = (results[c]["p50"] / bare[c]["p50"] for c in (1, 8))
+                    scale = results[32]["rps"] / results[1]["rps"]
+                    checks.append(
+                        [
+                            name,
+                            label,
+                            f"{p50_1:.2f}x",
+                            f"{p50_8:.2f}x",
+                            "met" if max(p50_1, p50_8) <= 1.2 else "missed",
+                            f"{scale:.1f}x",
+                            "met" if scale >= 5 else "missed",
+                        ]
+                    )
         serve.shutdown()
         ray.shutdown()
     print(
         machine_header(
-            "relay serve: batch-1 requests from 127.0.0.1, closed loop, 1 replica, max batch 32, wait 2 ms, "
+            "relay serve: batch-1 requests from 127.0.0.1, closed loop, 1 replica, max batch 32, "
+            f"batch wait {args.wait_ms} ms, "
             "beside a bare Serve deployment answering a constant"
         )
     )
@@ -227,8 +260,8 @@ def main() -> None:
     print()
     print(
         table(
-            ["policy", "in-process onnxruntime p50 ms", "p99 ms"],
-            [[n, f[0], f[1]] for n, f in floors.items()],
+            ["policy", "in-process onnxruntime p50 ms", "p99 ms", "in-process request parse + check p50 ms"],
+            [[n, f[0], f[1], parses[n]] for n, f in floors.items()],
         )
     )
     print()
