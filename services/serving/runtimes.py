@@ -27,6 +27,7 @@ from learner.device import DeviceContext, DeviceError, resolve_device
 from policy.actor_critic import fields_to_numpy, fields_to_torch
 from services.tools.export import TOLERANCE, max_abs_error, onnx_bytes
 from services.tools.handle import PolicyHandle
+from services.tools.onnx_check import cpu_session
 
 ORT_PROVIDERS = {
     "cuda": "CUDAExecutionProvider",
@@ -95,11 +96,13 @@ class OrtRuntime:
         self.handle = handle
         data = onnx_bytes(handle)
         obs = fields_to_numpy(handle.synthetic_obs(256, torch.Generator().manual_seed(0)))
-        err = max_abs_error(handle, data, obs)
+        check = cpu_session(data)
+        err = max_abs_error(handle, check, obs)
         if not err <= TOLERANCE:
             raise RuntimeError(f"the ONNX export differs from the policy by {err:.3g}; not serving it")
         providers = ort_providers(device)
-        self.session = ort.InferenceSession(data, providers=providers)
+        cpu_only = providers == ["CPUExecutionProvider"]
+        self.session = check if cpu_only else ort.InferenceSession(data, providers=providers)
         self.device = providers[0].removesuffix("ExecutionProvider").lower()
         self.outputs = [o.name for o in self.session.get_outputs()]
 

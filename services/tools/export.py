@@ -22,6 +22,7 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,14 @@ from services.tools.handle import (
     rows_of,
 )
 from services.tools.load import recorded_observations
-from services.tools.onnx_check import RELAY_IO, graph_outputs, max_difference, sequence_error, torch_outputs
+from services.tools.onnx_check import (
+    RELAY_IO,
+    cpu_session,
+    graph_outputs,
+    max_difference,
+    sequence_error,
+    torch_outputs,
+)
 
 TOLERANCE = 1e-5
 
@@ -88,12 +96,10 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
     return proto.SerializeToString()
 
 
-def max_abs_error(handle: PolicyHandle, model_bytes: bytes, obs: Fields) -> float:
-    """The largest |onnxruntime - torch| over every output on input fields [B, ...]; a policy whose
-    outputs are not all finite fails here (NaN would drop out of a max and pass the check)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+def max_abs_error(handle: PolicyHandle, session: Any, obs: Fields) -> float:
+    """The largest |onnxruntime - torch| over every output on input fields [B, ...] (`session`:
+    onnxruntime's on the export); a policy whose outputs are not all finite fails here (NaN would
+    drop out of a max and pass the check)."""
     x = handle.as_input(obs)
     want = torch_outputs(handle, x)
     got = graph_outputs(session, x, RELAY_IO, want)
@@ -123,7 +129,9 @@ def export_onnx(
             fields_to_numpy(handle.synthetic_obs(1000, gen)),
             recorded_observations(handle, env_id, 1000, seed),
         ]
-    err = max(*(max_abs_error(handle, data, b) for b in batches), sequence_error(handle, data, seed=seed))
+    session = cpu_session(data)
+    errors = [max_abs_error(handle, session, b) for b in batches]
+    err = max(*errors, sequence_error(handle, session, seed=seed))
     if not err <= TOLERANCE:
         raise ExportCheckFailed(
             f"onnxruntime differs from torch by {err:.3g} (> {TOLERANCE}); nothing written"

@@ -40,6 +40,14 @@ class GraphIO:
 RELAY_IO = GraphIO()
 
 
+def cpu_session(model_bytes: bytes) -> Any:
+    """An onnxruntime session on the CPU for a graph's bytes: one per checked file, shared by
+    every comparison made on it (onnxruntime is imported here, where a check needs it)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+
+
 def torch_outputs(handle: PolicyHandle, fields: Fields, io: GraphIO = RELAY_IO) -> list[np.ndarray]:
     """The handle's compared outputs on its input `fields` [B, ...]: all of them in order, or the
     action and the state after the step where the graph names its own."""
@@ -68,19 +76,17 @@ def max_difference(got: list[np.ndarray], want: list[np.ndarray]) -> float:
 
 def sequence_error(
     handle: PolicyHandle,
-    model_bytes: bytes,
+    session: Any,
     io: GraphIO = RELAY_IO,
     steps: int = 100,
     batch: int = 8,
     seed: int = 0,
 ) -> float:
     """The largest |onnxruntime - torch| over `steps` steps of a recurrent policy from zero states,
-    each runtime feeding its own state back as the next step's; 0.0 for a policy without state."""
+    each runtime feeding its own state back as the next step's (`session`: onnxruntime's on the
+    graph); 0.0 for a policy without state."""
     if not handle.recurrent:
         return 0.0
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     gen = torch.Generator().manual_seed(seed)
     h_ort = h_torch = handle.initial_state(batch)
     worst = 0.0

@@ -37,7 +37,14 @@ from services.tools.mlagents import (
     is_mlagents_graph,
     mlagents_policy_from_graph,
 )
-from services.tools.onnx_check import GraphIO, graph_outputs, max_difference, sequence_error, torch_outputs
+from services.tools.onnx_check import (
+    GraphIO,
+    cpu_session,
+    graph_outputs,
+    max_difference,
+    sequence_error,
+    torch_outputs,
+)
 from services.tools.onnx_graph import GraphError, OnnxGraph
 from services.tools.relay_policy import relay_policy
 
@@ -117,13 +124,11 @@ def import_onnx_policy(path: Path) -> PolicyHandle:
         handle = _relay_export(proto, graph, path)
         io = GraphIO(outputs=("action", "h_out") if handle.recurrent else ("action",))
     try:
-        import onnxruntime as ort
-
-        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        session = cpu_session(data)
         inputs = _check_obs(handle)
         want = torch_outputs(handle, inputs, io)
         got = graph_outputs(session, inputs, io, want)
-        diff = max(max_difference(got, want), sequence_error(handle, data, io))
+        diff = max(max_difference(got, want), sequence_error(handle, session, io))
     except Exception as exc:  # onnxruntime refusing the file is the file's fault
         raise PolicyLoadError(f"{handle.source}: onnxruntime cannot run it ({type(exc).__name__})") from None
     if not diff <= IMPORT_TOLERANCE:
