@@ -58,6 +58,25 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
     ]
 
 
+@pytest.mark.parametrize(
+    "script, args, says",
+    [
+        ("fleet.py", ["wide", "--rounds", "2"], "fleet.py: --rounds does not apply to wide (only to nodes)"),
+        ("serve.py", ["--wait-ms", "2,-1"], "serve.py: --wait-ms '2,-1': comma-separated milliseconds >= 0"),
+        ("serve.py", ["--wait-ms", "soon"], "serve.py: --wait-ms 'soon': comma-separated milliseconds >= 0"),
+    ],
+)
+def test_bad_benchmark_flags_are_one_line_and_exit_2(script, args, says):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [says]
+
+
 def test_the_learner_memory_harness_reads_the_heap_after_every_round():
     """benchmarks/learner_memory.py on CartPole: a row per series, the heap in use below the
     private resident memory, the fixed threshold said in the header."""
