@@ -76,7 +76,9 @@ def input_dtype(weight: Tensor) -> torch.dtype:
     """The dtype a layer with this weight computes in: autocast's where it is on for the weight's
     device, else the weight's own."""
     device = weight.device.type
-    if torch.is_autocast_enabled(device):
+    # is_autocast_enabled raises for a device type autocast does not know (meta tensors, which
+    # relay builds modules on to read their shapes).
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
     return weight.dtype
 
