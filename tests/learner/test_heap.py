@@ -49,8 +49,12 @@ def test_heap_stats_tell_live_chunks_from_freed_ones():
     freed = heap_stats()
     assert live["heap_in_use_bytes"] - freed["heap_in_use_bytes"] > 80e6
     assert freed["heap_free_bytes"] - live["heap_free_bytes"] > 80e6
+    rss_freed = rss_mb()
     HeapTrimmer(interval_s=0.0).maybe_trim()
-    assert heap_stats()["heap_free_bytes"] < freed["heap_free_bytes"]
+    # Trimming hands the freed pages back: from the heap's top (its free bytes fall) or, where a
+    # live chunk of an earlier test sits above them, by madvise from its middle (the pages leave
+    # RSS while glibc's free list still counts them; seen in a full CI run).
+    assert rss_freed - rss_mb() > 40, (rss_freed, rss_mb())
 
 
 def test_the_gauge_reads_the_heap_at_most_once_an_interval():
