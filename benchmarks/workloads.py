@@ -78,6 +78,15 @@ def _stepper(env_id: str, backend: str, num_envs: int) -> tuple[Any, Callable[[]
     return env, lambda: rng.uniform(space.low, space.high, (num_envs, *space.shape)).astype(np.float32)
 
 
+def _steps_per_s(env: Any, actions: Callable[[], np.ndarray], num_envs: int, seconds: float) -> float:
+    """Env steps/s of `env` stepped with `actions()` for `seconds`."""
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        env.step(actions())
+        steps += num_envs
+    return steps / (time.perf_counter() - t0)
+
+
 def ceilings(seconds: float) -> None:
     rows = []
     for env_id in ("CartPole-v1", "Hopper-v5", "ALE/Breakout-v5"):
@@ -86,11 +95,7 @@ def ceilings(seconds: float) -> None:
             env, actions = _stepper(env_id, backend, 8)
             for _ in range(20):
                 env.step(actions())
-            steps, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                env.step(actions())
-                steps += 8
-            rates[backend] = steps / (time.perf_counter() - t0)
+            rates[backend] = _steps_per_s(env, actions, 8, seconds)
             env.close()
         rows.append(
             [
@@ -274,11 +279,7 @@ def _worker_split(seconds: float, extra: list[str]) -> dict[str, float]:
     finally:
         torch.set_num_threads(threads)
     env, actions = _stepper(cfg.env.id, "envpool", cfg.env.num_envs)
-    steps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        env.step(actions())
-        steps += cfg.env.num_envs
-    env_s = (time.perf_counter() - t0) / steps * 1000
+    env_s = 1000 / _steps_per_s(env, actions, cfg.env.num_envs, seconds)
     env.close()
     return {"sample": sample, "env": env_s}
 
@@ -345,8 +346,9 @@ def _rllib_atari(seconds: float) -> float:
         ray.shutdown()
 
 
-def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
-    """SB3 PPO CnnPolicy, 8 envs, rl-zoo's Atari settings; (steps/s, [(steps, mean return)])."""
+def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]], dict[str, float]]:
+    """SB3 PPO CnnPolicy, 8 envs, rl-zoo's Atari settings; (steps/s, [(steps, mean return)],
+    seconds per 1,000 env steps: rollouts and wall)."""
     import ale_py
     import gymnasium as gym
     from stable_baselines3 import PPO
@@ -403,11 +405,7 @@ def _sb3_atari(seconds: float) -> tuple[float, list[tuple[int, float]]]:
     model.learn(total_timesteps=10**9, callback=budget)
     wall = time.perf_counter() - budget.t0
     per_k = 1000 / model.num_timesteps
-    SB3_SPLIT.update(rollouts=rollout_s[0] * per_k, wall=wall * per_k)
-    return model.num_timesteps / wall, curve
-
-
-SB3_SPLIT: dict[str, float] = {}  # the last SB3 run's seconds per 1,000 env steps: rollouts, wall
+    return model.num_timesteps / wall, curve, {"rollouts": rollout_s[0] * per_k, "wall": wall * per_k}
 
 
 def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> None:
@@ -417,7 +415,7 @@ def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> Non
     lines = _relay_training(seconds, extra)
     training, split = lines[-1]["env_steps_per_s"], _relay_split(lines)
     rllib = _rllib_atari(seconds) if "rllib" in others else None
-    sb3 = _sb3_atari(seconds)[0] if "sb3" in others else None
+    sb3, _, sb3_split = _sb3_atari(seconds) if "sb3" in others else (None, [], {})
     print(machine_header(f"Breakout throughput, W = 2 x 8 envs, {seconds:.0f} s each, env (agent) steps/s"))
     rows = [
         ["relay sampling (CNN acting, envpool)", sampling],
@@ -435,7 +433,7 @@ def atari_throughput(seconds: float, others: list[str], extra: list[str]) -> Non
         "ms per 512-sample minibatch: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items())
     )
     print()
-    print(time_split(split, sampling, worker, SB3_SPLIT if sb3 else {}))
+    print(time_split(split, sampling, worker, sb3_split))
 
 
 def time_split(
@@ -473,7 +471,7 @@ def atari_learning(wall: float, device: str, extra: list[str]) -> None:
     sets = [*ATARI_SETS, f"learner.device={device}", "stop.env_steps=100000000", f"stop.wall_s={wall}"]
     sets += extra
     lines = train_relay("configs/breakout_ppo.yaml", sets)
-    _, sb3_curve = _sb3_atari(wall)
+    _, sb3_curve, _ = _sb3_atari(wall)
     print(
         machine_header(
             f"Breakout learning, {wall:.0f} s budget each (relay on {device}; SB3 on cpu), "
