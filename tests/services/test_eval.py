@@ -5,7 +5,9 @@ cannot render)."""
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import imageio_ffmpeg
@@ -40,27 +42,38 @@ def eval_json(capsys, *args: str) -> dict:
     return json.loads(out[0])
 
 
-def reference_returns(ckpt: Path, episodes: int, seed: int) -> list[float]:
-    """The same episodes played by hand: one plain gymnasium CartPole per env, seeded as the
-    evaluation seeds it, each running its share of episodes in turn with the model's greedy
-    action, no vector env and no relay evaluation code."""
-    handle = load_policy(ckpt)
+def played_returns(
+    env_id: str, episodes: int, seed: int, act: Callable[[np.ndarray], Any], new_episode: Callable[[], None]
+) -> list[float]:
+    """Episodes played by hand: one plain gymnasium env per evaluation env, seeded as the
+    evaluation seeds it, each running its share of episodes in turn with `act(obs)`'s action
+    (`new_episode()` before each), no vector env and no relay evaluation code."""
     n = min(episodes, 8)
     seeds = env_seeds(seed, 0, n, EVAL_SEED_STREAM)
     out = []
     for i, target in enumerate(episode_targets(episodes, n)):
-        env = gym.make("CartPole-v1")
+        env = gym.make(env_id)
         obs, _ = env.reset(seed=seeds[i])
         for _ in range(target):
+            new_episode()
             total, done = 0.0, False
             while not done:
-                action = handle.model.deterministic({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})
-                obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+                obs, reward, terminated, truncated, _ = env.step(act(obs))
                 total += float(reward)
                 done = terminated or truncated
             out.append(total)
             obs, _ = env.reset()
     return out
+
+
+def reference_returns(ckpt: Path, episodes: int, seed: int) -> list[float]:
+    """The checkpoint's greedy CartPole episodes, played by hand."""
+    handle = load_policy(ckpt)
+
+    def act(obs: np.ndarray) -> int:
+        return int(handle.model.deterministic({"obs": torch.as_tensor(obs[None], dtype=torch.float32)})[0])
+
+    return played_returns("CartPole-v1", episodes, seed, act, lambda: None)
 
 
 @given(st.integers(1, 500), st.integers(1, 64))
@@ -249,7 +262,7 @@ MLAGENTS_EXPORTS = Path(__file__).parent / "data" / "mlagents"
 def onnxruntime_returns(export: Path, env_id: str, episodes: int, seed: int) -> list[float]:
     """The episodes `relay eval` plays, played by hand with onnxruntime on ML-Agents' own graph:
     its `deterministic_*_actions` output, all actions allowed in `action_masks`, the LSTM memory
-    fed back from `recurrent_out` and zeroed when an episode ends; no relay code but the seeds."""
+    fed back from `recurrent_out` and zeroed when an episode starts; no relay code but the seeds."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(export), providers=["CPUExecutionProvider"])
@@ -258,31 +271,23 @@ def onnxruntime_returns(export: Path, env_id: str, episodes: int, seed: int) -> 
     action = next(name for name in outputs if name.startswith("deterministic_"))
     discrete = action == "deterministic_discrete_actions"
     memory_size = inputs["recurrent_in"][-1] if "recurrent_in" in inputs else 0
-    n = min(episodes, 8)
-    seeds = env_seeds(seed, 0, n, EVAL_SEED_STREAM)
-    out = []
-    for i, target in enumerate(episode_targets(episodes, n)):
-        env = gym.make(env_id)
-        obs, _ = env.reset(seed=seeds[i])
-        for _ in range(target):
-            total, done = 0.0, False
-            memory = np.zeros((1, 1, memory_size), np.float32) if memory_size else None
-            while not done:
-                feeds = {"obs_0": obs[None].astype(np.float32)}
-                if "action_masks" in inputs:
-                    feeds["action_masks"] = np.ones((1, inputs["action_masks"][-1]), np.float32)
-                if memory is not None:
-                    feeds["recurrent_in"] = memory
-                result = dict(zip(outputs, session.run(outputs, feeds), strict=True))
-                if memory is not None:
-                    memory = result["recurrent_out"]
-                act = int(result[action][0, 0]) if discrete else result[action][0]
-                obs, reward, terminated, truncated, _ = env.step(act)
-                total += float(reward)
-                done = terminated or truncated
-            out.append(total)
-            obs, _ = env.reset()
-    return out
+    memory: list[np.ndarray] = []
+
+    def new_episode() -> None:
+        memory[:] = [np.zeros((1, 1, memory_size), np.float32)] if memory_size else []
+
+    def act(obs: np.ndarray) -> Any:
+        feeds = {"obs_0": obs[None].astype(np.float32)}
+        if "action_masks" in inputs:
+            feeds["action_masks"] = np.ones((1, inputs["action_masks"][-1]), np.float32)
+        if memory:
+            feeds["recurrent_in"] = memory[0]
+        result = dict(zip(outputs, session.run(outputs, feeds), strict=True))
+        if memory:
+            memory[0] = result["recurrent_out"]
+        return int(result[action][0, 0]) if discrete else result[action][0]
+
+    return played_returns(env_id, episodes, seed, act, new_episode)
 
 
 @pytest.mark.parametrize(
