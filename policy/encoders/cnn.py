@@ -66,7 +66,15 @@ class NatureCNN(TrunkModule):
         # computes in (autocast's when on, which casts it there anyway), divided in place (the
         # copy is ours). Measured on a [512, 4, 84, 84] minibatch: 2x faster than converting to
         # float32, dividing, then reordering, and the same numbers.
-        x = x.to(input_dtype(kernel), copy=True).div_(255.0)
+        if torch.compiler.is_compiling():
+            # Under torch.compile the autocast queries break the graph on torch before 2.13 (seen
+            # with 2.11 on an H200: a graph break there, then 6 compiles of the resumed frame),
+            # and inductor fuses the conversion, the division and autocast's cast into one kernel
+            # anyway. The values are the same: uint8 is exact in every float type, and a bf16 or
+            # fp16 division is a float32 one rounded to that type, as autocast rounds this one.
+            x = x.to(kernel.dtype) / 255.0
+        else:
+            x = x.to(input_dtype(kernel), copy=True).div_(255.0)
         if self.checkpointing and self.training and torch.is_grad_enabled():
             return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)

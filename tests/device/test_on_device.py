@@ -8,13 +8,14 @@ one (a lent GPU host may have no Ray: its wheel is too large to carry there).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from contracts.checkpoint import RunCounters
-from contracts.config import build_config
+from contracts.config import build_config, load_config
 from learner.algorithms import algorithm_traits
 from learner.device import backend_module, resolve_device
 from learner.learner import Learner
@@ -75,6 +76,26 @@ def test_the_compiled_update_on_the_device_never_recompiles():
     sampler, learner = _learner("learner.compile=true", f"learner.compile_backend={backend}")
     counts = [learner.train_round([sampler.sample()]).metrics["compiles"] for _ in range(3)]
     assert counts[0] >= 1 and counts == [counts[0]] * 3
+
+
+def test_the_compiled_pixel_update_under_autocast_never_recompiles():
+    """Breakout's Nature CNN, under the precision the learner picks for pixels on this device
+    (bf16 autocast + channels_last where bf16 is supported): one set of graphs, no graph break.
+    On an H200 with torch 2.11 the CNN's autocast query broke the graph and its resumed frame
+    compiled 6 times; CartPole's MLP (above) does not reach that code."""
+    pytest.importorskip("ale_py", reason="Breakout's frames come from ale-py")
+    backend = "aot_eager" if DEVICE == "cpu" else "auto"
+    small = ["rollout.num_workers=0", "env.num_envs=2", "rollout.rollout_len=16", "learner.buffer_size=32"]
+    sets = [*small, "learner.batch_size=16", f"learner.device={DEVICE}", "learner.compile=true"]
+    config = Path(__file__).parents[2] / "configs" / "breakout_ppo.yaml"
+    cfg = load_config(config, [*sets, f"learner.compile_backend={backend}"])
+    sampler = make_sampler(cfg, algorithm_traits(cfg))
+    learner = Learner(cfg, sampler.spec)
+    segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
+    lines = [learner.train_round(segments).metrics for _ in range(3)]
+    assert [line["compiles"] for line in lines] == [lines[0]["compiles"]] * 3
+    assert [line["graph_breaks"] for line in lines] == [0, 0, 0]
+    print(f"pixel learner on {DEVICE}: {lines[0]['precision']}, {lines[0]['compiles']} graphs")
 
 
 @pytest.fixture(scope="module")
