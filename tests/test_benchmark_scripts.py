@@ -25,7 +25,7 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-2000:]
     assert "device: cpu" in out and "no accelerator here" in out
-    assert "7 passed, 1 skipped" in out and "two accelerators" in out  # the data-parallel test's reason
+    assert "8 passed, 1 skipped" in out and "two accelerators" in out  # the data-parallel test's reason
     sections = (
         "1. The learner alone",
         "2. Breakout end to end",

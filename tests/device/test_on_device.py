@@ -98,6 +98,22 @@ def test_the_compiled_pixel_update_under_autocast_never_recompiles():
     print(f"pixel learner on {DEVICE}: {lines[0]['precision']}, {lines[0]['compiles']} graphs")
 
 
+def test_the_learner_reports_what_its_device_says_about_itself():
+    """The health keys of an update line, read from the real device: psutil on the CPU, NVML on
+    a CUDA GPU (temperature and power too), torch_npu/pyACL/npu-smi on an NPU (those three are
+    stood in for in tests/learner/test_device_health.py; this is the real reading)."""
+    sampler, learner = _learner()
+    metrics = learner.train_round([sampler.sample()]).metrics
+    assert metrics is not None and learner.health.problem is None, learner.health.problem
+    assert 0.0 <= metrics["device_utilization"] <= 1.0
+    assert 0 < metrics["device_memory_used_bytes"] < metrics["device_memory_total_bytes"]
+    if resolve_device(DEVICE).type == "cuda":
+        assert 0 < metrics["device_temperature_c"] < 120 and metrics["device_power_w"] > 0
+    keys = ("utilization", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w")
+    health = {k: metrics[f"device_{k}"] for k in keys if f"device_{k}" in metrics}
+    print(f"device health on {DEVICE}: {health}")
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A checkpoint of a learner trained on the device, written as the training loop writes one
