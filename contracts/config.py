@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -406,8 +406,8 @@ class _TrackerSection(_Section):
         1.0,
         ge=0,
         le=86_400,
-        description="Send a metrics line at most this often (the newest in between, and the last, go; "
-        "0: every line; metrics.jsonl keeps them all).",
+        description="Send metrics at most this often, the lines in between batched into one call "
+        "(every line arrives; 0: a call per line).",
     )
 
 
@@ -847,9 +847,39 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     return build_config(data, overrides)
 
 
+# A URI's password (`http://user:pw@host`), and leaves whose names say they hold a secret.
+_URI_SECRET = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):(?P<secret>[^/\s@]*)@")
+_SECRET_KEY = re.compile(r"(^|_)(password|passwd|secret|token|api_?key|access_?key)$", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact_text(text: str) -> str:
+    """`text` with every URI password replaced by ***: for lines printed, logged or stored."""
+    return _URI_SECRET.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
+
+
+def redact(data: Any, key: str = "") -> Any:
+    """A config's data (or any JSON tree) with secrets replaced: URI passwords in every string,
+    and the whole value of a leaf named like a secret (`api_key`, `token`, `password`...)."""
+    if isinstance(data, dict):
+        return {k: redact(v, str(k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [redact(v, key) for v in data]
+    if isinstance(data, str):
+        return REDACTED if data and _SECRET_KEY.search(key) else redact_text(data)
+    return data
+
+
+def config_data(cfg: RelayConfig) -> dict[str, Any]:
+    """The resolved config as JSON data with its secrets redacted: what is written (config.yaml,
+    checkpoints, exports) or sent (trackers) anywhere. The live config keeps them, in memory only."""
+    return cast(dict[str, Any], redact(cfg.model_dump(mode="json")))
+
+
 def dump_config(cfg: RelayConfig) -> str:
-    """The resolved config as YAML (what `relay validate` prints and a run directory keeps)."""
-    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML (what `relay validate` prints and a run directory keeps), its
+    secrets redacted."""
+    return yaml.safe_dump(config_data(cfg), sort_keys=False)
 
 
 def config_leaves(model: type[BaseModel] = RelayConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
@@ -877,12 +907,21 @@ def config_help(choices: dict[str, list[str]] | None = None) -> str:
     return "\n".join(lines)
 
 
+# Leaves whose `module:attr` values import and run the user's code.
+CODE_LEAVES = ("env.id", "multi_agent.policy_mapping")
+
+
+def is_code_value(leaf: str, value: object) -> bool:
+    """Whether `value` at `leaf` names code (`module:attr`) rather than data."""
+    return leaf in CODE_LEAVES and isinstance(value, str) and ":" in value
+
+
 def code_settings(cfg: RelayConfig) -> list[tuple[str, str]]:
     """(leaf, value) of each setting that imports and runs the user's code: a `module:factory`
     env.id, a `module:fn` multi_agent.policy_mapping. Read from a run or sweep folder these are
     data; a resume runs them only when the user names each again with --set."""
     leaves = (("env.id", cfg.env.id), ("multi_agent.policy_mapping", cfg.multi_agent.policy_mapping))
-    return [(leaf, value) for leaf, value in leaves if value is not None and ":" in value]
+    return [(leaf, value) for leaf, value in leaves if value is not None and is_code_value(leaf, value)]
 
 
 def unconfirmed_code(cfg: RelayConfig, confirmed: set[str], source: str, command: str) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class OutputError(ValueError):
@@ -34,7 +34,7 @@ def _write_tmp(path: Path, write: Callable[[BinaryIO], object]) -> Path:
     planted link) is removed first: unlink removes a link itself, never its target."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as f:
         write(f)
         f.flush()
@@ -93,7 +93,7 @@ def write_numbered(folder: Path, stem: str, suffix: str, data: bytes) -> Path:
 def open_no_follow(path: Path, append: bool = True) -> int:
     """A descriptor for writing (and reading back) a run's own file, appending or truncating,
     refused with OSError when `path` is a link or anything but a regular file."""
-    flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    flags = os.O_RDWR | os.O_CREAT | NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
     fd = os.open(path, flags | os.O_NONBLOCK, 0o644)  # O_NONBLOCK: a FIFO must not block the open
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -105,7 +105,7 @@ def open_no_follow(path: Path, append: bool = True) -> int:
 def read_regular(path: Path, limit: int) -> bytes:
     """At most `limit` bytes of a regular file; OSError for a link, a FIFO, a device or a folder
     (each of which could hang a reader or feed it without end)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | NOFOLLOW)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file")

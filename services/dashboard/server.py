@@ -118,7 +118,8 @@ class RunStore:
         except ConfigError as err:
             raise DashboardError(HTTPStatus.CONFLICT, f"{SWEEP_FILE}: {err}") from None
         trials = {}
-        for name, state in sorted(TrialLog(self.root).read().items()):
+        log = TrialLog(self.root)
+        for name, state in sorted(log.read().items()):
             run = self.root / name
             if not run.is_dir() or run.is_symlink():
                 continue
@@ -130,7 +131,15 @@ class RunStore:
                 "exploits": read_exploits(run),
             }
         keys = sorted({k for t in trials.values() for k in t["params"]})
-        return {"sweep": {"metric": options.metric, "mode": options.mode, "params": keys, "trials": trials}}
+        return {
+            "sweep": {
+                "metric": options.metric,
+                "mode": options.mode,
+                "params": keys,
+                "trials": trials,
+                "skipped_lines": log.skipped,
+            }
+        }
 
     def videos(self, name: str) -> dict[str, Any]:
         """The run's videos, by iteration: name, iteration, return, bytes."""

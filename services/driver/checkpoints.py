@@ -8,7 +8,10 @@ followed by the schema check of `contracts/checkpoint.py`.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
-from contracts.config import RelayConfig
+from contracts.config import RelayConfig, config_data
 from contracts.policy_groups import group_config, part_of
 from contracts.spaces import EnvSpec
 from learner.algorithms import algorithm_class
@@ -28,6 +31,7 @@ from services.files import atomic_write_with
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 BEST_NAME = "best.pt"  # checkpoint.keep_best: the best evaluation's, never pruned
+SUPERSEDED = ".superseded"  # an unreadable checkpoint a resumed run reached again: kept, never listed
 
 
 def checkpoint_path(folder: Path, iteration: int) -> Path:
@@ -39,7 +43,7 @@ def write_learner_checkpoint(
 ) -> Path:
     """A learner's state with the run's counters, config and env spec, written as the training loop
     writes its checkpoints (atomically, the newest `checkpoint.keep` kept)."""
-    ckpt = Checkpoint(learner=learner_state, counters=counters, config=cfg.model_dump(mode="json"), env=env)
+    ckpt = Checkpoint(learner=learner_state, counters=counters, config=config_data(cfg), env=env)
     return save_checkpoint(folder, counters.iteration, ckpt.to_dict(), cfg.checkpoint.keep)
 
 
@@ -51,13 +55,25 @@ def list_checkpoints(folder: Path) -> list[Path]:
 
 def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: int) -> Path:
     """Write atomically (through a temporary file created exclusively: a link planted at its
-    name is removed, never followed), then prune to the newest `keep`."""
+    name is removed, never followed), then prune to the newest `keep` up to this one.
+
+    Checkpoints of later iterations than this one exist only when a resume skipped them as
+    unreadable: they are never pruned (pruning by name would keep them and delete every good one),
+    and one at this very name is set aside as `<name>.superseded`, not overwritten."""
     folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, iteration)
+    if final.is_file() and not final.is_symlink():
+        os.replace(final, final.with_name(final.name + SUPERSEDED))
     atomic_write_with(final, lambda f: torch.save(state, f))
-    for old in list_checkpoints(folder)[:-keep]:
+    upto = [p for p in list_checkpoints(folder) if _iteration(p) <= iteration]
+    for old in upto[:-keep]:
         old.unlink(missing_ok=True)
     return final
+
+
+def _iteration(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def read_data(path: Path) -> Any:
@@ -66,8 +82,12 @@ def read_data(path: Path) -> Any:
     weights_only=True refuses any pickled object that is not plain data; torch explains that in
     several lines, cut here to the first.
     """
+    check_entries(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns (in several lines) before refusing some files; relay says one line.
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         text = str(err)
         if "GLOBAL" in text or "Unsupported global" in text:
@@ -77,6 +97,32 @@ def read_data(path: Path) -> Any:
         else:
             why = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(err).__name__)[:200]
         raise CheckpointError(f"{path.name} cannot be read as data ({why})") from None
+
+
+def check_entries(path: Path) -> None:
+    """Refuse, before torch reads anything, a file whose contents would be larger than the file.
+
+    torch.save writes a zip of stored (uncompressed) entries; a deflated entry, or one declaring
+    more bytes than the file holds, is how a few MB become GBs in memory before torch's own checks
+    (a 2.9 MB file of deflated zeros cost 3.3 GB). torch's older, non-zip format is refused too:
+    it allocates every storage at the size the file declares before reading it."""
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as z:
+            entries = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        raise CheckpointError(
+            f"{path.name} cannot be read as data (not torch's zip format; relay reads files saved "
+            "by torch >= 1.6)"
+        ) from None
+    for info in entries:
+        stored = info.compress_type == zipfile.ZIP_STORED and info.file_size == info.compress_size
+        if not stored or info.header_offset + info.compress_size > size:
+            raise CheckpointError(
+                f"{path.name} cannot be read as data (entry {info.filename[:80]!r} declares "
+                f"{info.file_size} bytes from {info.compress_size} in a {size}-byte file; torch "
+                "writes uncompressed entries within the file only)"
+            )
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

@@ -24,7 +24,7 @@ import ray
 import torch
 
 from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
-from contracts.config import RelayConfig
+from contracts.config import RelayConfig, config_data
 from contracts.metrics import POLICY_PREFIX
 from contracts.policy_groups import without_versions
 from contracts.spaces import EnvSpec
@@ -198,7 +198,7 @@ class Evaluations:
             "updates": 0,
             "eval": {**report.summary, "iteration": report.iteration},
         }
-        ckpt = Checkpoint(learner, counters, self.cfg.model_dump(mode="json"), self.env)
+        ckpt = Checkpoint(learner, counters, config_data(self.cfg), self.env)
         buf = io.BytesIO()
         torch.save(ckpt.to_dict(), buf)
         self.run.checkpoints.mkdir(parents=True, exist_ok=True)

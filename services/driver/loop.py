@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from ray.exceptions import GetTimeoutError
 
 from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
-from contracts.config import RelayConfig
+from contracts.config import RelayConfig, config_data
 from contracts.metrics import PHASES, stat_means
 from contracts.rounds import RoundResult
 from contracts.segment import ENV_FAULT_KINDS
@@ -104,7 +104,7 @@ class TrainingLoop:
             if cfg.eval.every_iterations
             else None
         )
-        info = RunInfo(run.root, cfg.model_dump(mode="json"), tags=tracking_tags or {})
+        info = RunInfo(run.root, config_data(cfg), tags=tracking_tags or {})
         self.tracking = Tracking.from_config(cfg, info)
         self.line_extras: dict[str, Any] = {}  # keys a caller adds to every line (a sweep's pbt_exploits)
 

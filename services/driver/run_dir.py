@@ -26,7 +26,7 @@ from pathlib import Path
 
 from contracts.config import RelayConfig, dump_config
 from services.driver.checkpoints import BEST_NAME, list_checkpoints
-from services.files import atomic_write, fsync_dir
+from services.files import NOFOLLOW, atomic_write, fsync_dir
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log")
 # Who holds the run's lock (pid, host, command, since): written by the holder, read by the refused.
@@ -41,6 +41,13 @@ def default_run_name(cfg: RelayConfig) -> str:
     env = cfg.env.id.replace(":", "_").replace("/", "_")
     # The random suffix keeps runs started in the same second apart.
     return f"{env}-{cfg.learner.algo}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _link_refusal(path: Path) -> str:
+    return (
+        f"{path} is a symbolic link; relay never writes through links in a run directory "
+        "(name the folder itself)"
+    )
 
 
 def _mkdir_error(path: Path, err: OSError) -> RunDirError:
@@ -73,6 +80,8 @@ class RunDir:
     @staticmethod
     def check_new(path: Path) -> None:
         """Refuse, creating nothing, a path that cannot become a new run's directory."""
+        if path.is_symlink():
+            raise RunDirError(_link_refusal(path))
         if path.exists() and not path.is_dir():
             raise RunDirError(f"--run-dir {path} is a file, not a directory")
         if RunDir(path).holds_run():
@@ -120,7 +129,13 @@ class RunDir:
     def lock(self) -> None:
         """Take the run's exclusive lock for this process's life (until `unlock`), or RunDirError
         naming the process that holds it. Records this process as the holder."""
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        if self.root.is_symlink():
+            raise RunDirError(_link_refusal(self.root))
+        try:
+            # O_NOFOLLOW: a link swapped in after the check above is refused too (ELOOP).
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+        except OSError as err:
+            raise RunDirError(f"{self.root} cannot be opened as a run folder ({err.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -26,6 +26,9 @@ KINDS = ("uniform", "loguniform", "randint", "choice", "grid")
 RANGES = ("uniform", "loguniform", "randint")
 _EXPR = re.compile(r"^\s*([a-z]+)\s*\((.*)\)\s*$", re.DOTALL)
 MAX_VALUES = 1000  # values of one choice/grid (a sweep larger than this is a typo)
+# Trials of one planned sweep: a grid is the product of its parameters, so 10 values in 6 grids
+# already plan a million trials (each checked up front, each a run folder): a typo, refused.
+MAX_TRIALS = 10_000
 
 
 class SweepError(ValueError):
@@ -166,8 +169,14 @@ def draw_trials(params: list[Param], samples: int, search: str, seed: int) -> li
     random: `samples` draws of every non-grid param, each crossed with every grid point (Ray
     Tune's rule); grid: every combination of the (choice or grid) values, `samples` times.
     """
+    finite = [Param(p.key, "grid", p.values) for p in params] if search == "grid" else params
+    count = samples * math.prod(len(p.values) for p in finite if p.kind == "grid")
+    if count > MAX_TRIALS:
+        raise SweepError(
+            f"the sweep plans {count} trials ({samples} samples x every grid combination); "
+            f"at most {MAX_TRIALS}: fewer values or samples"
+        )
     if search == "grid":
-        finite = [Param(p.key, "grid", p.values) for p in params]
         return [dict(point) for _ in range(samples) for point in grid_points(finite)]
     rng = np.random.default_rng(seed)
     trials = []

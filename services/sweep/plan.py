@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.config import RelayConfig, SweepConfig, build_config, config_leaves
+from contracts.config import RelayConfig, SweepConfig, build_config, config_leaves, is_code_value
 from contracts.metrics import METRICS
 from learner.actor import learner_resources
 from learner.device import DeviceError
@@ -113,6 +113,14 @@ def parse_params(exprs: dict[str, str]) -> list[Param]:
             raise SweepError(f"{param.key}: set by the sweep itself, not a parameter to sweep")
         if param.key not in leaves and not param.key.startswith("env.kwargs."):
             raise SweepError(f"{param.key}: no such config leaf (see relay validate --help-config)")
+        code = [v for v in param.values if is_code_value(param.key, v)]
+        if code:
+            # A sweep's values are data: sweep.yaml is read back by --resume, and a swept
+            # `module:factory` would run the code it names with nobody having typed it.
+            raise SweepError(
+                f"{param.key}: {code[0]} names code, which a sweep never draws; "
+                f"set it as {param.key} itself and sweep data leaves"
+            )
         params.append(param)
     if not params:
         raise SweepError("nothing to sweep: name a parameter with --param key=expression (or sweep.params)")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from contracts.config import RUN_NAME
 from services.driver.sinks import MAX_METRICS_BYTES
 from services.files import open_no_follow, read_regular
 
@@ -28,11 +29,34 @@ ENDED = ("done", "stopped early", "error")
 MAX_EXPLOITS_BYTES = 16 << 20
 
 
+EVENTS = ("planned", "started", "continues", "ended")
+
+
+def good_line(line: Any) -> bool:
+    """A trials.jsonl line as relay writes it: a trial named like a run folder (a name from the
+    file becomes a path, so never `..` or a separator), a known event, params a mapping of leaves,
+    a known status and a text reason."""
+    if not isinstance(line, dict):
+        return False
+    trial, params = line.get("trial"), line.get("params", {})
+    return (
+        isinstance(trial, str)
+        and RUN_NAME.match(trial) is not None
+        and line.get("event") in EVENTS
+        and isinstance(params, dict)
+        and all(isinstance(k, str) for k in params)
+        and line.get("status", "done") in ENDED
+        and isinstance(line.get("why", ""), str | None)
+    )
+
+
 class TrialLog:
-    """trials.jsonl: appended as trials start and end (never through a link)."""
+    """trials.jsonl: appended as trials start and end (never through a link). `skipped` counts the
+    lines the last `read` passed over (not what relay writes)."""
 
     def __init__(self, root: Path) -> None:
         self.path = root / TRIALS_FILE
+        self.skipped = 0
 
     def append(self, **line: Any) -> None:
         with os.fdopen(open_no_follow(self.path), "a", encoding="utf-8") as f:
@@ -41,17 +65,19 @@ class TrialLog:
     def read(self) -> dict[str, dict[str, Any]]:
         """{trial: its latest state} (lines that are not what relay writes are skipped)."""
         states: dict[str, dict[str, Any]] = {}
+        self.skipped = 0
         if not self.path.is_file():
             return states
         for raw in read_regular(self.path, MAX_METRICS_BYTES).splitlines():
             try:
                 line = json.loads(raw)
-                trial, event = line["trial"], line["event"]
-            except (ValueError, KeyError, TypeError):
+            except ValueError:
+                line = None
+            if not good_line(line):
+                self.skipped += bool(raw.strip())
                 continue
-            if isinstance(trial, str) and isinstance(event, str):
-                state = states.setdefault(trial, {})
-                state.update({k: v for k, v in line.items() if k in ("event", "params", "status", "why")})
+            state = states.setdefault(line["trial"], {})
+            state.update({k: v for k, v in line.items() if k in ("event", "params", "status", "why")})
         return states
 
 

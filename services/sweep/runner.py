@@ -41,7 +41,15 @@ from services.sweep.plan import (
     trial_cpus,
     trial_resources,
 )
-from services.sweep.records import BEST_FILE, ENDED, SUMMARY_FILE, SWEEP_FILE, TrialLog, summarize
+from services.sweep.records import (
+    BEST_FILE,
+    ENDED,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    TRIALS_FILE,
+    TrialLog,
+    summarize,
+)
 from services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
 from services.tracking import PARENT_TAG, SWEEP_TAG
 from services.tracking.mlflow_client import finish_parent, start_parent
@@ -261,6 +269,13 @@ def write_outcome(plan: SweepPlan, rows: list[dict[str, Any]]) -> Path | None:
     pick = max if plan.options.mode == "max" else min
     best = pick(scored, key=lambda r: r["best"])
     cfg = load_config(plan.root / best["trial"] / "config.yaml")
+    stored = set(code_settings(cfg)) - set(code_settings(trial_config(plan.base, {})))
+    if stored:
+        # The trial's config.yaml is data in the sweep's folder: a code setting the sweep did not
+        # run is never passed on as the config to train.
+        leaf, value = sorted(stored)[0]
+        _say(f"{best['trial']}/config.yaml names {leaf}={value}, which the sweep never ran; no {BEST_FILE}")
+        return None
     data = cfg.model_dump(mode="json")
     data["metrics"]["progress"] = plan.base["metrics"]["progress"]
     path = plan.root / BEST_FILE
@@ -308,6 +323,8 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
     warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
     log = TrialLog(plan.root)
     states = log.read()
+    if log.skipped:
+        _say(f"{TRIALS_FILE}: {log.skipped} lines skipped (not what relay writes)")
     specs = pending_trials(plan, states)
     base_cfg = trial_config(plan.base, {})
     concurrent = max_concurrent or plan.options.max_concurrent
@@ -393,6 +410,10 @@ def resume(root: Path, overrides: list[str], address: str | None, max_concurrent
     """`relay sweep --resume D`: the same plan (sweep.yaml, read as data), its unfinished trials.
     A setting that runs code (a `module:factory` env, a `module:fn` group mapping) is imported only
     when named on the command line too, with its stored value."""
+    if root.is_symlink():
+        raise SweepError(
+            f"{root} is a symbolic link; relay never writes through links (name the folder itself)"
+        )
     if not (root / SWEEP_FILE).is_file():
         raise SweepError(f"{root} is not a sweep folder (no {SWEEP_FILE})")
     cfg = load_config(root / SWEEP_FILE)

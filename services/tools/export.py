@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from contracts.config import config_data
 from contracts.segment import Fields
 from policy.actor_critic import fields_to_numpy, fields_to_torch
 from services.files import write_new
@@ -89,7 +90,7 @@ def onnx_bytes(handle: PolicyHandle, opset: int = 17) -> bytes:
     # from the graph (as data: nothing in them is ever executed or used to build an env).
     proto = onnx.load_from_string(buf.getvalue())
     props = {
-        RELAY_CONFIG_KEY: handle.config.model_dump_json(),
+        RELAY_CONFIG_KEY: json.dumps(config_data(handle.config)),
         RELAY_ENV_KEY: json.dumps(handle.env.to_dict()),
     }
     onnx.helper.set_model_props(proto, props)

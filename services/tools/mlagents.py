@@ -85,6 +85,16 @@ class ImportedMlp:
             normalize_obs=self.normalizer is not None,
             make_core=None if lstm is None else (lambda in_dim: LstmCore(in_dim, lstm[1].shape[1])),
         )
+        try:
+            self._copy_into(model, lstm)
+        except RuntimeError as err:  # torch's copy_ of a tensor of another shape
+            first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")[:160]
+            raise PolicyLoadError(f"{source}: layers whose shapes do not fit together ({first})") from None
+        env = EnvSpec((self.obs_dim,), self.action)
+        transform = mlagents_clip if self.action.kind == "continuous" and self.clipped else identity
+        return PolicyHandle(model.eval(), source, env, None, transform)
+
+    def _copy_into(self, model: Any, lstm: tuple[np.ndarray, ...] | None) -> None:
         linears = [m for m in model.pi_trunk.modules() if isinstance(m, torch.nn.Linear)]
         with torch.no_grad():
             for linear, (w, b) in zip(linears, self.layers, strict=True):
@@ -106,9 +116,6 @@ class ImportedMlp:
                 # relay keeps (var_sum, steps); the folded graph only has their ratio's root.
                 model.normalizer.var_sum.copy_(_tensor(std).double().square().float())
                 model.normalizer.steps.fill_(1.0)
-        env = EnvSpec((self.obs_dim,), self.action)
-        transform = mlagents_clip if self.action.kind == "continuous" and self.clipped else identity
-        return PolicyHandle(model.eval(), source, env, None, transform)
 
 
 def _tensor(value: Any) -> Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from contracts.config import RelayConfig
+from contracts.config import RelayConfig, redact_text
 from contracts.metrics import metric_lines as named_metrics
 
 # config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
@@ -98,8 +98,8 @@ class Tracker:
         self.client = client
         self.errors = 0
         self.min_interval_s = min_interval_s
-        self._sent_at = -math.inf  # time.monotonic() of the last line queued
-        self._held: dict[str, Any] | None = None  # the newest line not queued yet (thinned)
+        self._sent_at = -math.inf  # time.monotonic() of the last lines queued
+        self._held: list[dict[str, Any]] = []  # lines not queued yet: they go together
         self._warn = warn
         self._warned = False
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_LINES)
@@ -109,16 +109,21 @@ class Tracker:
         self._thread.start()
 
     def offer(self, record: dict[str, Any]) -> None:
-        """A metrics record: queued when `min_interval_s` has passed since the last one queued,
-        else held (the newest held one goes with the next, or at close). A line every iteration
-        of a fast run (CartPole: ~70 a second) would cost a tracking server, on the same machine,
-        a quarter of the training's throughput (benchmarks/sweeps.py)."""
+        """A metrics record: held, and every held line queued together once `min_interval_s` has
+        passed since the last lines queued (or at close), so they leave in one call. A call every
+        iteration of a fast run (CartPole: ~70 a second) would cost a tracking server, on the same
+        machine, a quarter of the training's throughput (benchmarks/sweeps.py); every line still
+        arrives, at env_steps of its own."""
+        self._held.append(metric_lines(record))
         now = time.monotonic()
-        if now - self._sent_at < self.min_interval_s:
-            self._held = record
-            return
-        self._sent_at, self._held = now, None
-        self.write(metric_lines(record))
+        if now - self._sent_at >= self.min_interval_s:
+            self._sent_at = now
+            self._flush_held()
+
+    def _flush_held(self) -> None:
+        held, self._held = self._held, []
+        for line in held:
+            self.write(line)
 
     def write(self, line: dict[str, Any]) -> None:
         try:
@@ -136,8 +141,8 @@ class Tracker:
         if not self._warned:
             self._warned = True
             self._warn(
-                f"relay: {self.name} tracking failed ({why}); training goes on, lines are kept and "
-                "retried (tracking_errors counts the failures)"
+                f"relay: {self.name} tracking failed ({redact_text(why)}); training goes on, lines are "
+                "kept and retried (tracking_errors counts the failures)"
             )
 
     def _attempt(self, call: Callable[[], None]) -> bool:
@@ -184,9 +189,7 @@ class Tracker:
         """Drain until `deadline` (time.monotonic), then send the files and the status; a tracker
         whose server never answered is not waited for (a local one is, until the deadline).
         Returns the lines that never reached it."""
-        if self._held is not None:  # the run's last line always goes
-            self.write(metric_lines(self._held))
-            self._held = None
+        self._flush_held()  # the run's last lines always go
         self._queue.put(None)
         if not self._ready.is_set() and self.client.local:
             # A short run can end before a local tracker started (W&B offline's init takes

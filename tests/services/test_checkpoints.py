@@ -180,3 +180,71 @@ def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
 @pytest.fixture(autouse=True)
 def _in_root(monkeypatch):
     monkeypatch.chdir(ROOT)
+
+
+def test_keep_one_beside_an_unreadable_newer_checkpoint_keeps_the_good_ones(tmp_path):
+    """A resume from ckpt 2 past an unreadable ckpt 5 with keep=1: pruning by name would delete
+    every new checkpoint and leave only the corrupt one. The newest good one is always kept, the
+    unreadable later one is never pruned, and reaching its iteration sets it aside, not over."""
+    save_checkpoint(tmp_path, 2, _state(2), keep=1)
+    corrupt = tmp_path / "ckpt-00000005.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    assert load_newest_valid(tmp_path)[0].name == "ckpt-00000002.pt"
+    for i in (3, 4):
+        save_checkpoint(tmp_path, i, _state(i), keep=1)
+        assert load_newest_valid(tmp_path)[1].counters.iteration == i
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000004.pt", "ckpt-00000005.pt"]
+    save_checkpoint(tmp_path, 5, _state(5), keep=1)
+    assert load_newest_valid(tmp_path)[1].counters.iteration == 5
+    assert (tmp_path / "ckpt-00000005.pt.superseded").read_bytes() == b"not a checkpoint"
+
+
+def test_a_file_larger_inside_than_outside_is_refused_before_loading(tmp_path):
+    """A few KB of deflated zeros declaring GBs (torch writes stored entries only), a legacy
+    pickle, a truncated zip: one line each, nothing allocated first."""
+    import zipfile
+
+    from contracts.checkpoint import CheckpointError
+    from services.driver.checkpoints import read_data
+
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.zeros(1000)}, good)
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bomb, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/data/0"):
+                data = bytes(64 << 20)  # 64 MB of zeros deflate to ~64 KB
+            bombed = info.filename.endswith("/data/0")
+            dst.writestr(info.filename, data, compress_type=zipfile.ZIP_DEFLATED if bombed else None)
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(CheckpointError, match="declares 67108864 bytes") as err:
+        read_data(bomb)
+    assert "\n" not in str(err.value)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"w": torch.zeros(3)}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(CheckpointError, match="not torch's zip format"):
+        read_data(legacy)
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:-200])
+    with pytest.raises(CheckpointError):
+        read_data(truncated)
+    assert read_data(good)["w"].shape == (1000,)
+
+
+def test_a_legacy_or_malformed_policy_file_is_one_line_exit_2(tmp_path, capsys):
+    """`relay verify` of a legacy pickle prints relay's line alone (no torch warnings before it); an
+    ML-Agents .pt with a layer of the wrong shape is exit 2 naming it, not torch's traceback."""
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"Policy": {"w": torch.zeros(3)}}, legacy, _use_new_zipfile_serialization=False)
+    assert main(["verify", str(legacy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not torch's zip format" in err[0], err
+    sd = torch.load(ROOT / "tests/services/data/mlagents/discrete_cartpole.pt", weights_only=True)
+    body = sorted(k for k in sd["Policy"] if k.endswith("seq_layers.0.weight"))[0]
+    sd["Policy"][body] = torch.zeros(7, 3)
+    bad = tmp_path / "bad_layer.pt"
+    torch.save(sd, bad)
+    assert main(["verify", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shapes do not fit together" in err[0], err

@@ -91,3 +91,32 @@ def test_shipped_configs_validate_and_round_trip(path):
 def test_required_configs_are_shipped():
     names = {p.name for p in CONFIGS}
     assert {"cartpole_ppo.yaml", "pendulum_ppo.yaml", "cartpole_grpo.yaml"} <= names
+
+
+def test_secrets_are_redacted_wherever_a_config_is_written():
+    """URI passwords in any string, and leaves named like secrets, are *** in what relay writes or
+    sends (config.yaml, checkpoints, exports, trackers); the live config keeps them."""
+    from contracts.config import config_data, dump_config, redact_text
+
+    cfg = load_config(
+        str(Path(__file__).parents[2] / "configs/cartpole_ppo.yaml"),
+        [
+            "metrics.mlflow.tracking_uri=https://alice:s3cr%40t@mlflow.example:5000/x",
+            "env.kwargs={api_key: abc123, max_new_tokens: 4, note: 'see http://bob:pw@h/ and ftp://h/'}",
+        ],
+    )
+    data = config_data(cfg)
+    assert data["metrics"]["mlflow"]["tracking_uri"] == "https://alice:***@mlflow.example:5000/x"
+    assert data["env"]["kwargs"] == {
+        "api_key": "***",
+        "max_new_tokens": 4,
+        "note": "see http://bob:***@h/ and ftp://h/",
+    }
+    text = dump_config(cfg)
+    assert "s3cr" not in text and "abc123" not in text and "bob:pw" not in text
+    assert cfg.metrics.mlflow.tracking_uri.startswith("https://alice:s3cr")  # in memory only
+    assert (
+        redact_text("failed: http://u:p@127.0.0.1:1/api (refused)")
+        == "failed: http://u:***@127.0.0.1:1/api (refused)"
+    )
+    assert redact_text("http://127.0.0.1:5000 a:b@c") == "http://127.0.0.1:5000 a:b@c"

@@ -280,3 +280,116 @@ def test_a_signal_asks_tune_to_stop_once_then_stops_at_once():
         assert signal.getsignal(signal.SIGINT) is interrupt  # handlers put back
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+# ---- a sweep folder is data (trust, third pass) -------------------------------------------------
+def _planted_sweep(folder: Path, params: str, env_extra: str = "") -> None:
+    folder.mkdir()
+    (folder / "sweep.yaml").write_text(
+        f"env:\n  id: CartPole-v1\n{env_extra}sweep:\n  params:\n{params}metrics:\n  progress: none\n"
+    )
+
+
+def test_a_stored_sweep_cannot_sweep_code_into_a_resume(capsys, tmp_path):
+    """A sweep.yaml drawing env.id from `subprocess:run` (its kwargs a shell command) is refused on
+    --resume before any trial is planned or built: the command never runs."""
+    marker = tmp_path / "ran"
+    folder = tmp_path / "sw"
+    _planted_sweep(
+        folder,
+        "    env.id: choice(subprocess:run, CartPole-v1)\n",
+        f"  kwargs:\n    args: touch {marker}\n    shell: true\n",
+    )
+    _refused(capsys, ["sweep", "--resume", str(folder)], "names code, which a sweep never draws")
+    assert not marker.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["sweep.yaml"]
+    # ... and the command line cannot start one either (it would be stored, then resumed)
+    _refused(
+        capsys,
+        ["sweep", CARTPOLE, "--dir", str(tmp_path / "new"), "--param", "env.id=grid(CartPole-v1, os:system)"],
+        "os:system names code",
+    )
+    assert not (tmp_path / "new").exists() and not marker.exists()
+
+
+def test_trial_names_from_the_log_never_leave_the_sweep_folder(tmp_path):
+    """trials.jsonl is data: a trial named `../outside`, or lines of the wrong types, are skipped
+    and counted; the table and best.yaml read only the sweep's own trials."""
+    plan = _plan(tmp_path, ["sweep.params={learner.lr: 'choice(0.001, 0.002)'}", "sweep.samples=2"])
+    plan.root.mkdir()
+    outside = tmp_path / "outside"
+    _fake_trial(tmp_path, "outside", [900.0], 0.002)  # a better "trial" outside the folder
+    _fake_trial(plan.root, "t000", [10.0], 0.001)
+    log = TrialLog(plan.root)
+    log.append(trial="t000", event="started", params={"learner.lr": 0.001})
+    bad = [
+        {"trial": "../outside", "event": "started", "params": {"learner.lr": 0.002}},
+        {"trial": "/etc", "event": "started", "params": {}},
+        {"trial": "t001", "event": "started", "params": 5},
+        {"trial": "t001", "event": "ended", "status": ["done"]},
+        {"trial": "t001", "event": "exploded"},
+        {"trial": 7, "event": "started"},
+    ]
+    with (plan.root / TRIALS_FILE).open("a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in bad))
+    states = log.read()
+    assert set(states) == {"t000"} and log.skipped == len(bad)
+    rows = summarize(plan.root, "episode_return_mean", "max")
+    assert [r["trial"] for r in rows] == ["t000"]
+    best = write_outcome(plan, rows)
+    assert load_config(best).learner.lr == 0.001
+    assert (outside / "config.yaml").exists()  # read by nobody
+
+
+def test_best_yaml_never_carries_code_the_sweep_did_not_run(tmp_path, capsys):
+    plan = _plan(tmp_path, ["sweep.params={learner.lr: 'choice(0.001, 0.002)'}", "sweep.samples=2"])
+    plan.root.mkdir()
+    _fake_trial(plan.root, "t000", [10.0], 0.001)
+    planted = load_config(CARTPOLE).model_dump(mode="json")
+    planted["env"]["id"] = "subprocess:run"
+    (plan.root / "t000" / "config.yaml").write_text(json.dumps(planted))
+    TrialLog(plan.root).append(trial="t000", event="started", params={"learner.lr": 0.001})
+    rows = summarize(plan.root, "episode_return_mean", "max")
+    assert write_outcome(plan, rows) is None
+    assert not (plan.root / BEST_FILE).exists()
+    assert "env.id=subprocess:run, which the sweep never ran" in capsys.readouterr().err
+
+
+def test_a_grid_is_bounded_by_its_product(tmp_path):
+    grids = {
+        f"learner.{k}": "grid(" + ", ".join(str(v) for v in vals) + ")"
+        for k, vals in [
+            ("lr", [1e-4 * (i + 1) for i in range(10)]),
+            ("gamma", [0.9 + 0.009 * i for i in range(10)]),
+            ("gae_lambda", [0.9 + 0.009 * i for i in range(10)]),
+            ("clip_ratio", [0.1 + 0.01 * i for i in range(10)]),
+            ("entropy_coef", [0.001 * i for i in range(10)]),
+            ("value_coef", [0.1 * (i + 1) for i in range(10)]),
+        ]
+    }
+    params = [parse_param(k, v) for k, v in grids.items()]
+    with pytest.raises(SweepError, match="plans 1000000 trials"):
+        draw_trials(params, 1, "grid", 0)
+    with pytest.raises(SweepError, match="plans 20000 trials"):
+        draw_trials(params[:4], 2, "random", 0)
+    assert len(draw_trials(params[:2], 3, "grid", 0)) == 300
+
+
+def test_a_linked_sweep_or_trial_folder_is_refused(capsys, tmp_path):
+    """A sweep folder, or a trial's run folder, that is a symbolic link is never written through."""
+    from services.driver.run_dir import RunDir, RunDirError
+
+    real = tmp_path / "real"
+    _planted_sweep(real, "    learner.lr: choice(0.001)\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    _refused(capsys, ["sweep", "--resume", str(link)], "is a symbolic link")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "config.yaml").write_text("keep")
+    (tmp_path / "trial").symlink_to(victim)
+    with pytest.raises(RunDirError, match="symbolic link"):
+        RunDir(tmp_path / "trial").lock()
+    with pytest.raises(RunDirError, match="symbolic link"):
+        RunDir.check_new(tmp_path / "trial")
+    assert sorted(p.name for p in victim.iterdir()) == ["config.yaml"]

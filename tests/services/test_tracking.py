@@ -22,18 +22,24 @@ from tests.wandb_records import read_wandb_run
 def test_a_run_is_tracked_in_mlflow(mlflow_server, tmp_path):
     from mlflow import MlflowClient
 
+    """Every line arrives at the default interval (batched, not thinned), and a password in the
+    tracking URI reaches no file and no MLflow param."""
     run = tmp_path / "run"
-    sets = [f"metrics.mlflow.tracking_uri={mlflow_server}", "metrics.mlflow.experiment=relay-test"]
-    sets.append("metrics.mlflow.min_interval_s=0")  # every line (the default thins to one a second)
+    with_password = mlflow_server.replace("http://", "http://alice:hunter2@")
+    sets = [f"metrics.mlflow.tracking_uri={with_password}", "metrics.mlflow.experiment=relay-test"]
     assert (
         train_local("cartpole_ppo.yaml", run, "stop.env_steps=2048", "checkpoint.keep_best=false", *sets) == 0
     )
+    written = [p for p in run.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if b"hunter2" in p.read_bytes()]
+    assert "alice:***@" in (run / "config.yaml").read_text()
     client = MlflowClient(mlflow_server)
     found = client.search_runs([client.get_experiment_by_name("relay-test").experiment_id])
     assert len(found) == 1
     tracked = found[0]
     assert tracked.info.status == "FINISHED" and tracked.info.run_name == "run"
     assert tracked.data.params["learner.lr"] == "0.002" and tracked.data.params["env.id"] == "CartPole-v1"
+    assert not [v for v in tracked.data.params.values() if "hunter2" in v]
     lines = metrics_lines(run)
     history = client.get_metric_history(tracked.info.run_id, "episode_return_mean")
     assert [m.step for m in history] == [
@@ -150,6 +156,7 @@ class Recording:
 
     def __init__(self, local: bool = True, start_s: float = 0.0) -> None:
         self.lines: list[dict] = []
+        self.calls = 0
         self.status = None
         self.local, self.start_s = local, start_s
 
@@ -158,13 +165,16 @@ class Recording:
 
     def log(self, lines: list[dict]) -> None:
         self.lines += lines
+        self.calls += 1
 
     def log_files(self, files) -> None: ...
     def finish(self, status: str) -> None:
         self.status = status
 
 
-def test_lines_are_thinned_to_the_interval_and_the_last_always_goes():
+def test_lines_are_batched_to_the_interval_and_every_one_arrives():
+    """min_interval_s sets how often a call goes, not which lines: 100 lines inside one interval
+    arrive in two calls (the first line, then the held 99 at close), every one at its env steps."""
     from services.tracking import Tracker
 
     client = Recording()
@@ -172,7 +182,9 @@ def test_lines_are_thinned_to_the_interval_and_the_last_always_goes():
     for i in range(1, 101):
         tracker.offer({"iteration": i, "env_steps": 10 * i, "episode_return_mean": float(i)})
     assert tracker.close("FINISHED", [], time.monotonic() + 30) == 0
-    assert [x["iteration"] for x in client.lines] == [1, 100] and client.status == "FINISHED"
+    assert [x["iteration"] for x in client.lines] == list(range(1, 101)) and client.status == "FINISHED"
+    assert [x["env_steps"] for x in client.lines] == [10 * i for i in range(1, 101)]
+    assert client.calls <= 3
     every = Recording()
     tracker = Tracker("recording", every, warn=print, min_interval_s=0)
     for i in range(1, 101):
