@@ -87,17 +87,29 @@ def policy_stats(
     }
 
 
-def group_relative_advantages(rewards: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+def group_relative_advantages(
+    rewards: Tensor, eps: float = 1e-6, valid: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """GRPO advantages (r - mean_g) / (std_g + eps) for rewards [num_groups, group_size].
 
-    Groups whose rewards are all equal carry no signal and get advantage exactly 0 (eps alone
-    would turn float noise into huge advantages). Returns (advantages, std) with std [num_groups].
+    `valid` [num_groups, group_size] bool: the members whose reward counts (a faulted member's does
+    not); the mean and std are over those, and the others get advantage 0. Groups whose valid
+    rewards are all equal, or with fewer than two, carry no signal and get advantage exactly 0
+    (eps alone would turn float noise into huge advantages). Returns (advantages, std) with std
+    [num_groups].
     """
-    mean = rewards.mean(dim=-1, keepdim=True)
-    std = rewards.std(dim=-1, unbiased=False, keepdim=True)
+    if valid is None:
+        mean = rewards.mean(dim=-1, keepdim=True)
+        std = rewards.std(dim=-1, unbiased=False, keepdim=True)
+        adv = (rewards - mean) / (std + eps)
+        return torch.where(std > 0, adv, torch.zeros_like(adv)), std.squeeze(-1)
+    w = valid.to(rewards.dtype)
+    count = w.sum(dim=-1, keepdim=True)
+    mean = (rewards * w).sum(dim=-1, keepdim=True) / count.clamp(min=1)
+    std = (((rewards - mean) ** 2 * w).sum(dim=-1, keepdim=True) / count.clamp(min=1)).sqrt()
+    std = torch.where(count >= 2, std, torch.zeros_like(std))
     adv = (rewards - mean) / (std + eps)
-    adv = torch.where(std > 0, adv, torch.zeros_like(adv))
-    return adv, std.squeeze(-1)
+    return torch.where((std > 0) & valid, adv, torch.zeros_like(adv)), std.squeeze(-1)
 
 
 def kl_to_reference(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:

@@ -18,6 +18,40 @@ from contracts.segment import ENV_FAULT_KINDS, Fields
 from rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
+# info key (bool [N] once vectorized) of the copies that raised this step and were rebuilt.
+RAISED_KEY = "relay_env_raised"
+
+
+class RebuildOnRaise(gym.Wrapper):
+    """One copy of a vector env that rebuilds itself when its step raises. The step comes back as
+    the rebuilt env's first observation, reward 0, flagged in info[RAISED_KEY]: a crashed copy
+    costs its own episode, never its neighbours' (a vector env that raised would lose all N).
+    `env`: a copy already built (`make` builds the next)."""
+
+    def __init__(self, make: Callable[[], gym.Env], env: gym.Env | None = None) -> None:
+        super().__init__(env if env is not None else make())
+        self._make = make
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        try:
+            return self.env.step(action)
+        except Exception as err:  # any env failure is handled the same way
+            log.warning("env raised %s: %s; rebuilding that copy", type(err).__name__, err)
+            with contextlib.suppress(Exception):  # a broken env may fail to close too
+                self.env.close()
+            self.env = self._make()
+            obs, info = self.env.reset()
+            return obs, 0.0, False, False, {**info, RAISED_KEY: True}
+
+
+def raised_copies(info: dict[str, Any], n: int) -> np.ndarray | None:
+    """bool [N] of the copies that raised and were rebuilt this step, or None (none did)."""
+    if RAISED_KEY not in info:
+        return None
+    flags = np.asarray(info[RAISED_KEY], dtype=bool).reshape(-1)
+    present = np.asarray(info.get(f"_{RAISED_KEY}", np.ones(n, dtype=bool)), dtype=bool).reshape(-1)
+    raised = flags & present
+    return raised if raised.any() else None
 
 
 @dataclass
@@ -111,11 +145,16 @@ class GuardedVectorEnv(FaultGuard):
         assert self.reader is not None, "read_with first"
         fields = self.reader.read(obs, info)
         good_obs = finite_rows(fields)
-        if good_obs is None and np.isfinite(reward).all():
+        raised = raised_copies(info, len(reward))
+        if good_obs is None and raised is None and np.isfinite(reward).all():
             return Step(fields, reward, terminated, truncated, info)
         good_reward = np.isfinite(reward)
         if good_obs is None:
             good_obs = np.ones(len(reward), dtype=bool)
         ok = good_obs & good_reward
-        self._count_nonfinite(good_obs, good_reward, int((~ok).sum()))
+        if not ok.all():
+            self._count_nonfinite(good_obs, good_reward, int((~ok).sum()))
+        if raised is not None:  # those copies were rebuilt: their step is no step of an episode
+            self._count("raised", int(raised.sum()))
+            ok &= ~raised
         return Step(fields, np.where(ok, reward, 0.0), terminated & ok, truncated & ok, info, ok)

@@ -2,10 +2,11 @@
 "prompt"); every member plays one episode per segment and waits as padding (mask 0) once done, so
 shapes never change; `outcome` [N] holds each member's episodic return.
 
-Faults are handled by the same guard as the continuing layout. A group-relative advantage needs
-every member's outcome, so a group with a faulted member carries no signal: all its steps in the
-segment are masked and its episodes are not reported. An env that raised is rebuilt, which loses
-every member's episode: the rest of that segment is padding.
+Faults are handled by the same guard as the continuing layout, and cost only the member they hit:
+a member whose step was not finite, or whose copy raised (and was rebuilt alone), has every step of
+its episode masked and its episode not reported; its group's advantages are taken over the members
+left (learner/losses.py `group_relative_advantages`' `valid`). Only a backend whose whole vector env
+raised (EnvPool) loses every member's episode: the rest of that segment is padding.
 """
 
 from __future__ import annotations
@@ -60,10 +61,9 @@ class GroupedSampler(SamplerCore):
             ret += step.reward * active
             length += active
             done = step.terminated | step.truncated
-            if step.ok is not None:
-                bad = ~step.ok
-                dropped |= np.repeat(bad.reshape(-1, G).any(axis=1), G)
-                done = done | bad
+            if step.ok is not None:  # a faulted member loses its own episode, not its group's
+                dropped |= ~step.ok & active
+                done = done | ~step.ok
             active &= ~done & ~dropped
             self._carry_state(seg, t)
             obs = step.obs
@@ -81,7 +81,7 @@ class GroupedSampler(SamplerCore):
 
     @staticmethod
     def _drop(seg: Segment, members: np.ndarray, ret: np.ndarray) -> None:
-        """Mask every step of `members` [N] bool: their group's outcomes are not comparable."""
+        """Mask every step of `members` [N] bool: their outcomes are not an episode's return."""
         for name in ("mask", "rewards", "terminated", "truncated"):
             seg[name][:, members] = 0.0
         ret[members] = 0.0

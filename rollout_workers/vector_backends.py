@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 
 from contracts.config import EnvConfig, MultiAgentConfig, RelayConfig
 from rollout_workers import envpool_backend
+from rollout_workers.env_guard import RebuildOnRaise
 from rollout_workers.envs import make_env_fn, multi_agent_problem
 from rollout_workers.multi_agent import MultiAgentError, api_of, make_multi_agent
 from rollout_workers.multi_agent.turns import Opponents
@@ -46,15 +48,15 @@ def make_sync(
 ) -> gym.vector.VectorEnv:
     """All envs in this process, stepped in turn: for cheap envs (IPC would cost more than physics).
     `first`: an env already built, which becomes env 0."""
-    fns = [make_env_fn(ec) for _ in range(num_envs)]
+    fns = [partial(RebuildOnRaise, make_env_fn(ec)) for _ in range(num_envs)]
     if first is not None:
-        fns[0] = lambda: first
+        fns[0] = partial(RebuildOnRaise, make_env_fn(ec), first)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=_mode(autoreset), copy=False)
 
 
 def make_async(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.VectorEnv:
     """A process per env (spawned): for costly envs."""
-    fns = [make_env_fn(ec) for _ in range(num_envs)]
+    fns = [partial(RebuildOnRaise, make_env_fn(ec)) for _ in range(num_envs)]
     return gym.vector.AsyncVectorEnv(fns, autoreset_mode=_mode(autoreset), context="spawn", copy=False)
 
 

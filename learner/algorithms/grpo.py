@@ -42,8 +42,10 @@ class GRPO(Algorithm):
         """Group-relative advantages from each member's outcome, given to every valid step of it."""
         lc = self.cfg
         outcome = data["outcome"].view(-1, lc.group_size)  # [groups, G]; groups never span segments
-        adv, std = losses.group_relative_advantages(outcome, lc.group_eps)
         mask = data["mask"]
+        # A member with no valid step was dropped by a fault: its outcome is no episode's return.
+        valid = (mask.sum(dim=0) > 0).view(-1, lc.group_size)
+        adv, std = losses.group_relative_advantages(outcome, lc.group_eps, valid)
         inputs = policy_inputs(data)
         batch = {
             **inputs,
@@ -57,7 +59,7 @@ class GRPO(Algorithm):
         stats = {
             "group_reward_std": float(std.mean()),
             "zero_std_group_fraction": float((std == 0).float().mean()),
-            "group_reward_mean": float(outcome.mean()),
+            "group_reward_mean": float((outcome * valid).sum() / valid.sum().clamp(min=1)),
         }
         return batch, stats
 

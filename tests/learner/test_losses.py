@@ -86,3 +86,20 @@ def test_explained_variance():
     assert math.isclose(
         losses.explained_variance(torch.full((4,), 2.5), target, ONES).item(), 0.0, abs_tol=1e-6
     )
+
+
+def test_group_relative_advantages_over_the_valid_members_only():
+    """By hand: group [1, 3, 100(faulted)] is [1, 3] alone: mean 2, std 1, advantages -1, +1, 0; a
+    group left with one valid member carries no signal; all valid equals the unmasked form."""
+    rewards = torch.tensor([[1.0, 3.0, 100.0], [5.0, 7.0, 9.0], [4.0, 0.0, 0.0]])
+    valid = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    adv, std = losses.group_relative_advantages(rewards, eps=0.0, valid=valid)
+    torch.testing.assert_close(adv[0], torch.tensor([-1.0, 1.0, 0.0]))
+    torch.testing.assert_close(std, torch.tensor([1.0, (8 / 3) ** 0.5, 0.0]))
+    assert (adv[2] == 0).all()
+    plain, plain_std = losses.group_relative_advantages(rewards[:2], eps=1e-6)
+    masked, masked_std = losses.group_relative_advantages(
+        rewards[:2], 1e-6, torch.ones(2, 3, dtype=torch.bool)
+    )
+    torch.testing.assert_close(masked, plain)
+    torch.testing.assert_close(masked_std, plain_std)

@@ -3,6 +3,7 @@ goes on, and every fault is counted by kind. Both layouts (continuing for PPO, g
 go through the same guard."""
 
 import numpy as np
+import pytest
 
 from contracts.config import build_config
 from learner.algorithms import algorithm_traits
@@ -63,11 +64,26 @@ def test_env_that_raises_is_rebuilt_and_sampling_continues():
     s = _sampler("{raise_at: [7]}")  # each new env instance raises on its 7th step
     seg = s.sample()
     lost = np.flatnonzero(seg["mask"].sum(axis=1) == 0)
-    assert lost.tolist() == [6, 13]  # the rebuilt env carried on in the same segment, then failed again
+    assert lost.tolist() == [6, 13]  # the rebuilt copies carried on in the same segment, then failed again
     assert seg["mask"].sum() == 3 * 18
     assert seg["truncated"][5].all() and seg["truncated"][12].all()
-    assert seg.env_faults == {"raised": 2, "nonfinite_obs": 0, "nonfinite_reward": 0}
+    assert seg.env_faults == {"raised": 6, "nonfinite_obs": 0, "nonfinite_reward": 0}  # 3 copies, twice
     assert s.sample().env_steps > 0
+
+
+def test_a_copy_that_raises_costs_only_its_own_step():
+    """One copy of three raises: it alone is rebuilt and loses that step; its neighbours' episodes
+    go on untouched (the vector env used to be rebuilt whole, losing all three)."""
+    from tests.rollout_workers.faulty_envs import FaultyCartPole
+
+    FaultyCartPole.created = 0  # instance 0 (copy 0) faults; its rebuilt copy (instance 3) does not
+    s = _sampler("{raise_at: [7], every: 1000}")
+    bad = 0
+    seg = s.sample()
+    assert seg.env_faults["raised"] == 1
+    others = [i for i in range(3) if i != bad]
+    assert seg["mask"][:, others].all() and seg["mask"][6, bad] == 0 and seg["mask"][:, bad].sum() == 19
+    assert seg["truncated"][5, bad] == 1 and not seg["truncated"][5, others].any()
 
 
 GRPO = (
@@ -83,30 +99,51 @@ def test_grpo_env_that_raises_is_rebuilt_and_the_run_goes_on():
     """The grouped layout used to end the run on the first env that raised (exit 1)."""
     s = _sampler("{raise_at: [3]}", *GRPO)
     seg = s.sample()
-    assert seg.env_faults["raised"] == 1
+    assert seg.env_faults["raised"] == 4  # every copy, each rebuilt alone
     assert seg["mask"].sum() == 0 and seg.episode_returns == []  # no member's episode survives
     SegmentRingBuffer(s.layout, 1).add(seg)
-    again = s.sample()  # the rebuilt env plays the next segment
-    assert again.env_faults["raised"] == 1 and again["mask"].sum() == 0  # fails at its 3rd step again
+    again = s.sample()  # the rebuilt copies play the next segment
+    assert again.env_faults["raised"] == 4 and again["mask"].sum() == 0  # fail at their 3rd step again
 
 
-def test_grpo_group_with_a_non_finite_member_is_dropped_whole():
-    """Group-relative advantages need every member's outcome: a faulted member's group is masked,
-    the other group trains as usual."""
+@pytest.mark.parametrize("fault", ["nan_obs_at", "raise_at"])
+def test_grpo_a_faulted_member_loses_its_own_episode_not_its_groups(fault):
+    """A member whose step was not finite, or whose copy raised, is masked alone: its group-mates
+    and the other group keep their episodes (the whole group used to be dropped, and a raise
+    dropped every group), and the learner's group statistics skip it."""
+    import torch
+
+    from learner.losses import group_relative_advantages
     from tests.rollout_workers.faulty_envs import FaultyCartPole
 
-    first = FaultyCartPole.created
-    s = _sampler("{nan_obs_at: [2], every: 4}", *GRPO)
-    bad = (-first) % 4  # the one env of the four that faults
+    FaultyCartPole.created = 0  # instance 0 (member 0) faults; its rebuilt copy does not
+    s = _sampler(f"{{{fault}: [2], every: 1000}}", *GRPO)
+    bad = 0
     seg = s.sample()
-    assert seg.env_faults["nonfinite_obs"] == 1
-    dropped = [bad - bad % 2, bad - bad % 2 + 1]  # its group of two
-    kept = [i for i in range(4) if i not in dropped]
-    assert seg["mask"][:, dropped].sum() == 0 and np.all(seg["outcome"][dropped] == 0)
-    assert seg["mask"][:, kept].sum() > 0
+    assert sum(seg.env_faults.values()) == 1
+    kept = [i for i in range(4) if i != bad]
+    assert seg["mask"][:, bad].sum() == 0 and seg["outcome"][bad] == 0
+    assert (seg["mask"][:, kept].sum(axis=0) > 0).all()
     np.testing.assert_array_equal(seg["outcome"][kept], seg["mask"][:, kept].sum(axis=0))
-    assert len(seg.episode_returns) == 2
+    assert len(seg.episode_returns) == 3
     SegmentRingBuffer(s.layout, 1).add(seg)
+    valid = torch.from_numpy(seg["mask"].sum(axis=0) > 0).view(-1, 2)
+    adv, _ = group_relative_advantages(torch.from_numpy(seg["outcome"]).view(-1, 2), valid=valid)
+    assert adv.view(-1)[bad] == 0 and adv.view(-1)[bad ^ 1] == 0  # a group of one carries no signal
+
+
+def test_a_grpo_run_on_an_env_that_faults_now_and_then_finishes_its_budget(tmp_path):
+    """The regression: a fraction of a percent of steps raise, return NaN or an inf reward; once
+    episodes reach ~90 steps nearly every segment held a fault, each dropped its group (a raise
+    every group), and the run stopped with NoProgressError. Now it trains to its budget."""
+    from tests.helpers import train_local
+
+    run = tmp_path / "grpo"
+    kwargs = "{raise_at: [90, 250], nan_obs_at: [60, 170], inf_reward_at: [120, 300], every: 3}"
+    sets = (f"env.id={FAULTY}", f"env.kwargs={kwargs}", "stop.env_steps=12000")
+    assert train_local("cartpole_grpo.yaml", run, *sets) == 0
+    last = _last_line(run)
+    assert last["env_steps"] >= 12000 and last["env_faults"] > 0
 
 
 def _last_line(run):
