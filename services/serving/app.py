@@ -144,6 +144,10 @@ class PolicyDeployment:
             )
         except BadRequest as err:
             return _json(err.status, {"error": str(err)})
+        except Exception as err:  # a failure of the replica, said as such: never a bare 500
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            log.warning("request failed: %s", why)
+            return _json(503, {"error": f"the replica could not answer ({why})"})
 
 
 @serve.deployment(name="relay-sessions", num_replicas=1, ray_actor_options={"num_cpus": 0})

@@ -300,6 +300,9 @@ class PolicyService:
 
     def _load(self, path: Path) -> Served:
         handle = load_policy(path, policy=self.policy)
+        bad = handle.nonfinite_weights()
+        if bad:  # it would answer every request with NaN (or fail on it): refused as export does
+            raise PolicyLoadError(f"{path.name}: the weights are not finite ({bad}); nothing served")
         version = 0
         if handle.config is not None and path.suffix == ".pt":  # a relay checkpoint
             learner = load_checkpoint(path).learner
@@ -357,7 +360,21 @@ class PolicyService:
             answers.update(refused)
             if not ready:
                 continue
-            for (r, status), actions in zip(ready, self._forward(served, ready), strict=True):
+            try:
+                outputs = self._forward(served, ready)
+            except Exception as err:  # the policy itself failed: said per request, never a bare 500
+                why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+                answers.update(
+                    {id(r): {"error": f"the policy could not run ({why})", "_status": 503} for r, _ in ready}
+                )
+                continue
+            for (r, status), actions in zip(ready, outputs, strict=True):
+                if not np.isfinite(actions).all():
+                    answers[id(r)] = {
+                        "error": "the policy's actions for these observations are not finite",
+                        "_status": 422,
+                    }
+                    continue
                 answers[id(r)] = {
                     "actions": actions.tolist(),
                     "weights_version": served.version,

@@ -6,8 +6,10 @@ starts over when the client says `"reset": true`. Nothing restarts silently: eve
 what the state was (`new`, `carried`, `reset`, `expired`, or `weights changed` when `--follow`
 swapped in another checkpoint since the session's last call, whose state meant something to the
 old weights only). A replica that restarted has no sessions: its answers say `new` to a client
-that expected `carried`. Idle sessions expire after `idle_s`; past `capacity` live sessions a new
-one is refused (503) rather than evicting a client mid-episode.
+that expected `carried`. Idle sessions expire after `idle_s`; past `capacity` live sessions, or
+past `max_bytes` of state (a session of 4,096 rows of a wide core holds megabytes: a count alone
+let 1,000 of them take a replica from 0.5 to 4.3 GB), a new one is refused (503, saying which)
+rather than evicting a client mid-episode.
 
 One replica keeps its sessions in a `SessionStore` of its own. Several replicas share one, held by
 a Serve deployment of its own (`services/serving/app.py`), so a client's calls may land on any
@@ -59,9 +61,10 @@ class _Session:
 class SessionStore:
     """session id -> the state its last call left, for `capacity` live sessions idle < `idle_s`."""
 
-    def __init__(self, idle_s: float = 600.0, capacity: int = 10_000) -> None:
-        self.idle_s, self.capacity = idle_s, capacity
+    def __init__(self, idle_s: float = 600.0, capacity: int = 10_000, max_bytes: int = 512 << 20) -> None:
+        self.idle_s, self.capacity, self.max_bytes = idle_s, capacity, max_bytes
         self._sessions: dict[str, _Session] = {}
+        self.bytes = 0  # the states' bytes held now
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -73,7 +76,7 @@ class SessionStore:
         now = time.monotonic()
         found = self._sessions.get(session)
         if found is not None and now - found.used > self.idle_s:
-            self._sessions.pop(session)
+            self._drop(session)
             status = "expired"
         elif found is None:
             status = "new"
@@ -92,10 +95,24 @@ class SessionStore:
             self._expire(now)
             if len(self._sessions) >= self.capacity:
                 raise SessionsFull(f"{self.capacity} sessions are live; try again once one idles out")
+            need = rows * width * np.dtype(np.float32).itemsize
+            if self.bytes + need > self.max_bytes:
+                raise SessionsFull(
+                    f"live sessions hold {self.bytes / 2**20:.1f} MiB of state and this one needs "
+                    f"{need / 2**20:.1f} MiB more, over the {self.max_bytes / 2**20:.0f} MiB the replica "
+                    "keeps; try again once one idles out"
+                )
         return np.zeros((rows, width), dtype=np.float32), status
 
     def keep(self, session: str, state: np.ndarray, version: str) -> None:
+        self._drop(session)
         self._sessions[session] = _Session(state, version, time.monotonic())
+        self.bytes += state.nbytes
+
+    def _drop(self, session: str) -> None:
+        found = self._sessions.pop(session, None)
+        if found is not None:
+            self.bytes -= found.state.nbytes
 
     def start_many(self, calls: list[Start]) -> list[Started]:
         """`start` for each call, in order: a refused one is (None, why, 400 or 503)."""
@@ -115,4 +132,4 @@ class SessionStore:
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self._sessions.items() if now - s.used > self.idle_s]:
-            del self._sessions[key]
+            self._drop(key)

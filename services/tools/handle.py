@@ -49,6 +49,15 @@ class PolicyHandle:
     def obs_dim(self) -> int:
         return self.env.obs_dim
 
+    def nonfinite_weights(self) -> str | None:
+        """Where the model's weights are NaN or inf ("'pi_head.weight': 3 of 130 values"), or None."""
+        for name, tensor in self.model.state_dict().items():
+            if tensor.is_floating_point():
+                bad = int((~torch.isfinite(tensor)).sum())
+                if bad:
+                    return f"{name!r}: {bad} of {tensor.numel()} values are NaN or inf"
+        return None
+
     @property
     def obs_shape(self) -> tuple[int, ...]:
         return self.env.obs_shape

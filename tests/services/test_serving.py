@@ -256,6 +256,7 @@ def _busy_port():
         (["{ckpt}", "--port", "70000"], "not a port number"),
         (["{ckpt}", "--address", "127.0.0.1:1"], "cannot reach"),
         (["{notapolicy}"], "not a relay checkpoint"),
+        (["{nan}"], "the weights are not finite ('pi_head.weight'"),
     ],
 )
 def test_relay_serve_bad_input(args, says, cartpole_run, tmp_path, capsys):
@@ -265,12 +266,16 @@ def test_relay_serve_bad_input(args, says, cartpole_run, tmp_path, capsys):
     (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
     (tmp_path / "junk.pt").write_bytes(b"\x00" * 64)
     torch.save({"weights": [1, 2]}, tmp_path / "notapolicy.pt")
+    spoiled = torch.load(_newest(cartpole_run), weights_only=True)
+    spoiled["learner"]["model"]["pi_head.weight"][0, 0] = float("nan")
+    torch.save(spoiled, tmp_path / "nan.pt")
     values = {
         "run": str(cartpole_run),
         "ckpt": _newest(cartpole_run),
         "empty": str(tmp_path / "empty"),
         "busy": str(busy.getsockname()[1]),
         "notapolicy": str(tmp_path / "notapolicy.pt"),
+        "nan": str(tmp_path / "nan.pt"),
     }
     argv = ["serve", *(a.format(**values) for a in args)]
     try:
@@ -293,3 +298,23 @@ def test_follow_passes_over_a_torn_newest_checkpoint(cartpole_run, tmp_path):
     service = PolicyService(str(run), follow=True)
     assert service.served.source == good.name
     assert service.metadata()["fingerprint"] == service.served.fingerprint
+
+
+def test_a_request_the_policy_cannot_answer_is_never_a_500(pendulum_ckpt, monkeypatch):
+    """A runtime whose actions come out non-finite answers 422 for that request, one that raises a
+    503 naming why; neither is a bare 500. (The runtime is replaced: finite weights, refused at load
+    otherwise, give finite actions for any finite observation a request may carry.)"""
+    service = PolicyService(str(pendulum_ckpt))
+    request = parse_act(json.dumps({"obs": [[1.0, 0.0, 0.1]]}).encode(), service.handle)
+    assert "actions" in service.act([request])[0]
+    runtime = service.served.runtime
+    monkeypatch.setattr(runtime, "act", lambda obs, det, noise: (np.full((1, 1), np.nan, np.float32), None))
+    (answer,) = service.act([request])
+    assert answer["_status"] == 422 and "not finite" in answer["error"]
+
+    def broken(*_args):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(runtime, "act", broken)
+    (answer,) = service.act([request])
+    assert answer["_status"] == 503 and "RuntimeError: device lost" in answer["error"]

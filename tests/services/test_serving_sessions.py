@@ -98,6 +98,27 @@ def test_a_session_of_other_rows_is_refused_and_a_full_store_says_so(novel_run):
     assert _ask(service, obs=OBS[0], session="a")["state"] == "carried"  # the live one is kept
 
 
+def test_the_session_store_is_bounded_by_bytes():
+    """A count cap alone let 1,000 sessions of 4,096 rows take GBs: the store counts the bytes of
+    the states it keeps, refuses a new session past `max_bytes` with a 503 saying so, keeps the
+    live ones, and frees the bytes of a session that expires."""
+    from services.serving.sessions import SessionStore
+
+    store = SessionStore(idle_s=600.0, max_bytes=3 * 4096 * 64 * 4)
+    for i in range(3):
+        state, status, code = store.start_many([(f"s{i}", 4096, 64, "v1", False)])[0]
+        assert code == 200 and status == "new"
+        store.keep(f"s{i}", state + 1, "v1")
+    assert store.bytes == 3 * 4096 * 64 * 4
+    state, why, code = store.start_many([("s3", 4096, 64, "v1", False)])[0]
+    assert state is None and code == 503 and "MiB of state" in why and "3 MiB the replica keeps" in why
+    assert store.start_many([("s0", 4096, 64, "v1", False)])[0][1] == "carried"
+    store.keep("s0", np.zeros((1, 64), np.float32), "v1")  # replaced by a smaller state
+    assert store.bytes == 2 * 4096 * 64 * 4 + 64 * 4
+    store.idle_s = -1.0  # everything idles out
+    assert store.start_many([("s3", 4096, 64, "v1", False)])[0][2] == 200 and store.bytes == 0
+
+
 def test_an_idle_session_expires_and_the_answer_says_so(novel_run):
     service = PolicyService(_newest(novel_run))
     _ask(service, obs=OBS, session="a")
