@@ -8,9 +8,11 @@ SIGTERM 143 and SIGHUP 129, after a clean stop.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -340,8 +342,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise InputError(f"--seed {args.seed}: must be 0 or more")
     video_dir = Path(args.video) if args.video else None
-    if video_dir is not None and (video_dir.is_symlink() or (video_dir.exists() and not video_dir.is_dir())):
-        raise InputError(f"--video {video_dir}: not a folder (it is a file or a link)")
+    if video_dir is not None:
+        _check_video_dir(video_dir)
     path = policy_file(Path(args.model), args.best)
     if path.suffix == ".onnx" and not args.env:
         raise InputError(f"{path}: an ONNX file names no env relay may build; name one with --env ENV_ID")
@@ -350,17 +352,48 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     handle = load_policy(path, policy=_policy(args))
     opts = EvalOptions(args.episodes, args.stochastic, args.seed, args.env, video=video_dir is not None)
     result = evaluate(handle, opts)
-    written, note = save_video(result, video_dir, path.stem, handle.source) if video_dir else (None, None)
+    if not args.json:  # the score is out before the video is written: a failed write costs no score
+        print(describe(result, handle.source, not args.stochastic), flush=True)
+    written, note, code = _write_video(result, video_dir, path.stem, handle.source)
     if note:
         print(f"relay eval: {note}", file=sys.stderr)
     if args.json:
         line = {"source": handle.source, "deterministic": not args.stochastic, **result.summary()}
         print(json.dumps({**line, "video": str(written) if written else None}))
-    else:
-        print(describe(result, handle.source, not args.stochastic))
-        if written is not None:
-            print(f"wrote {written}")
-    return EXIT_OK
+    elif written is not None:
+        print(f"wrote {written}")
+    return code
+
+
+def _write_video(
+    result: Any, folder: Path | None, stem: str, source: str
+) -> tuple[Path | None, str | None, int]:
+    """(the video written, a note on why not, the exit code): a folder that changed since it was
+    checked costs the video, never the score printed before it."""
+    if folder is None:
+        return None, None, EXIT_OK
+    try:
+        return (*save_video(result, folder, stem, source), EXIT_OK)
+    except (OSError, OutputError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        return None, f"no video: {folder} could not be written ({why})", EXIT_FAILURE
+
+
+def _check_video_dir(folder: Path) -> None:
+    """--video names a folder relay may create or write into, checked before any episode plays."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(f"--video {folder}: not a folder (it is a file or a link)")
+    parent = next((p for p in [folder, *folder.parents] if p.exists()), Path("."))
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder")
+        # A nameless file (O_TMPFILE) tried there: permissions alone say yes to root on a read-only
+        # filesystem or an immutable folder.
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as err:
+        raise InputError(
+            f"--video {folder}: cannot be written ({parent} is not a writable folder: {err.strerror})"
+        ) from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -445,8 +478,12 @@ def main(argv: list[str] | None = None) -> int:
         "eval": lambda: _cmd_eval(args),
         "sweep": lambda: _cmd_sweep(args),
     }
+    # SDL (pygame, which gymnasium's renderers use) takes SIGTERM for itself unless told not to:
+    # `relay eval --video` ran to its end through a SIGTERM.
+    os.environ.setdefault("SDL_NO_SIGNAL_HANDLERS", "1")
     try:
-        return handlers[args.command]()
+        with sigterm_raises():  # every command stops on SIGTERM/SIGHUP as on Ctrl-C (143/129/130)
+            return handlers[args.command]()
     except (*BAD_INPUT, InputError) as err:
         print(f"relay {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -68,7 +68,7 @@ def check_reachable(address: str) -> None:
         raise ClusterError(f"cannot reach a Ray cluster at {address} ({reason})") from None
 
 
-def _end_children() -> None:
+def end_children() -> None:
     """End every process this one started (Ray's GCS, raylet and agents after an interrupted start)."""
     children = psutil.Process().children(recursive=True)
     for p in children:
@@ -156,14 +156,14 @@ def join_or_start_ray(address: str | None, cpus_needed: float = 1.0) -> bool:
         raise_pending()  # a Ctrl-C that landed in one of Ray's at-fork callbacks was dropped there
         return True
     except (KeyboardInterrupt, SystemExit) as err:  # Ctrl-C, or SIGTERM through Ray's handler
-        _end_children()
+        end_children()
         with contextlib.suppress(Exception):
             ray.shutdown()
         if isinstance(err, SystemExit) and err.code == signal.SIGTERM:
             raise Terminated() from None
         raise
     except (ConnectionError, TimeoutError, ray.exceptions.RayError) as err:
-        _end_children()
+        end_children()
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ClusterError(f"cannot join the Ray cluster at {address} ({first[:200]})") from None
     finally:

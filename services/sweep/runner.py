@@ -27,7 +27,7 @@ from typing import Any
 import ray
 
 from contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
-from services.driver.cluster import join_or_start_ray
+from services.driver.cluster import end_children, join_or_start_ray
 from services.driver.signals import Terminated
 from services.files import atomic_write
 from services.sweep.params import Param, SweepError
@@ -371,11 +371,18 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
                 tuner.fit()
             code = seen.get("code", 0)
     finally:
-        rows = summarize(plan.root, plan.options.metric, plan.options.mode)
-        best = write_outcome(plan, rows)
-        _finish_mlflow_parent(plan, tags, "KILLED" if code else "FINISHED")
-        if started:
-            ray.shutdown()
+        try:
+            rows = summarize(plan.root, plan.options.metric, plan.options.mode)
+            best = write_outcome(plan, rows)
+            _finish_mlflow_parent(plan, tags, "KILLED" if code else "FINISHED")
+        finally:
+            if started:
+                try:
+                    ray.shutdown()
+                finally:
+                    # A second Ctrl-C cuts Tune's stop short: Ray's agents, which ignore SIGTERM,
+                    # would outlive the sweep. Whatever this process started ends with it.
+                    end_children()
     print(format_table(rows, plan.options.metric))
     for row in rows:
         if row["status"] == "error":

@@ -9,13 +9,14 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from contracts.config import load_config
 from tests.helpers import ROOT
-from tests.helpers_proc import metrics_lines, ray_env, wait_for
+from tests.helpers_proc import metrics_lines, processes_mentioning, ray_env, wait_for
 
 pytestmark = pytest.mark.ray
 CARTPOLE = "configs/cartpole_ppo.yaml"
@@ -178,3 +179,25 @@ def test_trials_spread_over_the_nodes_of_a_cluster(tmp_path):
         x["status"] == "done" for x in lines if x["event"] == "ended"
     )
     assert max(starts.values()) < min(ends.values())  # the two trials ran at the same time
+
+
+def test_ctrl_c_twice_stops_at_once_and_leaves_nothing_running(tmp_path, ray_tmp):
+    """The second Ctrl-C cuts Tune's graceful stop short: exit 130 in bounded time, and none of the
+    Ray processes the sweep started (its agents ignore SIGTERM) outlives it."""
+    folder = tmp_path / "sw"
+    sets = [*SMALL, "stop.env_steps=400000"]
+    cmd = sweep_args(folder, CARTPOLE, "--search", "grid", sets=sets)
+    cmd += ["--param", "learner.lr=grid(1e-3, 2e-3)"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=ray_env(ray_tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        wait_for(lambda: len(metrics_lines(folder / "t000")) >= 3, 240, "the first trial's third line")
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err.decode()[-3000:]
+    wait_for(lambda: not processes_mentioning(ray_tmp), 30, "every Ray process of the sweep to end")

@@ -172,6 +172,7 @@ def test_a_factory_env_needs_env_gets_no_kwargs_and_cannot_render_but_still_scor
         (["{ckpt}", "--best"], "--best takes a run folder"),
         (["{run}", "--episodes", "0"], "--episodes 0"),
         (["{run}", "--video", "{file}"], "not a folder"),
+        (["{run}", "--video", "/sys/relay-videos"], "/sys is not a writable folder"),
         (["{run}", "--env", "Acrobot-v1"], "Acrobot-v1 observes"),
         (["{run}", "--env", "NoSuchEnv-v0"], "not a registered"),
     ],
@@ -317,3 +318,39 @@ def test_an_mlagents_policy_names_no_env(capsys):
     assert main(["eval", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--env" in err[0]
+
+
+@pytest.mark.e2e
+def test_sigterm_stops_an_eval_with_video_in_bounded_time(run, tmp_path):
+    """pygame's SDL took SIGTERM for itself: `relay eval --video` played every episode through one
+    and exited 0. Now it stops like every command: exit 143 within seconds, nothing written."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    videos = tmp_path / "videos"
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "eval",
+        str(run),
+        "--episodes",
+        "5000",
+        "--video",
+        str(videos),
+    ]
+    root = Path(__file__).parents[2]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # past start-up: episodes are playing and frames rendering
+        assert proc.poll() is None, proc.communicate()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-2000:]
+    assert time.monotonic() - t0 < 30 and "relay eval: terminated" in err
+    assert not list(videos.glob("*.mp4"))
