@@ -35,7 +35,7 @@ METRICS: dict[str, str] = {
     "lost_segments": "segments whose worker died before the learner fetched them",
     "rejected_segments": "segments the learner refused (wrong shape or dtype, non-finite values)",
     "amp_skipped_steps": "optimizer steps skipped on non-finite gradients",
-    "env_faults": "env steps lost to faults (an env raised, or returned NaN/inf)",
+    "env_faults": "env faults: a step raised or was NaN/inf (lost), a mask allowed nothing, an agent went unacted",
     **{f"env_faults_{k}": f"env faults of kind {k}" for k in ENV_FAULT_KINDS},
     # the update (learner)
     "policy_loss": "clipped surrogate loss",

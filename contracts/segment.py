@@ -65,7 +65,11 @@ SEGMENT_FIELDS: tuple[SegmentField, ...] = (
 )
 FIELD_NAMES = tuple(f.name for f in SEGMENT_FIELDS)
 PER_ENV_FIELDS = tuple(f.name for f in SEGMENT_FIELDS if f.shape in ("N", "N+state"))
-ENV_FAULT_KINDS = ("raised", "nonfinite_obs", "nonfinite_reward")
+# raised: a copy's step raised (it was rebuilt); nonfinite_*: NaN/inf in a step's observation or
+# reward (the step is masked); empty_mask: an active env masked every action (relay acts uniformly,
+# as documented); unacted_agent: a PettingZoo agent present in a step that relay has no live column
+# for (it came back mid-episode, or is not in possible_agents), so no action was given for it.
+ENV_FAULT_KINDS = ("raised", "nonfinite_obs", "nonfinite_reward", "empty_mask", "unacted_agent")
 # A policy's input fields by Segment field name ("obs", "obs/<path>", "action_mask"), each [B, ...].
 Fields = dict[str, np.ndarray]
 

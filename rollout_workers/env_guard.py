@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from contracts.segment import ENV_FAULT_KINDS, Fields
+from rollout_workers.multi_agent.common import ACTIVE_KEY, UNACTED_KEY
 from rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class FaultGuard:
         self.env = make()
         self.total_faults = 0
         self._faults = dict.fromkeys(ENV_FAULT_KINDS, 0)
+        self._said: set[str] = set()  # event kinds already warned about
 
     def _count(self, kind: str, n: int) -> None:
         self._faults[kind] += n
@@ -97,6 +99,29 @@ class FaultGuard:
         with contextlib.suppress(Exception):  # a broken env may fail to close too
             self.env.close()
         self.env = self._make()
+
+    def _count_events(self, fields: Fields, info: dict[str, Any], n: int) -> None:
+        """What an env did that relay handles but must not hide: an active env's mask allowing no
+        action (acted on uniformly, the documented rule), agents stepped without an action."""
+        mask = fields.get("action_mask")
+        if mask is not None:
+            active = np.asarray(info.get(ACTIVE_KEY, np.ones(n, dtype=bool)), dtype=bool)
+            empty = int((~mask.reshape(n, -1).any(axis=1) & active).sum())
+            if empty:
+                self._say_once("empty_mask", "an env masked every action; relay acts uniformly there")
+                self._count("empty_mask", empty)
+        unacted = info.get(UNACTED_KEY)
+        if unacted:
+            names = ", ".join(sorted(unacted)[:5])
+            self._say_once(
+                "unacted_agent", f"agents present with no live column, stepped without an action: {names}"
+            )
+            self._count("unacted_agent", sum(unacted.values()))
+
+    def _say_once(self, kind: str, text: str) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            log.warning("worker %d: %s (counted in env_faults_%s)", self.worker_index, text, kind)
 
     def _count_nonfinite(self, good_obs: np.ndarray, good_reward: np.ndarray, bad: int) -> None:
         self._count("nonfinite_obs", int((~good_obs).sum()))
@@ -144,6 +169,7 @@ class GuardedVectorEnv(FaultGuard):
             return None
         assert self.reader is not None, "read_with first"
         fields = self.reader.read(obs, info)
+        self._count_events(fields, info, len(reward))
         good_obs = finite_rows(fields)
         raised = raised_copies(info, len(reward))
         if good_obs is None and raised is None and np.isfinite(reward).all():

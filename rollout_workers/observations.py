@@ -32,6 +32,10 @@ def _leaf_array(leaf: ObsLeaf, value: Any) -> np.ndarray:
     return arr.astype(leaf.storage_dtype, copy=False)
 
 
+class MaskError(ValueError):
+    """An env's action mask that does not fit its action space (one line naming both)."""
+
+
 class ObsReader:
     """Reads N envs' observations (and infos, for masks) into fields [N, ...].
 
@@ -63,19 +67,30 @@ class ObsReader:
         return out
 
     def _read_mask(self, obs: Any, info: dict[str, Any]) -> np.ndarray:
-        n = self.mask.shape[0]
+        n, width = self.mask.shape
         if self.mask_kind == "obs":
-            return np.asarray(obs[self.mask_key]).reshape(n, -1) > 0
+            return self._fit(np.asarray(obs[self.mask_key])) > 0
         value = info.get(self.mask_key)
         if value is not None:
             rows = np.asarray(info.get("_" + self.mask_key, np.ones(n, dtype=bool)), dtype=bool)
             fresh = np.asarray(value)
             if fresh.dtype == object:  # envs that had no mask this step left None in their row
                 fresh = np.stack(
-                    [np.ones(self.mask.shape[1]) if v is None else np.asarray(v).reshape(-1) for v in value]
+                    [np.ones(width) if v is None else self._fit(np.asarray(v), 1)[0] for v in value]
                 )
-            self.mask[rows] = fresh.reshape(n, -1)[rows] > 0
+            self.mask[rows] = self._fit(fresh)[rows] > 0
         return self.mask.copy()
+
+    def _fit(self, mask: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """`mask` as [rows (default N), choices], or MaskError naming the source and the sizes."""
+        n = self.mask.shape[0] if rows is None else rows
+        width = self.mask.shape[1]
+        if mask.size != n * width:
+            raise MaskError(
+                f"env.action_mask={self.mask_kind}:{self.mask_key}: the env gave {mask.size // max(n, 1)} "
+                f"mask values per env (shape {list(mask.shape)}), the action space has {width} choices"
+            )
+        return mask.reshape(n, width)
 
     def read_one(self, obs: Any) -> Fields:
         """The input fields of one env's observation (a final observation), each [1, ...]; no

@@ -17,6 +17,7 @@ from contracts.config import MultiAgentConfig
 from contracts.spaces import MAX_GLOBAL_STATE
 
 ACTIVE_KEY = "relay_active"  # info key: bool [N], the columns whose step was an agent's real step
+UNACTED_KEY = "relay_unacted_agents"  # info key: {agent: steps} present in the env with no live column
 STATS_KEY = "relay_episode_stats"  # info key: [(name, value)] of episodes that ended in the step
 # info keys of a parallel env read with its global state (multi_agent.central_critic): float32
 # [N, S], each column's env copy's state after the step (or reset); and where a column's episode

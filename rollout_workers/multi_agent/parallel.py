@@ -12,6 +12,7 @@ live again.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from rollout_workers.multi_agent.common import (
     FINAL_GLOBAL_KEY,
     GLOBAL_KEY,
     STATS_KEY,
+    UNACTED_KEY,
     Build,
     ColumnsVectorEnv,
     GroupColumns,
@@ -144,6 +146,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         final_obs = np.full(N, None, dtype=object)
         final_global = np.zeros((N, self.global_state), dtype=np.float32)
         stats: list[tuple[str, float]] = []
+        unacted: Counter[str] = Counter()
         for e, env in enumerate(self.envs):
             live = np.flatnonzero(self._live[e]).tolist()
             if not live:  # autoreset off: the copy stays over until reset
@@ -151,6 +154,9 @@ class ParallelVectorEnv(ColumnsVectorEnv):
             # env.agents once per step: behind PettingZoo's wrappers every read is a chain of calls
             present = set(env.agents)
             step = {self.agents[a]: acts[e * A + a] for a in live if self.agents[a] in present}
+            # An agent back after it left (its column waits for the next episode), or one not in
+            # possible_agents: the env steps without an action for it. Said, never silent.
+            unacted.update(str(agent) for agent in present.difference(step))
             obs, rew, term, trunc, _ = env.step(step)
             self._read_global(e)
             left = set(env.agents)
@@ -174,7 +180,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
                 if self.autoreset:
                     self._reset_copy(e, None, None)
         # (The columns' global states join the info in `step`: policy groups read theirs per group.)
-        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats}
+        info: dict[str, Any] = {ACTIVE_KEY: active, STATS_KEY: stats, UNACTED_KEY: dict(unacted)}
         ended = terminated | truncated
         if ended.any():
             info["final_obs"], info["_final_obs"] = final_obs, ended

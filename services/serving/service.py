@@ -65,6 +65,7 @@ class ActRequest:
     seeded: bool = False  # the client chose the seed: it wants these exact bits again
     session: str | None = None  # a recurrent policy's client, whose state the replica carries
     reset: bool = False  # the session starts over (an episode's start)
+    session_key: str | None = None  # the client's secret: a session started with one needs it
 
     def __post_init__(self) -> None:
         self.obs = as_fields(self.obs)
@@ -189,12 +190,15 @@ def _inputs(data: dict[str, Any], handle: PolicyHandle) -> Fields:
     return handle.as_input(fields, with_state=False)  # a session's state joins it when it runs
 
 
-def _session(data: dict[str, Any], handle: PolicyHandle) -> tuple[str | None, bool]:
-    session, reset = data.get("session"), data.get("reset", False)
+def _session(data: dict[str, Any], handle: PolicyHandle) -> tuple[str | None, bool, str | None]:
+    session, reset, key = data.get("session"), data.get("reset", False), data.get("session_key")
     if not handle.recurrent:
-        if session is not None or "reset" in data:
-            raise BadRequest(400, '"session" and "reset" are for recurrent policies; this one keeps no state')
-        return None, False
+        if session is not None or "reset" in data or key is not None:
+            raise BadRequest(
+                400,
+                '"session", "session_key" and "reset" are for recurrent policies; this one keeps no state',
+            )
+        return None, False, None
     if session is None:
         raise BadRequest(
             400,
@@ -204,7 +208,9 @@ def _session(data: dict[str, Any], handle: PolicyHandle) -> tuple[str | None, bo
         raise BadRequest(400, f'"session" is 1-{MAX_SESSION_CHARS} characters of A-Z a-z 0-9 _ . : -')
     if not isinstance(reset, bool):
         raise BadRequest(400, '"reset" is true or false')
-    return session, reset
+    if key is not None and (not isinstance(key, str) or not SESSION_ID.fullmatch(key)):
+        raise BadRequest(400, f'"session_key" is 1-{MAX_SESSION_CHARS} characters of A-Z a-z 0-9 _ . : -')
+    return session, reset, key
 
 
 def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
@@ -214,7 +220,7 @@ def parse_act(body: bytes, handle: PolicyHandle) -> ActRequest:
     if not isinstance(deterministic, bool):
         raise BadRequest(400, '"deterministic" is true or false')
     request = ActRequest(_inputs(data, handle), deterministic)
-    request.session, request.reset = _session(data, handle)
+    request.session, request.reset, request.session_key = _session(data, handle)
     if "seed" in data:
         seed = data["seed"]
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
@@ -394,7 +400,9 @@ class PolicyService:
         width = served.handle.model.acting_state_size
         calls = [r for r in group if r.session is not None]
         started = iter(
-            self.sessions.start_many([(str(r.session), r.rows, width, _tag(served), r.reset) for r in calls])
+            self.sessions.start_many(
+                [(str(r.session), r.rows, width, _tag(served), r.reset, r.session_key) for r in calls]
+            )
             if calls
             else []
         )
@@ -424,7 +432,7 @@ class PolicyService:
         splits = np.cumsum([r.rows for r in requests])[:-1]
         if state is not None:
             keep: list[Keep] = [
-                (r.session, rows.astype(np.float32, copy=False), _tag(served))
+                (r.session, rows.astype(np.float32, copy=False), _tag(served), r.session_key)
                 for r, rows in zip(requests, np.split(state, splits), strict=True)
                 if r.session is not None
             ]

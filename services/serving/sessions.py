@@ -2,10 +2,12 @@
 sequence of calls, and the replica keeps the policy's state between them.
 
 A session starts from zeros (an episode's start), carries the state its last answer left, and
-starts over when the client says `"reset": true`. Nothing restarts silently: every answer says
-what the state was (`new`, `carried`, `reset`, `expired`, or `weights changed` when `--follow`
-swapped in another checkpoint since the session's last call, whose state meant something to the
-old weights only). A replica that restarted has no sessions: its answers say `new` to a client
+starts over when the client says `"reset": true`. A client that names a `"session_key"` (a secret of
+its own) in its session's first call owns it: a call without that key, from another client that
+knows or guesses the id, is refused (403) and counted, so nobody else can reset or advance it.
+Nothing restarts silently: every answer says what the state was (`new`, `carried`, `reset`,
+`expired`, or `weights changed` when `--follow` swapped in another checkpoint since the session's
+last call, whose state meant something to the old weights only). A replica that restarted has no sessions: its answers say `new` to a client
 that expected `carried`. Idle sessions expire after `idle_s`; past `capacity` live sessions, or
 past `max_bytes` of state (a session of 4,096 rows of a wide core holds megabytes: a count alone
 let 1,000 of them take a replica from 0.5 to 4.3 GB), a new one is refused (503, saying which)
@@ -35,12 +37,16 @@ class SessionsFull(RuntimeError):
     """Every session slot holds a live client."""
 
 
-# A session call to start: (session id, rows, state width, what the weights are, reset)
-Start = tuple[str, int, int, str, bool]
+class SessionForbidden(RuntimeError):
+    """A call without the key its live session was started with (another client's session)."""
+
+
+# A session call to start: (session id, rows, state width, what the weights are, reset, key)
+Start = tuple[str, int, int, str, bool, str | None]
 # How it starts: (the state [rows, width], "new" | "carried" | ...), or (None, why not, HTTP status)
 Started = tuple[np.ndarray | None, str, int]
-# A state to keep: (session id, state [rows, width], what the weights are)
-Keep = tuple[str, np.ndarray, str]
+# A state to keep: (session id, state [rows, width], what the weights are, key)
+Keep = tuple[str, np.ndarray, str, str | None]
 
 
 class Sessions(Protocol):
@@ -56,6 +62,7 @@ class _Session:
     state: np.ndarray  # [rows, S]
     version: str  # what the state was computed with (the served file)
     used: float
+    key: str | None = None  # the client's secret its first call named: every later call names it
 
 
 class SessionStore:
@@ -65,16 +72,26 @@ class SessionStore:
         self.idle_s, self.capacity, self.max_bytes = idle_s, capacity, max_bytes
         self._sessions: dict[str, _Session] = {}
         self.bytes = 0  # the states' bytes held now
+        self.forbidden = 0  # calls refused for naming another client's session without its key
 
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def start(self, session: str, rows: int, width: int, version: str, reset: bool) -> tuple[np.ndarray, str]:
+    def start(
+        self, session: str, rows: int, width: int, version: str, reset: bool, key: str | None = None
+    ) -> tuple[np.ndarray, str]:
         """The state a call of `rows` rows starts from, and what it is: "carried", "new", "reset",
-        "expired" or "weights changed". Raises ValueError (the rows differ from the session's) or
-        SessionsFull."""
+        "expired" or "weights changed". Raises ValueError (the rows differ from the session's),
+        SessionForbidden (a live session started with another key) or SessionsFull."""
         now = time.monotonic()
         found = self._sessions.get(session)
+        live = found is not None and now - found.used <= self.idle_s
+        if live and found is not None and found.key is not None and key != found.key:
+            self.forbidden += 1
+            raise SessionForbidden(
+                f"session {session!r} is another client's: its calls carry the session_key its first "
+                "call named (use a session id of your own)"
+            )
         if found is not None and now - found.used > self.idle_s:
             self._drop(session)
             status = "expired"
@@ -104,9 +121,11 @@ class SessionStore:
                 )
         return np.zeros((rows, width), dtype=np.float32), status
 
-    def keep(self, session: str, state: np.ndarray, version: str) -> None:
+    def keep(self, session: str, state: np.ndarray, version: str, key: str | None = None) -> None:
+        found = self._sessions.get(session)
+        key = found.key if found is not None and found.key is not None else key
         self._drop(session)
-        self._sessions[session] = _Session(state, version, time.monotonic())
+        self._sessions[session] = _Session(state, version, time.monotonic(), key)
         self.bytes += state.nbytes
 
     def _drop(self, session: str) -> None:
@@ -117,18 +136,20 @@ class SessionStore:
     def start_many(self, calls: list[Start]) -> list[Started]:
         """`start` for each call, in order: a refused one is (None, why, 400 or 503)."""
         out: list[Started] = []
-        for session, rows, width, version, reset in calls:
+        for session, rows, width, version, reset, key in calls:
             try:
-                out.append((*self.start(session, rows, width, version, reset), 200))
+                out.append((*self.start(session, rows, width, version, reset, key), 200))
             except ValueError as err:
                 out.append((None, str(err), 400))
+            except SessionForbidden as err:
+                out.append((None, str(err), 403))
             except SessionsFull as err:
                 out.append((None, str(err), 503))
         return out
 
     def keep_many(self, states: list[Keep]) -> None:
-        for session, state, version in states:
-            self.keep(session, state, version)
+        for session, state, version, key in states:
+            self.keep(session, state, version, key)
 
     def _expire(self, now: float) -> None:
         for key in [k for k, s in self._sessions.items() if now - s.used > self.idle_s]:

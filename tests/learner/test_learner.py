@@ -38,11 +38,23 @@ def test_rejected_segments_faults_and_restarts_are_this_rounds_deltas():
     _, sampler, learner = _setup()
     good, bad = sampler.sample(), sampler.sample()
     bad["rewards"][0, 0] = np.nan
-    good.env_faults = {"raised": 1, "nonfinite_obs": 2, "nonfinite_reward": 0}
+    good.env_faults = {
+        "raised": 1,
+        "nonfinite_obs": 2,
+        "nonfinite_reward": 0,
+        "empty_mask": 0,
+        "unacted_agent": 0,
+    }
     good.worker_index, good.incarnation = 0, "a"
     out = learner.train_round([good, bad])
     assert out.rejected_segments == 1 and "non-finite" in out.reject_reason
-    assert out.env_faults == {"raised": 1, "nonfinite_obs": 2, "nonfinite_reward": 0}
+    assert out.env_faults == {
+        "raised": 1,
+        "nonfinite_obs": 2,
+        "nonfinite_reward": 0,
+        "empty_mask": 0,
+        "unacted_agent": 0,
+    }
     assert out.metrics is None  # one good segment of the two a round needs
     again = sampler.sample()
     again.worker_index, again.incarnation = 0, "b"  # worker 0 came back as a new process

@@ -57,3 +57,29 @@ def make_cartpole(broken: bool = False) -> gym.Env:
     if broken:
         raise RuntimeError("this env is broken on purpose")
     return gym.make("CartPole-v1")
+
+
+class MaskFaultTaxi(gym.Wrapper):
+    """Taxi whose info["action_mask"] goes wrong at its `at`-th step: `fault="empty"` allows no
+    action, `fault="short"` has 5 values for Taxi's 6 actions."""
+
+    def __init__(self, fault: str, at: int) -> None:
+        super().__init__(gym.make("Taxi-v4"))
+        self.fault, self.at, self.calls = fault, at, 0
+
+    def step(self, action: Any):
+        self.calls += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.calls == self.at:
+            size = 5 if self.fault == "short" else 6
+            info = {
+                **info,
+                "action_mask": np.zeros(size, dtype=np.int8)
+                if self.fault == "empty"
+                else np.ones(size, np.int8),
+            }
+        return obs, reward, terminated, truncated, info
+
+
+def make_mask_fault_taxi(fault: str = "empty", at: int = 3) -> gym.Env:
+    return MaskFaultTaxi(fault, at)

@@ -66,3 +66,42 @@ def tag_roles_raising(agent):
 
 def tag_roles_unknown(agent):
     return "wolf"
+
+
+class ReturningSpread(ParallelEnv):
+    """mpe2's simple_spread whose `agent_0` leaves at step `at` (no longer listed: relay ends its
+    column's episode) and comes back two steps later, mid-episode; the inner env gets a no-op for
+    it while it is away."""
+
+    def __init__(self, at, **kwargs):
+        self.env = simple_spread_v3.parallel_env(**kwargs)
+        self.at, self.steps, self.away = at, 0, False
+        self.possible_agents = self.env.possible_agents
+        self.metadata = self.env.metadata
+
+    @property
+    def agents(self):
+        return [a for a in self.env.agents if not (self.away and a == "agent_0")]
+
+    def observation_space(self, agent):
+        return self.env.observation_space(agent)
+
+    def action_space(self, agent):
+        return self.env.action_space(agent)
+
+    def reset(self, seed=None, options=None):
+        self.steps, self.away = 0, False
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        self.steps += 1
+        obs, rew, term, trunc, info = self.env.step({a: actions.get(a, 0) for a in self.env.agents})
+        self.away = self.at <= self.steps < self.at + 2
+        return obs, rew, term, trunc, info
+
+    def close(self):
+        self.env.close()
+
+
+def returning_spread(at=3, **kwargs):
+    return ReturningSpread(at, **kwargs)

@@ -47,11 +47,23 @@ def test_non_finite_observation_masks_that_step_and_resets_that_env():
     assert (seg["mask"][4] == 0).all() and seg["mask"].sum() == 57
     assert seg["truncated"][3].all() and np.array_equal(seg["bootstrap_value"][3], seg["values"][4])
     assert np.isfinite(seg["obs"]).all()
-    assert seg.env_faults == {"raised": 0, "nonfinite_obs": 3, "nonfinite_reward": 0}
+    assert seg.env_faults == {
+        "raised": 0,
+        "nonfinite_obs": 3,
+        "nonfinite_reward": 0,
+        "empty_mask": 0,
+        "unacted_agent": 0,
+    }
     SegmentRingBuffer(s.layout, 1).add(seg)  # accepted: nothing non-finite
     adv, _ = _gae(seg)
     assert (adv[4] == 0).all() and np.isfinite(adv.numpy()).all()
-    assert s.sample().env_faults == {"raised": 0, "nonfinite_obs": 0, "nonfinite_reward": 0}  # a delta
+    assert s.sample().env_faults == {
+        "raised": 0,
+        "nonfinite_obs": 0,
+        "nonfinite_reward": 0,
+        "empty_mask": 0,
+        "unacted_agent": 0,
+    }  # a delta
 
 
 def test_inf_reward_is_masked_too():
@@ -67,7 +79,13 @@ def test_env_that_raises_is_rebuilt_and_sampling_continues():
     assert lost.tolist() == [6, 13]  # the rebuilt copies carried on in the same segment, then failed again
     assert seg["mask"].sum() == 3 * 18
     assert seg["truncated"][5].all() and seg["truncated"][12].all()
-    assert seg.env_faults == {"raised": 6, "nonfinite_obs": 0, "nonfinite_reward": 0}  # 3 copies, twice
+    assert seg.env_faults == {
+        "raised": 6,
+        "nonfinite_obs": 0,
+        "nonfinite_reward": 0,
+        "empty_mask": 0,
+        "unacted_agent": 0,
+    }  # 3 copies, twice
     assert s.sample().env_steps > 0
 
 
@@ -196,3 +214,41 @@ def test_rounds_whose_every_step_was_lost_do_not_update_and_end_the_run(tmp_path
     )
     assert train_local("cartpole_grpo.yaml", run, *sets) == 1
     assert "no update in 20 rounds in a row: every step of the round was lost" in capsys.readouterr().err
+
+
+TAXI_FAULT = "tests.rollout_workers.faulty_envs:make_mask_fault_taxi"
+
+
+def test_a_mask_that_allows_nothing_is_counted_and_named():
+    """Taxi whose mask allows no action at its 3rd step: acted on uniformly (the documented rule),
+    and counted as env_faults empty_mask, not silent."""
+    s = _sampler("{fault: empty, at: 3}", f"env.id={TAXI_FAULT}")
+    seg = s.sample()
+    assert seg.env_faults["empty_mask"] == 3 and seg.env_steps == 60
+
+
+def test_a_mask_of_the_wrong_length_is_refused_naming_both_sizes():
+    from rollout_workers.observations import MaskError
+
+    s = _sampler("{fault: short, at: 3}", f"env.id={TAXI_FAULT}")
+    with pytest.raises(
+        MaskError, match=r"gave 5 mask values per env .* the action space has 6 choices"
+    ) as err:
+        s.sample()
+    assert "\n" not in str(err.value) and "env.action_mask=info:action_mask" in str(err.value)
+
+
+def test_a_pettingzoo_agent_back_mid_episode_is_counted_not_silent():
+    """simple_spread's agent_0 leaves and comes back two steps later: its column waits for the next
+    episode, the env steps without its action, and each such step is counted as unacted_agent."""
+    from tests.helpers import local_config
+
+    cfg = local_config(
+        "tests.rollout_workers.pettingzoo_factories:returning_spread",
+        "env.kwargs={at: 3, max_cycles: 25}",
+        T=16,
+        N=6,
+    )
+    s = make_sampler(cfg, algorithm_traits(cfg))
+    faults = s.sample().env_faults
+    assert faults["unacted_agent"] > 0 and faults["raised"] == faults["nonfinite_obs"] == 0

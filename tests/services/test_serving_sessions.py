@@ -106,17 +106,17 @@ def test_the_session_store_is_bounded_by_bytes():
 
     store = SessionStore(idle_s=600.0, max_bytes=3 * 4096 * 64 * 4)
     for i in range(3):
-        state, status, code = store.start_many([(f"s{i}", 4096, 64, "v1", False)])[0]
+        state, status, code = store.start_many([(f"s{i}", 4096, 64, "v1", False, None)])[0]
         assert code == 200 and status == "new"
         store.keep(f"s{i}", state + 1, "v1")
     assert store.bytes == 3 * 4096 * 64 * 4
-    state, why, code = store.start_many([("s3", 4096, 64, "v1", False)])[0]
+    state, why, code = store.start_many([("s3", 4096, 64, "v1", False, None)])[0]
     assert state is None and code == 503 and "MiB of state" in why and "3 MiB the replica keeps" in why
-    assert store.start_many([("s0", 4096, 64, "v1", False)])[0][1] == "carried"
+    assert store.start_many([("s0", 4096, 64, "v1", False, None)])[0][1] == "carried"
     store.keep("s0", np.zeros((1, 64), np.float32), "v1")  # replaced by a smaller state
     assert store.bytes == 2 * 4096 * 64 * 4 + 64 * 4
     store.idle_s = -1.0  # everything idles out
-    assert store.start_many([("s3", 4096, 64, "v1", False)])[0][2] == 200 and store.bytes == 0
+    assert store.start_many([("s3", 4096, 64, "v1", False, None)])[0][2] == 200 and store.bytes == 0
 
 
 def test_an_idle_session_expires_and_the_answer_says_so(novel_run):
@@ -147,3 +147,27 @@ def test_a_policy_without_state_refuses_sessions(tmp_path):
     service = PolicyService(_newest(run))
     with pytest.raises(BadRequest, match="for recurrent policies"):
         parse_act(json.dumps({"obs": [0, 0, 0, 0], "session": "a"}).encode(), service.handle)
+
+
+def test_a_session_started_with_a_key_is_its_clients_alone(novel_run):
+    """Any client could reset (or advance) another's session by its id. A session whose first call
+    named a session_key answers only calls carrying it: others get a 403, counted, and the owner's
+    state is untouched; a session of the same id after it expires is anyone's again."""
+    service = PolicyService(_newest(novel_run))
+    rng = np.random.default_rng(2)
+    seq = [rng.normal(0, 0.1, (2, 2)).tolist() for _ in range(4)]
+    owner = [_ask(service, obs=obs, session="robot", session_key="k-7f3a") for obs in seq[:2]]
+    assert [a["state"] for a in owner] == ["new", "carried"]
+    for intruder in ({"reset": True}, {}, {"session_key": "guess"}):
+        refused = _ask(service, obs=seq[2], session="robot", **intruder)
+        assert refused["_status"] == 403 and "another client's" in refused["error"]
+    assert service.sessions.forbidden == 3
+    rest = [_ask(service, obs=obs, session="robot", session_key="k-7f3a") for obs in seq[2:]]
+    assert [a["state"] for a in rest] == ["carried", "carried"]
+    assert [a["actions"] for a in owner + rest] == _steps(service, seq)
+    with pytest.raises(BadRequest, match='"session_key" is 1-128'):
+        parse_act(
+            json.dumps({"obs": OBS, "session": "a", "session_key": "no spaces"}).encode(), service.handle
+        )
+    service.sessions.idle_s = -1.0
+    assert _ask(service, obs=seq[0], session="robot")["state"] == "expired"
