@@ -35,7 +35,8 @@ METRICS: dict[str, str] = {
     "lost_segments": "segments whose worker died before the learner fetched them",
     "rejected_segments": "segments the learner refused (wrong shape or dtype, non-finite values)",
     "amp_skipped_steps": "optimizer steps skipped on non-finite gradients",
-    "env_faults": "env faults: a step raised or was NaN/inf (lost), a mask allowed nothing, an agent went unacted",
+    "env_faults": "env faults: a step raised or was NaN/inf (lost), a mask allowed nothing, an "
+    "agent went unacted",
     **{f"env_faults_{k}": f"env faults of kind {k}" for k in ENV_FAULT_KINDS},
     # the update (learner)
     "policy_loss": "clipped surrogate loss",
@@ -89,8 +90,8 @@ METRICS: dict[str, str] = {
     "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
     "segment (recurrent policies)",
     # the learner's device, where it can tell (learner/device_health.py)
-    "device_utilization": "fraction of time the device computed (NVML, pyACL's AI Core use; on the CPU the "
-    "learner process's share of its reserved cores)",
+    "device_utilization": "fraction of time the device computed (NVML, pyACL's AI Core use; not "
+    "reported on the CPU, where torch's threads fill every core they may: learner_busy says it)",
     "device_memory_used_bytes": "device memory in use (NVML, torch_npu; on the CPU the learner's RSS)",
     "device_memory_total_bytes": "device memory in all (on the CPU the host's)",
     "device_temperature_c": "device temperature in degrees C (NVML, npu-smi; the hottest CPU sensor)",
@@ -209,8 +210,9 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "lr", "title": "Learning rate", "keys": ["lr"]},
     {
         "id": "speed",
-        "title": "Env steps/s and learner samples/s",
+        "title": "Env steps/s and learner samples/s (mean of the last 10 iterations)",
         "keys": ["env_steps_per_s", "learner_samples_per_s"],
+        "smooth": 10,
     },
     {"id": "lag", "title": "Policy lag and weights version", "keys": ["policy_lag_mean", "weights_version"]},
     {"id": "buffer", "title": "Buffer fill", "keys": ["buffer_fill"]},
@@ -233,7 +235,8 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "workers", "title": "Rollout workers", "keys": ["num_workers"]},
     {
         "id": "memory",
-        "title": "Device memory (bytes: allocated / peak by torch, used / total by the device)",
+        "title": "Device memory (allocated / peak by torch, used / total by the device)",
+        "unit": "bytes",
         "keys": [
             "device_memory_bytes",
             "device_memory_peak_bytes",
@@ -243,8 +246,9 @@ CHARTS: list[dict[str, Any]] = [
     },
     {
         "id": "host_memory",
-        "title": "Host memory by process (bytes: learner, driver, largest rollout worker; the learner's "
+        "title": "Host memory by process (learner, driver, largest rollout worker; the learner's "
         "and the driver's heap in use and freed-but-kept)",
+        "unit": "bytes",
         "keys": [
             "learner_rss_bytes",
             "driver_rss_bytes",
@@ -267,7 +271,7 @@ CHARTS: list[dict[str, Any]] = [
     },
     {
         "id": "env_faults",
-        "title": "Env faults (raised, non-finite observation, non-finite reward)",
+        "title": "Env faults (raised, non-finite observation or reward, empty mask, unacted agent)",
         "keys": ["env_faults", *(f"env_faults_{k}" for k in ENV_FAULT_KINDS)],
     },
     {

@@ -30,16 +30,15 @@ SLOW_EVERY_S = 5.0  # npu-smi is a process start: not every iteration
 
 
 class CpuProbe:
-    """The learner process on the CPU: its share of its reserved cores, its RSS, the hottest sensor."""
+    """The learner process on the CPU: its RSS, the host's memory, the hottest sensor. No
+    utilization: torch's intra-op threads keep every core they may busy (spinning included), so
+    the process's CPU share read 1.00 whatever the learner did; learner_busy is the CPU's figure."""
 
     def __init__(self, dev: DeviceContext, cores: float) -> None:
         self.proc = psutil.Process()
-        self.cores = max(cores, 1.0)
-        self.proc.cpu_percent(None)  # the first call only starts the clock
 
     def sample(self) -> Reading:
         out = {
-            "device_utilization": min(self.proc.cpu_percent(None) / 100.0 / self.cores, 1.0),
             "device_memory_used_bytes": float(self.proc.memory_info().rss),
             "device_memory_total_bytes": float(psutil.virtual_memory().total),
         }

@@ -1,17 +1,17 @@
 """Per-client state for a recurrent policy served by `relay serve`: a session id names one client's
 sequence of calls, and the replica keeps the policy's state between them.
 
-A session starts from zeros (an episode's start), carries the state its last answer left, and
-starts over when the client says `"reset": true`. A client that names a `"session_key"` (a secret of
-its own) in its session's first call owns it: a call without that key, from another client that
-knows or guesses the id, is refused (403) and counted, so nobody else can reset or advance it.
-Nothing restarts silently: every answer says what the state was (`new`, `carried`, `reset`,
-`expired`, or `weights changed` when `--follow` swapped in another checkpoint since the session's
-last call, whose state meant something to the old weights only). A replica that restarted has no sessions: its answers say `new` to a client
-that expected `carried`. Idle sessions expire after `idle_s`; past `capacity` live sessions, or
-past `max_bytes` of state (a session of 4,096 rows of a wide core holds megabytes: a count alone
-let 1,000 of them take a replica from 0.5 to 4.3 GB), a new one is refused (503, saying which)
-rather than evicting a client mid-episode.
+A session starts from zeros (an episode's start), carries the state its last answer left, and starts
+over when the client says `"reset": true`. A client that names a `"session_key"` (a secret of its
+own) in its session's first call owns it: a call without that key, from another client that knows or
+guesses the id, is refused (403) and counted, so nobody else can reset or advance it. Nothing
+restarts silently: every answer says what the state was (`new`, `carried`, `reset`, `expired`, or
+`weights changed` when `--follow` swapped in another checkpoint since the session's last call, whose
+state meant something to the old weights only). A replica that restarted has no sessions: its
+answers say `new` to a client that expected `carried`. Idle sessions expire after `idle_s`; past
+`capacity` live sessions, or past `max_bytes` of state (a session of 4,096 rows of a wide core holds
+megabytes: a count alone let 1,000 of them take a replica from 0.5 to 4.3 GB), a new one is refused
+(503, saying which) rather than evicting a client mid-episode.
 
 One replica keeps its sessions in a `SessionStore` of its own. Several replicas share one, held by
 a Serve deployment of its own (`services/serving/app.py`), so a client's calls may land on any

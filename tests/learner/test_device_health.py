@@ -18,16 +18,15 @@ from learner.learner import Learner
 from rollout_workers.sampler import make_sampler
 
 
-def test_cpu_reports_the_learner_process_share_of_its_cores_and_its_memory():
+def test_cpu_reports_the_learner_process_memory_and_no_utilization():
+    """A CPU learner's process share of its cores read 1.00 whatever it did (torch's threads): the
+    CPU reports no device_utilization rather than a number that says nothing."""
     import psutil
 
     health = DeviceHealth(resolve_device("cpu"), cores=1)
     assert health.problem is None
-    x = 0
-    for i in range(2_000_000):  # busy for a while: this process computes
-        x += i * i
     got = health.sample()
-    assert 0.3 < got["device_utilization"] <= 1.0
+    assert "device_utilization" not in got
     rss = psutil.Process().memory_info().rss
     assert abs(got["device_memory_used_bytes"] - rss) < 64 * 2**20
     assert got["device_memory_total_bytes"] == psutil.virtual_memory().total
@@ -44,7 +43,7 @@ def test_every_update_line_carries_the_device_keys():
             break
         out = learner.train_round([sampler.sample()])
     assert out.metrics is not None
-    assert 0.0 <= out.metrics["device_utilization"] <= 1.0
+    assert "device_utilization" not in out.metrics  # the CPU's: see the test above
     assert out.metrics["device_memory_used_bytes"] > 0
 
 

@@ -302,3 +302,40 @@ def test_any_bytes_in_metrics_get_strict_json_with_one_entry_per_line(tmp_path_f
     body = json.loads(json.dumps(RunStore(root).metrics(".", 0), allow_nan=False))
     assert len(body["lines"]) == len(chunks) == body["next"]
     assert all(x is None or isinstance(x, dict) for x in body["lines"])
+
+
+def test_a_single_cpu_run_shows_only_what_applies_in_units_people_read(tmp_path):
+    """One local run on a CPU learner, memoryless: no sweep panel, no recurrent-state card, no
+    device-utilization series; memory axes and values in MiB/GiB, not cut-off raw bytes; the speed
+    chart smoothed over 10 iterations."""
+    root = tmp_path / "run"
+    root.mkdir()
+    extra = lambda i: {  # noqa: E731
+        "learner_busy": 0.4,
+        "device_memory_bytes": 3.5 * 2**30 + i,
+        "learner_rss_bytes": 812 * 2**20,
+        "env_steps_per_s": 1000.0 if i % 2 else 3000.0,  # a sawtooth: smoothed to ~2000
+    }
+    (root / "metrics.jsonl").write_text("".join(line(i, **extra(i)) for i in range(1, 21)))
+    board = Dashboard(root, port=0).start()
+    try:
+        with page_at(board.url) as (page, errors):
+            page.wait_for_function("window.relayDashboard.points('memory') === 20", timeout=20000)
+            assert not page.locator("#sweep").is_visible()
+            assert (
+                page.locator("#card-recurrent").count() == 0
+                or not page.locator("#card-recurrent").is_visible()
+            )
+            assert page.evaluate("window.relayDashboard.series('busy')") == [" learner_busy"]
+            assert not page.locator("#card-eval").is_visible()  # no evaluation ran
+            memory = page.locator("#card-memory").inner_text()
+            assert "3.5 GiB" in memory and "000,000" not in memory, memory
+            ticks = page.evaluate("window.relayDashboard.ticks('memory')")
+            assert ticks and all(t.split()[-1] in ("B", "KiB", "MiB", "GiB") for t in ticks), ticks
+            assert "2 GiB" in ticks, ticks  # steps of a power of two
+            speed = page.evaluate("window.relayDashboard.values('speed', 1)")
+            assert all(1900 <= v <= 2100 for v in speed[10:]), speed
+            page.screenshot(path=str(ARTIFACTS / "dashboard-single-run.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        board.stop()
