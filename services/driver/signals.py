@@ -122,3 +122,18 @@ def sigterm_raises() -> Iterator[None]:
         sys.unraisablehook = default_hook
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Stop signals (Ctrl-C, SIGTERM, SIGHUP) wait until the block ends, then arrive as usual: a
+    cleanup (Ray's shutdown, the last files) is never cut halfway by one. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

@@ -28,7 +28,7 @@ import ray
 
 from contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
 from services.driver.cluster import end_children, join_or_start_ray
-from services.driver.signals import Terminated
+from services.driver.signals import Terminated, signals_held
 from services.files import atomic_write
 from services.sweep.params import Param, SweepError
 from services.sweep.plan import (
@@ -371,18 +371,18 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
                 tuner.fit()
             code = seen.get("code", 0)
     finally:
-        try:
-            rows = summarize(plan.root, plan.options.metric, plan.options.mode)
-            best = write_outcome(plan, rows)
-            _finish_mlflow_parent(plan, tags, "KILLED" if code else "FINISHED")
-        finally:
-            if started:
-                try:
+        # A second Ctrl-C lands here, cutting Tune's stop short; a third must not cut this short
+        # too: a Ray half shut down leaves agents that ignore SIGTERM, and Tune's exit hook then
+        # waits a minute on a GCS that is gone (exit 1). Signals wait until the cleanup is done.
+        with signals_held():
+            try:
+                rows = summarize(plan.root, plan.options.metric, plan.options.mode)
+                best = write_outcome(plan, rows)
+                _finish_mlflow_parent(plan, tags, "KILLED" if code else "FINISHED")
+            finally:
+                if started:
                     ray.shutdown()
-                finally:
-                    # A second Ctrl-C cuts Tune's stop short: Ray's agents, which ignore SIGTERM,
-                    # would outlive the sweep. Whatever this process started ends with it.
-                    end_children()
+                    end_children()  # whatever this process started ends with it
     print(format_table(rows, plan.options.metric))
     for row in rows:
         if row["status"] == "error":
