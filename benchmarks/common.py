@@ -67,7 +67,7 @@ def mlflow_server(folder: Path, timeout_s: float = 90.0) -> Iterator[str]:
 def machine_header(title: str) -> str:
     import torch
 
-    from learner.device import CPU_BF16_FLAGS, cpu_flags
+    from relay_rl.learner.device import CPU_BF16_FLAGS, cpu_flags
 
     cpu = platform.processor() or platform.machine()
     # The CPU model and its bf16 units: the machine this project runs on changes between sessions,
@@ -114,7 +114,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 def train_relay(
     config: str, sets: list[str], inspect: Callable[[Path], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Run `python -m services.train CONFIG` (quiet, in a temporary run dir) and return its metrics
+    """Run `python -m relay_rl.services.train CONFIG` (quiet, in a temporary run dir) and return its metrics
     lines; `inspect` is handed the run dir before it goes (to read its checkpoints)."""
     root = Path(__file__).parents[1]
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +122,7 @@ def train_relay(
         cmd = [
             sys.executable,
             "-m",
-            "services.train",
+            "relay_rl.services.train",
             config,
             "--run-dir",
             str(run),
@@ -141,7 +141,7 @@ def rllib_ppo_update(config: str, train_batch: int | None = None) -> dict[str, A
     """relay's PPO update in the shipped `config` as keywords of RLlib's `PPOConfig.training(...)`,
     so RLlib runs the same update: steps a round (`train_batch`, default relay's buffer),
     minibatch, epochs, lr, gamma, lambda, clip and the loss weights."""
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
 
     lc = load_config(Path(__file__).parents[1] / config).learner
     return dict(
@@ -166,8 +166,8 @@ def sampling_rate(
 
     import ray
 
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.worker import RolloutWorker
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.worker import RolloutWorker
 
     cpus = cfg.rollout.num_cpus_per_worker if num_cpus is None else num_cpus
     cls = ray.remote(RolloutWorker).options(num_cpus=cpus)

@@ -50,7 +50,7 @@ def _missing(*modules: str) -> str | None:
 
 
 def _load(config: str, sets: list[str]) -> Any:
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
 
     return load_config(ROOT / "configs" / f"{config}.yaml", ["rollout.num_workers=0", *sets])
 
@@ -70,9 +70,9 @@ def _device_memory(device: str, warm: dict[str, Any], last: dict[str, Any]) -> l
 def learner_alone(device: str, quick: bool) -> str:
     import torch
 
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     rows, notes = [], []
     updates = 1 if quick else 5
@@ -144,11 +144,11 @@ def breakout_end_to_end(device: str, quick: bool) -> str:
 def _checkpoint(device: str, tmp: Path) -> Path:
     """A CartPole learner trained for 8 rounds on the device, checkpointed as the training loop
     does (in-process: no Ray needed)."""
-    from contracts.checkpoint import RunCounters
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
-    from services.driver.checkpoints import write_learner_checkpoint
+    from relay_rl.contracts.checkpoint import RunCounters
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
+    from relay_rl.services.driver.checkpoints import write_learner_checkpoint
 
     cfg = _load("cartpole_ppo", [f"learner.device={device}", "learner.buffer_size=512"])
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -163,8 +163,8 @@ def _checkpoint(device: str, tmp: Path) -> Path:
 
 
 def verify_on_device(device: str, ckpt: Path) -> str:
-    from services.tools.load import load_policy
-    from services.tools.verify import VerifyOptions, run_verify
+    from relay_rl.services.tools.load import load_policy
+    from relay_rl.services.tools.verify import VerifyOptions, run_verify
 
     text, _ = run_verify(load_policy(ckpt), VerifyOptions(["float32", "bfloat16", "float16"], device))
     return text.rstrip()
@@ -173,7 +173,7 @@ def verify_on_device(device: str, ckpt: Path) -> str:
 def serving_latency(device: str, ckpt: Path, quick: bool) -> str:
     import numpy as np
 
-    from services.serving.service import ActRequest, PolicyService
+    from relay_rl.services.serving.service import ActRequest, PolicyService
 
     calls = 20 if quick else 200
     rows = []
@@ -195,9 +195,9 @@ def serving_latency(device: str, ckpt: Path, quick: bool) -> str:
 def device_soak(device: str, seconds: float) -> str:
     """Device memory allocated after each learner round over `seconds`: where it starts after a
     warm-up of 5 rounds, where it ends, its least-squares growth per 1,000 rounds, and the peak."""
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = _load("cartpole_ppo", [f"learner.device={device}"])
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -243,7 +243,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="seconds, not measurements (the CPU path in CI)")
     parser.add_argument("--soak-s", type=float, default=60.0, help="section 5's length in seconds")
     args = parser.parse_args()
-    from learner.device import check_device
+    from relay_rl.learner.device import check_device
 
     device = str(check_device(args.device))
     print(machine_header(f"relay device report: {device}{' (--quick)' if args.quick else ''}"))

@@ -72,7 +72,7 @@ def encode_pyav(frames: list[np.ndarray], fps: float) -> bytes:
 def bench_encode(repeats: int) -> str:
     import ale_py
 
-    from rollout_workers.video import encode_mp4
+    from relay_rl.rollout_workers.video import encode_mp4
 
     gym.register_envs(ale_py)
     sets = {
@@ -103,7 +103,7 @@ def trained(config: str, sets: list[str], tmp: Path) -> Path:
     cmd = [
         sys.executable,
         "-m",
-        "services.train",
+        "relay_rl.services.train",
         config,
         "--run-dir",
         str(run),
@@ -124,14 +124,14 @@ class RelayForSB3:
     so the draws line up)."""
 
     def __init__(self, handle, space: gym.Space, stochastic: bool, seed: int) -> None:
-        from rollout_workers.evaluation import EVAL_SEED_STREAM, model_act
+        from relay_rl.rollout_workers.evaluation import EVAL_SEED_STREAM, model_act
 
         self.handle = handle
         self.space = space  # one env's action space
         self.act = model_act(handle.model, stochastic, seed + EVAL_SEED_STREAM)
 
     def predict(self, obs, state=None, episode_start=None, deterministic=True):
-        from rollout_workers.envs import env_actions
+        from relay_rl.rollout_workers.envs import env_actions
 
         actions = self.act({"obs": np.asarray(obs)})[0]
         return env_actions(self.handle.env.action, self.space, actions), None
@@ -143,7 +143,7 @@ def monitored_env(ec):
     wrappers (so SB3 counts the true game, as relay does), elsewhere outermost."""
     from stable_baselines3.common.monitor import Monitor
 
-    from rollout_workers.envs import make_env_fn
+    from relay_rl.rollout_workers.envs import make_env_fn
 
     env = make_env_fn(ec)()
     layer = env
@@ -159,10 +159,10 @@ def sb3_returns(run: Path, episodes: int, seed: int, stochastic: bool) -> tuple[
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from rollout_workers.envs import env_seeds
-    from rollout_workers.evaluation import EVAL_SEED_STREAM, MAX_EVAL_ENVS
-    from services.tools.evaluate import policy_file
-    from services.tools.load import load_policy
+    from relay_rl.rollout_workers.envs import env_seeds
+    from relay_rl.rollout_workers.evaluation import EVAL_SEED_STREAM, MAX_EVAL_ENVS
+    from relay_rl.services.tools.evaluate import policy_file
+    from relay_rl.services.tools.load import load_policy
 
     handle = load_policy(policy_file(run, best=False))
     n = min(episodes, MAX_EVAL_ENVS)
@@ -183,7 +183,7 @@ def relay_eval(run: Path, episodes: int, seed: int, stochastic: bool) -> dict:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "relay_rl.services.cli",
             "eval",
             str(run),
             "--episodes",
@@ -253,7 +253,7 @@ def throughput(extra: list[str], seconds: float) -> float:
         cmd = [
             sys.executable,
             "-m",
-            "services.train",
+            "relay_rl.services.train",
             "configs/cartpole_ppo.yaml",
             "--run-dir",
             str(run),

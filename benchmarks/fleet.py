@@ -84,7 +84,7 @@ def _ray_processes_rss() -> int:
 def _run_inprocess(sets: list[str], seconds: float) -> dict[str, Any]:
     """A training run in this process on the Ray already started: env steps/s, the driver's CPU
     seconds per round, the learner's phases per segment, memory of Ray's processes."""
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
     from tests.helpers import ray_loop
 
     cfg = load_config(
@@ -124,10 +124,10 @@ def _run_inprocess(sets: list[str], seconds: float) -> dict[str, Any]:
 # ---- 2. pipeline efficiency ----------------------------------------------------------------------
 def _learner_alone(seconds: float, sets: list[str]) -> float:
     """Env steps/s the learner trains on when segments are always ready (sampled once, reused)."""
-    from contracts.config import load_config
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = load_config(CARTPOLE, sets)
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -143,7 +143,7 @@ def _learner_alone(seconds: float, sets: list[str]) -> float:
 
 def _sampling_alone(workers: int, seconds: float, sets: list[str]) -> float:
     """Env steps/s of the rollout workers alone (two samples in flight each, nobody learning)."""
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
 
     cfg = load_config(CARTPOLE, [f"rollout.num_workers={workers}", *sets])
     return sampling_rate(cfg, workers, seconds, in_flight=2)
@@ -194,9 +194,9 @@ def _broadcast_ms(workers: int) -> tuple[float, float]:
     """(one ray.put of CartPole's weights, ms; the slowest of `workers` actors fetching it, ms)."""
     import ray
 
-    from contracts.config import load_config
-    from learner.learner import Learner
-    from rollout_workers.envs import probe_env_spec
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.envs import probe_env_spec
 
     cfg = load_config(CARTPOLE)
     weights = {k: v.numpy() for k, v in Learner(cfg, probe_env_spec(cfg.env)).weights().items()}

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from learner.device import resolve_device
-from learner.gae import _deltas_and_coefficients, compute_gae, compute_gae_reference
+from relay_rl.learner.device import resolve_device
+from relay_rl.learner.gae import _deltas_and_coefficients, compute_gae, compute_gae_reference
 
 SHAPES = [(128, 64), (512, 256), (2048, 1024)]
 

@@ -54,8 +54,8 @@ def run(config: str, sets: list[str], rounds: int) -> tuple[list[float], dict[st
     """(seconds since the first round, {series: bytes after each round}, trims)."""
     import torch
 
-    from learner.heap import HeapTrimmer, heap_stats
-    from learner.learner import Learner
+    from relay_rl.learner.heap import HeapTrimmer, heap_stats
+    from relay_rl.learner.learner import Learner
 
     cfg, spec, segments = one_round(config, sets)
     torch.set_num_threads(cfg.learner.num_cpus)

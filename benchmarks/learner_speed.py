@@ -49,8 +49,8 @@ CONFIG_SETS = {"breakout_ppo": ["env.vectorization=envpool"]}
 
 def one_round(config: str, sets: Sequence[str] = ()) -> tuple[Any, Any, list[Any]]:
     """The config's env spec and one round of its segments (the learner's input for an update)."""
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = shipped_config(config, list(sets))
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -58,7 +58,7 @@ def one_round(config: str, sets: Sequence[str] = ()) -> tuple[Any, Any, list[Any
 
 
 def shipped_config(config: str, sets: list[str]) -> Any:
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
 
     return load_config(
         ROOT / "configs" / f"{config}.yaml", ["rollout.num_workers=0", *CONFIG_SETS.get(config, []), *sets]
@@ -68,7 +68,7 @@ def shipped_config(config: str, sets: list[str]) -> Any:
 def _time_variant(config: str, spec: Any, segments: list[Any], sets: list[str], updates: int) -> dict:
     import torch
 
-    from learner.learner import Learner
+    from relay_rl.learner.learner import Learner
 
     cfg = shipped_config(config, sets)
     torch.set_num_threads(cfg.learner.num_cpus)

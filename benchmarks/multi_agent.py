@@ -52,7 +52,7 @@ SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 
 # ---- columns ----------------------------------------------------------------------------------
 def _spread_cfg(agents: int, columns: int) -> Any:
-    from contracts.config import build_config
+    from relay_rl.contracts.config import build_config
 
     return build_config(
         {},
@@ -97,8 +97,8 @@ def _sampler_split(agents: int, columns: int, seconds: float) -> tuple[float, fl
     """(agent steps/s of the sampler, the fraction of its time the env copies themselves took):
     the copies' step and reset are timed inside the same run, so relay's own share (acting,
     recording, the column plumbing) is the rest."""
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = _spread_cfg(agents, columns)
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -146,9 +146,9 @@ def columns(args: argparse.Namespace) -> None:
 def _games_against(cfg: Any, run: Path, early: Path, late: Path, games: int) -> float:
     """The late checkpoint's score against the early one: the late policy's sampler with the
     early policy as its whole pool (no random games), stochastic as in training."""
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
-    from services.tools.load import load_policy
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
+    from relay_rl.services.tools.load import load_policy
 
     def weights(path: Path) -> dict[str, Any]:
         return dict(load_policy(path).model.state_dict())
@@ -172,8 +172,8 @@ def _games_against(cfg: Any, run: Path, early: Path, late: Path, games: int) -> 
 
 
 def selfplay(args: argparse.Namespace) -> None:
-    from contracts.config import load_config
-    from services.driver.checkpoints import list_checkpoints
+    from relay_rl.contracts.config import load_config
+    from relay_rl.services.driver.checkpoints import list_checkpoints
 
     config = "configs/connect_four_selfplay.yaml"
     sets = [
@@ -219,7 +219,7 @@ def selfplay(args: argparse.Namespace) -> None:
 def _run_relay(config: str, run: Path, sets: list[str]) -> None:
     import subprocess
 
-    cmd = [sys.executable, "-m", "services.train", config, "--run-dir", str(run)]
+    cmd = [sys.executable, "-m", "relay_rl.services.train", config, "--run-dir", str(run)]
     for kv in sets:
         cmd += ["--set", kv]
     subprocess.run(cmd, cwd=ROOT, check=True)
@@ -386,7 +386,7 @@ def _pistonball_env(channels_first: bool) -> Any:
     import supersuit as ss
     from pettingzoo.butterfly import pistonball_v6
 
-    from rollout_workers.preprocess import _pixels
+    from relay_rl.rollout_workers.preprocess import _pixels
 
     env = pistonball_v6.parallel_env(continuous=False, max_cycles=125)
     if channels_first:
@@ -458,8 +458,8 @@ def _versus(title: str, runs: dict[str, Any], args: argparse.Namespace) -> None:
 # ---- groups -----------------------------------------------------------------------------------
 def _sampler_rate(cfg: Any, seconds: float) -> float:
     """Agent steps/s of one sampler (of one policy, or of every group's around one env)."""
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     sampler = make_sampler(cfg, algorithm_traits(cfg))
 
@@ -487,7 +487,7 @@ def groups(args: argparse.Namespace) -> None:
         for label, policies in layouts.items():
             cfg = _spread_cfg(3, 240)
             if policies is not None:
-                from contracts.config import build_config
+                from relay_rl.contracts.config import build_config
 
                 data = cfg.model_dump(mode="json")
                 cfg = build_config(data, [f"multi_agent.policies={policies}"])

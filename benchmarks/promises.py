@@ -36,7 +36,7 @@ def _bomb() -> Path:
 def refusal(name: str, argv: list[str]) -> list[object]:
     t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-m", "services.cli", *argv], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "relay_rl.services.cli", *argv], cwd=ROOT, capture_output=True, text=True
     )
     lines = p.stderr.strip().splitlines()
     return [name, p.returncode, round(time.perf_counter() - t0, 2), len(lines), "-", "-", lines[-1][:70]]
@@ -144,7 +144,15 @@ def _finished_run() -> Path:
         "stop.env_steps=600",
         "stop.episode_return_mean=null",
     ]
-    args = [sys.executable, "-m", "services.cli", "train", "configs/cartpole_ppo.yaml", "--run-dir", str(run)]
+    args = [
+        sys.executable,
+        "-m",
+        "relay_rl.services.cli",
+        "train",
+        "configs/cartpole_ppo.yaml",
+        "--run-dir",
+        str(run),
+    ]
     subprocess.run(
         [*args, *(x for kv in sets for x in ("--set", kv))], cwd=ROOT, capture_output=True, check=True
     )

@@ -32,12 +32,12 @@ CHILD = r"""
 import json, sys, time
 import torch
 torch.set_num_threads(1)
-from contracts.config import build_config
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import build_config
+from relay_rl.rollout_workers.sampler import make_sampler
 cfg = build_config({}, ["rollout.num_workers=0", "env.num_envs=8", "rollout.rollout_len=128",
                         "learner.buffer_size=1024", "learner.batch_size=256"])
 try:
-    from learner.algorithms import algorithm_traits
+    from relay_rl.learner.algorithms import algorithm_traits
     sampler = make_sampler(cfg, algorithm_traits(cfg))
 except ImportError:  # before the policy layer: make_sampler(cfg)
     sampler = make_sampler(cfg)

@@ -49,7 +49,7 @@ def run_recurrent_ppo(max_wall: float) -> Outcome:
     from stable_baselines3.common.vec_env import VecNormalize
     from torch import nn
 
-    from rollout_workers.pomdp import register_pomdp
+    from relay_rl.rollout_workers.pomdp import register_pomdp
 
     register_pomdp()
     env = VecNormalize(make_vec_env(lambda: gym.make(TASK.env_id), n_envs=8, seed=0))
@@ -80,10 +80,10 @@ def sampling_table(seconds: float, repeats: int) -> str:
     import ray
     import torch
 
-    from contracts.config import load_config
-    from policy.models import build_policy
-    from policy.numpy_mirror import TorchCpuPolicy, cpu_policy
-    from rollout_workers.envs import probe_env_spec
+    from relay_rl.contracts.config import load_config
+    from relay_rl.policy.models import build_policy
+    from relay_rl.policy.numpy_mirror import TorchCpuPolicy, cpu_policy
+    from relay_rl.rollout_workers.envs import probe_env_spec
 
     base = ["learner.minibatch=sequences", "model.recurrent_size=64"]
     cores = {"no core": "none", "lstm 64": "lstm", "gru 64": "gru"}
@@ -150,8 +150,8 @@ def cue_success(checkpoint: Path, episodes: int = 400) -> tuple[float, float, fl
     import numpy as np
     import torch
 
-    from policy.actor_critic import STATE, draw_noise, fields_to_torch
-    from services.tools.load import load_policy
+    from relay_rl.policy.actor_critic import STATE, draw_noise, fields_to_torch
+    from relay_rl.services.tools.load import load_policy
 
     handle = load_policy(checkpoint)
     env = gym.make("MiniGrid-MemoryS7-v0")
@@ -185,7 +185,7 @@ def memory_table(env_steps: int) -> str:
     """MemoryS7 with and without the LSTM core, the same budget each: the mean return (last 100
     episodes) and the wall at each mark of the budget; then each final policy's success with and
     without having seen the cue (`cue_success`)."""
-    from services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.driver.checkpoints import list_checkpoints
 
     runs, cues = {}, {}
     for name, sets in (("lstm 128", []), ("no memory", ["model.recurrent=none", "learner.minibatch=steps"])):

@@ -34,8 +34,8 @@ CONCURRENCY = (1, 8, 32)
 
 
 def _cartpole_checkpoint(folder: Path) -> Path:
-    from services.cli import main
-    from services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.cli import main
+    from relay_rl.services.driver.checkpoints import list_checkpoints
 
     run = folder / "cartpole"
     sets = ["rollout.num_workers=0", "metrics.progress=none", "stop.env_steps=2048"]
@@ -57,12 +57,12 @@ def _huggy(folder: Path) -> Path:
 def _breakout_cnn(folder: Path) -> Path:
     """A Nature CNN checkpoint for Breakout's [4, 84, 84] uint8 frames (fresh weights: latency does
     not depend on what they learned), written as the training loop writes one."""
-    from contracts.checkpoint import RunCounters
-    from contracts.config import load_config
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
-    from services.driver.checkpoints import write_learner_checkpoint
+    from relay_rl.contracts.checkpoint import RunCounters
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
+    from relay_rl.services.driver.checkpoints import write_learner_checkpoint
 
     cfg = load_config(
         "configs/breakout_ppo.yaml", ["rollout.num_workers=0", "env.num_envs=1", "learner.batch_size=128"]
@@ -92,8 +92,8 @@ def _floor(path: Path, calls: int = 3000) -> tuple[float, float]:
     """p50, p99 ms of one in-process onnxruntime call on a batch-1 observation (relay's export)."""
     import onnxruntime as ort
 
-    from services.tools.export import onnx_bytes
-    from services.tools.load import load_policy
+    from relay_rl.services.tools.export import onnx_bytes
+    from relay_rl.services.tools.load import load_policy
 
     handle = load_policy(path)
     session = ort.InferenceSession(onnx_bytes(handle), providers=["CPUExecutionProvider"])
@@ -111,8 +111,8 @@ def _floor(path: Path, calls: int = 3000) -> tuple[float, float]:
 def _parse_ms(path: Path, body: bytes, calls: int = 300) -> float:
     """p50 ms of reading one request in-process as the replica does: the JSON body parsed and the
     observation checked against the policy (`parse_act`), no HTTP and no model."""
-    from services.serving.service import parse_act
-    from services.tools.load import load_policy
+    from relay_rl.services.serving.service import parse_act
+    from relay_rl.services.tools.load import load_policy
 
     handle = load_policy(path)
     times = []
@@ -196,7 +196,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from services.serving.app import build
+    from relay_rl.services.serving.app import build
 
     url = "http://127.0.0.1:8765/act"
     quiet = {"log_level": "ERROR", "enable_access_log": False}

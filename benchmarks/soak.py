@@ -140,7 +140,7 @@ def soak(
     (JSON: {"samples": [[seconds, {kind: bytes}]], "lines": [...]}) to look at step by step."""
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
     run = Path(tempfile.mkdtemp()) / "run"
-    argv = [sys.executable, "-m", "services.train", config, "--run-dir", str(run)]
+    argv = [sys.executable, "-m", "relay_rl.services.train", config, "--run-dir", str(run)]
     # A soak runs by the clock: no step budget, so no lr annealing over one either.
     budget = ["stop.env_steps=null", "stop.episode_return_mean=null", f"stop.wall_s={minutes * 60 + 120}"]
     budget.append("learner.lr_anneal=false")

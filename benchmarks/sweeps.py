@@ -45,7 +45,7 @@ SOLVED = 475.0  # CartPole's mean return that counts as solved (each trial stops
 
 def sweep(folder: Path, config: str, params: list[str], flags: list[str], sets: list[str]) -> float:
     """Run `relay sweep`; returns its wall seconds."""
-    cmd = [sys.executable, "-m", "services.cli", "sweep", config, "--dir", str(folder), *flags]
+    cmd = [sys.executable, "-m", "relay_rl.services.cli", "sweep", config, "--dir", str(folder), *flags]
     for p in params:
         cmd += ["--param", p]
     for kv in [*QUIET, *sets]:
@@ -152,7 +152,14 @@ def section_pbt(tmp: Path) -> str:
 
 
 def _train_rate(run: Path, sets: list[str]) -> float:
-    cmd = [sys.executable, "-m", "services.train", "configs/cartpole_ppo.yaml", "--run-dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relay_rl.services.train",
+        "configs/cartpole_ppo.yaml",
+        "--run-dir",
+        str(run),
+    ]
     for kv in [*QUIET, "rollout.mode=async", "stop.env_steps=450000", "stop.episode_return_mean=null", *sets]:
         cmd += ["--set", kv]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -27,8 +27,8 @@ from common import machine_header, rllib_ppo_update, sampling_rate, table, train
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
-from contracts.config import EnvConfig, build_config  # noqa: E402
-from rollout_workers.vector_backends import make_vector_env  # noqa: E402
+from relay_rl.contracts.config import EnvConfig, build_config  # noqa: E402
+from relay_rl.rollout_workers.vector_backends import make_vector_env  # noqa: E402
 
 NUM_ENVS = 8
 

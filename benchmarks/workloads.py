@@ -63,8 +63,8 @@ SB3_MUJOCO: dict[str, dict[str, Any]] = {
 
 # ---- 1. env stepping ceilings ------------------------------------------------------------------
 def _stepper(env_id: str, backend: str, num_envs: int) -> tuple[Any, Callable[[], np.ndarray]]:
-    from contracts.config import EnvConfig
-    from rollout_workers.vector_backends import make_vector_env
+    from relay_rl.contracts.config import EnvConfig
+    from relay_rl.rollout_workers.vector_backends import make_vector_env
 
     preprocess = "atari" if env_id.startswith("ALE/") else "none"
     env = make_vector_env(
@@ -204,7 +204,7 @@ def _relay_sampling(seconds: float, extra: list[str]) -> float:
     """RolloutWorker.sample() alone, 2 workers, CNN acting on the CPU, segments through Ray."""
     import ray
 
-    from contracts.config import load_config
+    from relay_rl.contracts.config import load_config
 
     cfg = load_config(ROOT / "configs/breakout_ppo.yaml", [*ATARI_SETS, *extra])
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
@@ -219,10 +219,10 @@ def _update_breakdown(extra: list[str]) -> tuple[float, int, dict[str, float]]:
     by phase."""
     import torch
 
-    from contracts.config import load_config
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = load_config(
         ROOT / "configs/breakout_ppo.yaml",
@@ -261,9 +261,9 @@ def _worker_split(seconds: float, extra: list[str]) -> dict[str, float]:
     actions (the rest is acting: the CNN's forward and the distribution, and recording)."""
     import torch
 
-    from contracts.config import load_config
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     cfg = load_config(ROOT / "configs/breakout_ppo.yaml", [*ATARI_SETS, *extra])
     threads = torch.get_num_threads()
@@ -295,7 +295,7 @@ def _relay_split(lines: list[dict[str, Any]]) -> dict[str, float]:
     """Seconds per 1,000 env steps of a relay run after its first line (the first round holds the
     first resets and, compiled, the compile): wall, and the learner's phases (contracts.metrics
     PHASES: waiting for segments, ingest, update, publish); the whole run when it has one line."""
-    from contracts.metrics import PHASES
+    from relay_rl.contracts.metrics import PHASES
 
     first, steady = (lines[0], lines[1:]) if len(lines) > 1 else ({"env_steps": 0, "wall_s": 0.0}, lines)
     per_k = 1000 / (lines[-1]["env_steps"] - first["env_steps"])

@@ -13,8 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from contracts.rounds import RoundResult, add_faults, add_stats
-from contracts.spaces import EnvSpec, SpecError
+from ..contracts.rounds import RoundResult, add_faults, add_stats
+from ..contracts.spaces import EnvSpec, SpecError
 
 # 1: session 1-2 checkpoints (no env spec, counters without amp_skipped_steps/env_faults).
 CHECKPOINT_FORMAT = 2

@@ -22,7 +22,7 @@ from typing import Any, Literal, cast
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from contracts.spaces import MAX_POLICY_GROUPS, POLICY_NAME
+from ..contracts.spaces import MAX_POLICY_GROUPS, POLICY_NAME
 
 # A config is a few hundred values; a document that expands to more is a mistake or an attack.
 MAX_CONFIG_NODES = 20_000

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from contracts.segment import ENV_FAULT_KINDS
+from ..contracts.segment import ENV_FAULT_KINDS
 
 METRICS: dict[str, str] = {
     # the run (driver)

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import ValidationError
 
-from contracts.config import ConfigError, RelayConfig, build_config
-from contracts.spaces import EnvSpec
+from ..contracts.config import ConfigError, RelayConfig, build_config
+from ..contracts.spaces import EnvSpec
 
 SEP = "/"  # between a group's name and a key of its weights (group names hold no '/')
 VERSION = "@version"  # a published group's weights version (no model key starts with '@')

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from contracts.segment import ENV_FAULT_KINDS
+from ..contracts.segment import ENV_FAULT_KINDS
 
 MAX_STAT_NAMES = 256  # episode statistics a run keeps (a multi-agent env's agents each have one)
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from contracts.spaces import PATH_SEP, EnvSpec
+from ..contracts.spaces import PATH_SEP, EnvSpec
 
 ShapeRule = Literal["TN", "N", "TN+obs", "TN+action", "TN+mask", "N+state", "TN+global"]
 DtypeRule = Literal["float32", "obs", "action", "bool"]

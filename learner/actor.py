@@ -23,14 +23,14 @@ import numpy as np
 import ray
 import torch
 
-from contracts.config import RelayConfig
-from contracts.rounds import Publication, RoundResult
-from contracts.spaces import EnvSpec
-from learner.device import accelerator_resources, ray_options
-from learner.distributed import init_group, world_size
-from learner.heap import HeapTrimmer
-from learner.learner import Arrival, Arrivals
-from learner.policy_groups import GroupArrival, make_learner
+from ..contracts.config import RelayConfig
+from ..contracts.rounds import Publication, RoundResult
+from ..contracts.spaces import EnvSpec
+from ..learner.device import accelerator_resources, ray_options
+from ..learner.distributed import init_group, world_size
+from ..learner.heap import HeapTrimmer
+from ..learner.learner import Arrival, Arrivals
+from ..learner.policy_groups import GroupArrival, make_learner
 
 Fetched = Arrival | GroupArrival | ray.exceptions.RayError
 Weights = dict[str, np.ndarray]

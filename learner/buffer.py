@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.segment import Segment, SegmentLayout
+from ..contracts.segment import Segment, SegmentLayout
 
 
 def torch_dtype(dtype: np.dtype) -> torch.dtype:

@@ -22,7 +22,7 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-from policy.actor_critic import ActorCritic
+from ..policy.actor_critic import ActorCritic
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]

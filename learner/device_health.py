@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import torch
 
-from learner.device import DeviceContext, backend_module
+from ..learner.device import DeviceContext, backend_module
 
 Reading = dict[str, float]
 SLOW_EVERY_S = 5.0  # npu-smi is a process start: not every iteration

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from learner.device import DeviceContext
-from policy.normalizer import Moments
+from ..learner.device import DeviceContext
+from ..policy.normalizer import Moments
 
 
 def init_group(dev: DeviceContext, rank: int, world_size: int, address: str, port: int) -> None:

@@ -16,21 +16,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.config import RelayConfig
-from contracts.rounds import RoundResult, add_faults, add_stats
-from contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected, state_resets
-from contracts.spaces import EnvSpec
-from learner.algorithms import algorithm_class, segment_layout
-from learner.buffer import SegmentRingBuffer
-from learner.compiled import CompiledLoss
-from learner.device import DeviceContext, resolve_device
-from learner.device_health import DeviceHealth
-from learner.distributed import gather_moments, world_size
-from learner.heap import HeapGauge
-from learner.precision import is_convolutional, resolve_precision
-from learner.update import run_update
-from policy.models import ActorCritic, build_policy, weights_mismatch
-from policy.normalizer import Moments
+from ..contracts.config import RelayConfig
+from ..contracts.rounds import RoundResult, add_faults, add_stats
+from ..contracts.segment import PER_ENV_FIELDS, Segment, SegmentRejected, state_resets
+from ..contracts.spaces import EnvSpec
+from ..learner.algorithms import algorithm_class, segment_layout
+from ..learner.buffer import SegmentRingBuffer
+from ..learner.compiled import CompiledLoss
+from ..learner.device import DeviceContext, resolve_device
+from ..learner.device_health import DeviceHealth
+from ..learner.distributed import gather_moments, world_size
+from ..learner.heap import HeapGauge
+from ..learner.precision import is_convolutional, resolve_precision
+from ..learner.update import run_update
+from ..policy.models import ActorCritic, build_policy, weights_mismatch
+from ..policy.normalizer import Moments
 
 # Seconds the learner spends, by phase: copying segments in, updating. (Waiting for segments
 # arrives with them; publishing weights is the actor's; `contracts/metrics.py` names them all.)

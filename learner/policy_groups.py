@@ -21,15 +21,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.config import RelayConfig
-from contracts.metrics import POLICY_KEYS, POLICY_PREFIX, POLICY_RETURN_PREFIX
-from contracts.policy_groups import group_configs, joined, part_of, with_versions
-from contracts.rounds import RoundResult, add_faults, add_stats
-from contracts.segment import Sampled, Segment
-from contracts.spaces import EnvSpec
-from learner.device import DeviceContext, resolve_device
-from learner.learner import Arrival, Arrivals, Learner, learner_state_problem
-from policy.models import ActorCritic
+from ..contracts.config import RelayConfig
+from ..contracts.metrics import POLICY_KEYS, POLICY_PREFIX, POLICY_RETURN_PREFIX
+from ..contracts.policy_groups import group_configs, joined, part_of, with_versions
+from ..contracts.rounds import RoundResult, add_faults, add_stats
+from ..contracts.segment import Sampled, Segment
+from ..contracts.spaces import EnvSpec
+from ..learner.device import DeviceContext, resolve_device
+from ..learner.learner import Arrival, Arrivals, Learner, learner_state_problem
+from ..policy.models import ActorCritic
 
 # Metrics that are totals over the groups (sizes); the others of the shared line are the first
 # updated group's (the device, the process) or the groups' mean (the algorithm's statistics).

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.config import LearnerConfig
-from learner.device import DeviceContext
+from ..contracts.config import LearnerConfig
+from ..learner.device import DeviceContext
 
 
 def is_convolutional(model: torch.nn.Module) -> bool:

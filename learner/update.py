@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from contracts.config import LearnerConfig
-from learner.device import DeviceContext
-from learner.distributed import average_gradients, mean_across_learners
-from learner.precision import amp_enabled
-from policy.actor_critic import STATE, ActorCritic
+from ..contracts.config import LearnerConfig
+from ..learner.device import DeviceContext
+from ..learner.distributed import average_gradients, mean_across_learners
+from ..learner.precision import amp_enabled
+from ..policy.actor_critic import STATE, ActorCritic
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]

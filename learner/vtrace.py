@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.gae import reverse_linear_scan
+from ..learner.gae import reverse_linear_scan
 
 
 def _next_values(

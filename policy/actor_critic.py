@@ -26,13 +26,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from contracts.segment import Fields
-from contracts.spaces import ActionSpec
-from policy.cores import RecurrentCore
-from policy.distributions import distribution
-from policy.encoders import EncoderPlan, ObsEncoder
-from policy.normalizer import ObsNormalizer
-from policy.trunk import TrunkModule
+from ..contracts.segment import Fields
+from ..contracts.spaces import ActionSpec
+from ..policy.cores import RecurrentCore
+from ..policy.distributions import distribution
+from ..policy.encoders import EncoderPlan, ObsEncoder
+from ..policy.normalizer import ObsNormalizer
+from ..policy.trunk import TrunkModule
 
 Inputs = Tensor | Mapping[str, Tensor]  # a plain observation [B, *obs], or the input fields
 

@@ -14,15 +14,15 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from contracts.config import ModelConfig
-from contracts.segment import Fields, as_fields
-from contracts.spaces import ActionSpec
-from policy.actor_critic import STATE, fields_to_torch
-from policy.cores import RecurrentCore, core_class
-from policy.distributions import distribution
-from policy.encoders import EncoderPlan, flat_obs, np_encode_others
-from policy.models import ActorCritic, model_kind
-from policy.normalizer import CLIP
+from ..contracts.config import ModelConfig
+from ..contracts.segment import Fields, as_fields
+from ..contracts.spaces import ActionSpec
+from ..policy.actor_critic import STATE, fields_to_torch
+from ..policy.cores import RecurrentCore, core_class
+from ..policy.distributions import distribution
+from ..policy.encoders import EncoderPlan, flat_obs, np_encode_others
+from ..policy.models import ActorCritic, model_kind
+from ..policy.normalizer import CLIP
 
 # actions [B, *act], logp [B], value [B], and the recurrent state after the step [B, S] (None
 # without a core)

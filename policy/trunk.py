@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from contracts.config import RelayConfig
-from contracts.spaces import EnvSpec
+from ..contracts.config import RelayConfig
+from ..contracts.spaces import EnvSpec
 
 
 class TrunkModule(nn.Module):

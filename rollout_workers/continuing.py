@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Fields, Segment
-from rollout_workers.env_guard import Step
-from rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY
-from rollout_workers.observations import select_rows
-from rollout_workers.sampler_core import SamplerCore
+from ..contracts.segment import Fields, Segment
+from ..rollout_workers.env_guard import Step
+from ..rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY
+from ..rollout_workers.observations import select_rows
+from ..rollout_workers.sampler_core import SamplerCore
 
 
 def reported_episodes(info: dict[str, Any]) -> dict[int, tuple[float, int]]:

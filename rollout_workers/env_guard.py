@@ -14,9 +14,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from contracts.segment import ENV_FAULT_KINDS, Fields
-from rollout_workers.multi_agent.common import ACTIVE_KEY, UNACTED_KEY
-from rollout_workers.observations import ObsReader, finite_rows
+from ..contracts.segment import ENV_FAULT_KINDS, Fields
+from ..rollout_workers.multi_agent.common import ACTIVE_KEY, UNACTED_KEY
+from ..rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
 # info key (bool [N] once vectorized) of the copies that raised this step and were rebuilt.

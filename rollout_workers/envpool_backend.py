@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from contracts.config import EnvConfig, RelayConfig
+from ..contracts.config import EnvConfig, RelayConfig
 
 ATARI_OPTIONS = {
     "noop_max": 30,

@@ -16,12 +16,12 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from contracts.config import EnvConfig, MultiAgentConfig
-from contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
-from rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
-from rollout_workers.pomdp import register_pomdp
-from rollout_workers.preprocess import PREPROCESSORS, preprocessor
-from rollout_workers.user_code import (
+from ..contracts.config import EnvConfig, MultiAgentConfig
+from ..contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
+from ..rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
+from ..rollout_workers.pomdp import register_pomdp
+from ..rollout_workers.preprocess import PREPROCESSORS, preprocessor
+from ..rollout_workers.user_code import (
     PETTINGZOO,
     UserCodeError,
     add_finder,
@@ -29,7 +29,7 @@ from rollout_workers.user_code import (
     module_folders,
     one_line,
 )
-from rollout_workers.user_code import allow_env_module as allow_env_module  # callers import it here
+from ..rollout_workers.user_code import allow_env_module as allow_env_module  # callers import it here
 
 
 class EnvSpecError(ValueError):

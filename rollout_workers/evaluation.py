@@ -22,16 +22,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.config import EnvConfig, MultiAgentConfig
-from contracts.segment import Fields
-from contracts.spaces import EnvSpec
-from policy.actor_critic import STATE, draw_noise, fields_to_torch
-from policy.models import ActorCritic
-from rollout_workers.continuing import reported_episodes
-from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_seeds
-from rollout_workers.observations import ObsReader
-from rollout_workers.preprocess import preprocessor
-from rollout_workers.vector_backends import make_vector_env
+from ..contracts.config import EnvConfig, MultiAgentConfig
+from ..contracts.segment import Fields
+from ..contracts.spaces import EnvSpec
+from ..policy.actor_critic import STATE, draw_noise, fields_to_torch
+from ..policy.models import ActorCritic
+from ..rollout_workers.continuing import reported_episodes
+from ..rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_seeds
+from ..rollout_workers.observations import ObsReader
+from ..rollout_workers.preprocess import preprocessor
+from ..rollout_workers.vector_backends import make_vector_env
 
 # Env seeds of evaluation episodes: a stream no training run uses (a fresh run is stream 0, a
 # resume or a restarted worker a small one), so evaluation never replays training's episodes.

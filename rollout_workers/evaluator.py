@@ -21,22 +21,22 @@ import numpy as np
 import ray
 import torch
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.policy_groups import group_configs, part_of
-from contracts.spaces import EnvSpec
-from policy.models import build_policy
-from rollout_workers.envs import EnvSpecError
-from rollout_workers.evaluation import (
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..contracts.policy_groups import group_configs, part_of
+from ..contracts.spaces import EnvSpec
+from ..policy.models import build_policy
+from ..rollout_workers.envs import EnvSpecError
+from ..rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
     EvalResult,
     build_eval_env,
     eval_env_config,
     play,
 )
-from rollout_workers.scenes import GroupScene, scene_config, scene_players
-from rollout_workers.video import VideoError, encode_mp4
-from rollout_workers.worker import adopt_workdir
+from ..rollout_workers.scenes import GroupScene, scene_config, scene_players
+from ..rollout_workers.video import VideoError, encode_mp4
+from ..rollout_workers.worker import adopt_workdir
 
 EVAL_NICENESS = 10  # the evaluation actor's nice level: it runs on CPU training leaves idle
 

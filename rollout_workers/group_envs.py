@@ -20,16 +20,16 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import create_empty_array
 
-from contracts.segment import ENV_FAULT_KINDS, Fields
-from rollout_workers.env_guard import FaultGuard, Step
-from rollout_workers.multi_agent.common import (
+from ..contracts.segment import ENV_FAULT_KINDS, Fields
+from ..rollout_workers.env_guard import FaultGuard, Step
+from ..rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     FINAL_GLOBAL_KEY,
     GLOBAL_KEY,
     STATS_KEY,
     GroupColumns,
 )
-from rollout_workers.observations import ObsReader, finite_rows
+from ..rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
 

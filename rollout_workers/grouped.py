@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.segment import Segment
-from rollout_workers.sampler_core import SamplerCore
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..contracts.segment import Segment
+from ..rollout_workers.sampler_core import SamplerCore
 
 
 class GroupedSampler(SamplerCore):

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from contracts.segment import Fields
-from contracts.spaces import PATH_SEP, EnvSpec, ObsLeaf
-from rollout_workers.multi_agent.common import FINAL_GLOBAL_KEY, GLOBAL_KEY
+from ..contracts.segment import Fields
+from ..contracts.spaces import PATH_SEP, EnvSpec, ObsLeaf
+from ..rollout_workers.multi_agent.common import FINAL_GLOBAL_KEY, GLOBAL_KEY
 
 
 def _at(tree: Any, path: str) -> Any:

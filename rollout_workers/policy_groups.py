@@ -17,15 +17,15 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.policy_groups import group_config, group_versions, part_of
-from contracts.segment import Segment
-from contracts.spaces import EnvSpec
-from rollout_workers.continuing import ContinuingSampler
-from rollout_workers.envs import columns_spec
-from rollout_workers.group_envs import JointEnvs
-from rollout_workers.vector_backends import make_vector_env
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..contracts.policy_groups import group_config, group_versions, part_of
+from ..contracts.segment import Segment
+from ..contracts.spaces import EnvSpec
+from ..rollout_workers.continuing import ContinuingSampler
+from ..rollout_workers.envs import columns_spec
+from ..rollout_workers.group_envs import JointEnvs
+from ..rollout_workers.vector_backends import make_vector_env
 
 GROUP_SALT = 1_000_000  # between groups' seed offsets (worker indices stay far below it)
 

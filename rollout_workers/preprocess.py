@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rollout_workers.atari import atari_env
+from ..rollout_workers.atari import atari_env
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ of a multi-agent env run one continuing sampler each (`policy_groups.py`).
 
 from __future__ import annotations
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from rollout_workers.continuing import ContinuingSampler
-from rollout_workers.grouped import GroupedSampler
-from rollout_workers.policy_groups import PolicyGroupsSampler
-from rollout_workers.sampler_core import SamplerCore
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..rollout_workers.continuing import ContinuingSampler
+from ..rollout_workers.grouped import GroupedSampler
+from ..rollout_workers.policy_groups import PolicyGroupsSampler
+from ..rollout_workers.sampler_core import SamplerCore
 
 
 def make_sampler(

@@ -10,23 +10,23 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.segment import Fields, Segment, SegmentLayout, state_resets
-from policy.actor_critic import STATE, draw_noise
-from policy.cores import state_size
-from policy.encoders import encoder_plan, normalizer_input
-from policy.models import build_policy
-from policy.normalizer import Moments
-from policy.numpy_mirror import Acted, cpu_policy
-from rollout_workers.env_guard import GuardedVectorEnv
-from rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
-from rollout_workers.group_envs import GroupEnvs
-from rollout_workers.multi_agent import attach_opponents, columns_of
-from rollout_workers.observations import ObsReader
-from rollout_workers.preprocess import preprocessor
-from rollout_workers.self_play import SelfPlayOpponents
-from rollout_workers.vector_backends import make_vector_env
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..contracts.segment import Fields, Segment, SegmentLayout, state_resets
+from ..policy.actor_critic import STATE, draw_noise
+from ..policy.cores import state_size
+from ..policy.encoders import encoder_plan, normalizer_input
+from ..policy.models import build_policy
+from ..policy.normalizer import Moments
+from ..policy.numpy_mirror import Acted, cpu_policy
+from ..rollout_workers.env_guard import GuardedVectorEnv
+from ..rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
+from ..rollout_workers.group_envs import GroupEnvs
+from ..rollout_workers.multi_agent import attach_opponents, columns_of
+from ..rollout_workers.observations import ObsReader
+from ..rollout_workers.preprocess import preprocessor
+from ..rollout_workers.self_play import SelfPlayOpponents
+from ..rollout_workers.vector_backends import make_vector_env
 
 
 class SamplerCore:

@@ -19,16 +19,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, create_empty_array
 
-from contracts.config import EnvConfig, MultiAgentConfig
-from contracts.segment import Fields
-from contracts.spaces import EnvSpec
-from policy.actor_critic import STATE
-from policy.models import ActorCritic
-from rollout_workers.envs import env_actions
-from rollout_workers.evaluation import build_eval_env, model_act
-from rollout_workers.group_envs import joint_seeds
-from rollout_workers.multi_agent.common import ACTIVE_KEY, GroupColumns
-from rollout_workers.observations import ObsReader
+from ..contracts.config import EnvConfig, MultiAgentConfig
+from ..contracts.segment import Fields
+from ..contracts.spaces import EnvSpec
+from ..policy.actor_critic import STATE
+from ..policy.models import ActorCritic
+from ..rollout_workers.envs import env_actions
+from ..rollout_workers.evaluation import build_eval_env, model_act
+from ..rollout_workers.group_envs import joint_seeds
+from ..rollout_workers.multi_agent.common import ACTIVE_KEY, GroupColumns
+from ..rollout_workers.observations import ObsReader
 
 # (a group's input fields [N_g, ...], with "h_in" for a recurrent policy) -> (its actions, the
 # state after the step or None): rollout_workers/evaluation.py's acting step

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from contracts.config import SelfPlayConfig
-from contracts.spaces import EnvSpec
-from policy.actor_critic import draw_noise
-from policy.numpy_mirror import NumpyPolicy, TorchCpuPolicy
-from rollout_workers.envs import env_actions
-from rollout_workers.multi_agent.turns import RandomOpponents
-from rollout_workers.observations import ObsReader
+from ..contracts.config import SelfPlayConfig
+from ..contracts.spaces import EnvSpec
+from ..policy.actor_critic import draw_noise
+from ..policy.numpy_mirror import NumpyPolicy, TorchCpuPolicy
+from ..rollout_workers.envs import env_actions
+from ..rollout_workers.multi_agent.turns import RandomOpponents
+from ..rollout_workers.observations import ObsReader
 
 CpuPolicy = NumpyPolicy | TorchCpuPolicy
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from contracts.config import RelayConfig
+from ..contracts.config import RelayConfig
 
 PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
 

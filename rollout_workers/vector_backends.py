@@ -19,12 +19,12 @@ from functools import partial
 
 import gymnasium as gym
 
-from contracts.config import EnvConfig, MultiAgentConfig, RelayConfig
-from rollout_workers import envpool_backend
-from rollout_workers.env_guard import RebuildOnRaise
-from rollout_workers.envs import make_env_fn, multi_agent_problem
-from rollout_workers.multi_agent import MultiAgentError, api_of, make_multi_agent
-from rollout_workers.multi_agent.turns import Opponents
+from ..contracts.config import EnvConfig, MultiAgentConfig, RelayConfig
+from ..rollout_workers import envpool_backend
+from ..rollout_workers.env_guard import RebuildOnRaise
+from ..rollout_workers.envs import make_env_fn, multi_agent_problem
+from ..rollout_workers.multi_agent import MultiAgentError, api_of, make_multi_agent
+from ..rollout_workers.multi_agent.turns import Opponents
 
 
 def _no_problems(cfg: RelayConfig) -> list[str]:

@@ -11,12 +11,12 @@ from typing import Any
 import ray
 import torch
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.segment import Sampled
-from contracts.spaces import EnvSpec
-from rollout_workers.sampler import make_sampler
-from rollout_workers.user_code import allow_user_code
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
+from ..contracts.segment import Sampled
+from ..contracts.spaces import EnvSpec
+from ..rollout_workers.sampler import make_sampler
+from ..rollout_workers.user_code import allow_user_code
 
 
 class RolloutWorker:

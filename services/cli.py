@@ -19,22 +19,22 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from contracts.checkpoint import CheckpointError
-from contracts.config import ConfigError, config_help, dump_config, load_config
-from contracts.spaces import POLICY_NAME
-from learner.device import DeviceError, check_device
-from rollout_workers.envs import allow_env_module
-from rollout_workers.user_code import allow_user_code
-from rollout_workers.video import VideoError
-from services.driver import run as driver
-from services.driver.checkpoints import ResumeError
-from services.driver.cluster import ClusterError
-from services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
-from services.driver.run_dir import RunDirError
-from services.driver.signals import exit_code, sigterm_raises, stop_reason
-from services.files import OutputError, check_output
-from services.sweep.params import SweepError, parse_cli_param
-from services.tools.evaluate import (
+from ..contracts.checkpoint import CheckpointError
+from ..contracts.config import ConfigError, config_help, dump_config, load_config
+from ..contracts.spaces import POLICY_NAME
+from ..learner.device import DeviceError, check_device
+from ..rollout_workers.envs import allow_env_module
+from ..rollout_workers.user_code import allow_user_code
+from ..rollout_workers.video import VideoError
+from ..services.driver import run as driver
+from ..services.driver.checkpoints import ResumeError
+from ..services.driver.cluster import ClusterError
+from ..services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
+from ..services.driver.run_dir import RunDirError
+from ..services.driver.signals import exit_code, sigterm_raises, stop_reason
+from ..services.files import OutputError, check_output
+from ..services.sweep.params import SweepError, parse_cli_param
+from ..services.tools.evaluate import (
     MAX_EPISODES,
     EvalOptions,
     describe,
@@ -42,10 +42,10 @@ from services.tools.evaluate import (
     policy_file,
     save_video,
 )
-from services.tools.export import export_onnx
-from services.tools.handle import PolicyLoadError
-from services.tools.load import load_policy
-from services.tools.verify import DTYPES, VerifyOptions, run_verify
+from ..services.tools.export import export_onnx
+from ..services.tools.handle import PolicyLoadError
+from ..services.tools.load import load_policy
+from ..services.tools.verify import DTYPES, VerifyOptions, run_verify
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 BAD_INPUT = (
@@ -398,8 +398,8 @@ def _check_video_dir(folder: Path) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from services.serving.app import ServeArgs
-        from services.serving.runner import ServeError, serve_policy
+        from ..services.serving.app import ServeArgs
+        from ..services.serving.runner import ServeError, serve_policy
     except ImportError as err:
         raise InputError(
             f"needs the serve extra ({err.name} is missing): pip install 'relay-rl[serve]'"
@@ -437,7 +437,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     try:
-        from services.sweep import runner
+        from ..services.sweep import runner
     except ImportError as err:
         raise InputError(
             f"needs the sweep extra ({err.name} is missing): pip install 'relay-rl[sweep]'"

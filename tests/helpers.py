@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from services.cli import main
+from relay_rl.services.cli import main
 
 ROOT = Path(__file__).parents[1]
 
@@ -40,7 +40,7 @@ ELASTIC_SATURATED = [
 
 def local_config(env_id: str, *overrides: str, T: int = 32, N: int = 4):
     """A local-mode config of `env_id` whose update is one [T, N] segment (a sampler's tests)."""
-    from contracts.config import build_config
+    from relay_rl.contracts.config import build_config
 
     return build_config(
         {},
@@ -58,8 +58,8 @@ def local_config(env_id: str, *overrides: str, T: int = 32, N: int = 4):
 
 def sampled_twice(cfg, samples: int = 2) -> tuple[list, list]:
     """Two fresh samplers of `cfg`, `samples` calls each: what a reproducible run gives twice."""
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     runs = []
     for _ in range(2):
@@ -84,10 +84,10 @@ def train_local(config: str, run: Path, *sets: str) -> int:
 
 def ray_loop(cfg, run: Path):
     """A TrainingLoop on a RayBackend for `cfg` in a new run directory (Ray must be running)."""
-    from services.driver.backends import RayBackend
-    from services.driver.loop import TrainingLoop
-    from services.driver.preflight import check_env
-    from services.driver.run_dir import RunDir
+    from relay_rl.services.driver.backends import RayBackend
+    from relay_rl.services.driver.loop import TrainingLoop
+    from relay_rl.services.driver.preflight import check_env
+    from relay_rl.services.driver.run_dir import RunDir
 
     backend = RayBackend(cfg, check_env(cfg))
     return TrainingLoop(cfg, RunDir.claim(run, cfg), backend), backend
@@ -96,7 +96,7 @@ def ray_loop(cfg, run: Path):
 def hold_back_checkpoints(run: Path, held: Path, keep: int = 1) -> None:
     """Move every checkpoint of `run` but its oldest `keep` into `held` (created): checkpoints the
     run "has not written yet", to land later while a `--follow` server runs."""
-    from services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.driver.checkpoints import list_checkpoints
 
     held.mkdir()
     for path in list_checkpoints(run / "checkpoints")[keep:]:

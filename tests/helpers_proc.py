@@ -15,11 +15,11 @@ ROOT = Path(__file__).parents[1]
 
 
 def start_train(run: Path, *sets: str, env: dict | None = None) -> subprocess.Popen:
-    """`python -m services.train configs/cartpole_ppo.yaml` with a budget it will not reach."""
+    """`python -m relay_rl.services.train configs/cartpole_ppo.yaml` with a budget it will not reach."""
     args = [
         sys.executable,
         "-m",
-        "services.train",
+        "relay_rl.services.train",
         "configs/cartpole_ppo.yaml",
         "--run-dir",
         str(run),

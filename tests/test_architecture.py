@@ -48,6 +48,16 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The module a `from` import names, by the folders' names (`policy.trunk`): relay's packages
+    import each other relatively (`from ...policy.trunk import`), up to `relay_rl`, their parent."""
+    if not node.level:
+        return node.module or ""
+    package = ["relay_rl", *path.relative_to(ROOT).parts[:-1]]
+    anchor = package[: len(package) - (node.level - 1)]
+    return ".".join([*anchor[1:], *([node.module] if node.module else [])])
+
+
 def _imports(path: Path) -> list[tuple[str, bool]]:
     """(imported module, inside a function) for every import in the file; `from pkg import x`
     counts as an import of pkg.x when that is a module."""
@@ -62,10 +72,11 @@ def _imports(path: Path) -> list[tuple[str, bool]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, id(node) in inside) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            module = _absolute(path, node)
             for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.append((sub if sub in MODULES else node.module, id(node) in inside))
+                sub = f"{module}.{alias.name}"
+                found.append((sub if sub in MODULES else module, id(node) in inside))
     return found
 
 
@@ -154,3 +165,22 @@ def test_the_checks_are_not_vacuous():
     assert "contracts.config" in graph["learner.learner"]
     assert "policy.models" in graph["rollout_workers.sampler_core"]
     assert "services.driver.loop" in graph["services.driver.backends"]
+
+
+def test_relay_is_one_namespace():
+    """Installed, relay is `relay_rl.*` alone: no module imports a sibling package by a top-level
+    name (`from contracts.config import`), which would need `contracts` in site-packages, where a
+    PyPI package or a user's folder of that name collides with it (PyContracts ships `contracts`)."""
+    absolute = [
+        f"{name}: {node.module or alias.name}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom) and not getattr(node, "level", 0)
+        for alias in node.names
+        if (node.module if isinstance(node, ast.ImportFrom) else alias.name or "").split(".")[0] in PACKAGES
+    ]
+    assert absolute == []
+    import relay_rl.contracts.config as config
+
+    assert config.__name__ == "relay_rl.contracts.config"
+    assert {p.name for p in (ROOT / "relay_rl").iterdir() if p.is_symlink()} == set(PACKAGES)

@@ -55,11 +55,11 @@ def test_kuberay_manifests(name):
     raw = npu["rayStartParams"]["resources"]
     assert json.loads(json.loads(raw)) == {"NPU": 8}
     if doc["kind"] == "RayJob":
-        assert doc["spec"]["entrypoint"].startswith("python -m services.train ")
+        assert doc["spec"]["entrypoint"].startswith("python -m relay_rl.services.train ")
 
 
 def test_grafana_dashboard_queries_relays_metrics():
-    from contracts.metrics import CHARTED_KEYS as DASHBOARD_METRICS
+    from relay_rl.contracts.metrics import CHARTED_KEYS as DASHBOARD_METRICS
 
     dash = json.loads((DEPLOY / "grafana" / "relay-learner.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
@@ -98,12 +98,12 @@ def test_serve_config_passes_serves_schema_and_relays_options():
     """deploy/serve.yaml: what `serve run` / `serve deploy` validate, with args `relay serve` accepts."""
     from ray.serve.schema import ServeDeploySchema
 
-    from services.serving.app import ServeArgs
+    from relay_rl.services.serving.app import ServeArgs
 
     config = yaml.safe_load((DEPLOY / "serve.yaml").read_text())
     schema = ServeDeploySchema.model_validate(config)
     app = schema.applications[0]
-    assert app.import_path == "services.serving.app:build"
+    assert app.import_path == "relay_rl.services.serving.app:build"
     ServeArgs.model_validate(app.args)
     assert config["http_options"]["host"] == "127.0.0.1"
     config["applications"][0]["args"]["replicas"] = 0

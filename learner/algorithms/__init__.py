@@ -5,14 +5,14 @@ A new algorithm is one module with an `Algorithm` subclass plus one line in ALGO
 
 from __future__ import annotations
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import RelayConfig
-from contracts.segment import SegmentLayout
-from contracts.spaces import EnvSpec
-from learner.algorithms.base import Algorithm, Batch
-from learner.algorithms.grpo import GRPO
-from learner.algorithms.ppo import PPO
-from policy.cores import state_size
+from ...contracts.algorithm import AlgorithmTraits
+from ...contracts.config import RelayConfig
+from ...contracts.segment import SegmentLayout
+from ...contracts.spaces import EnvSpec
+from ...learner.algorithms.base import Algorithm, Batch
+from ...learner.algorithms.grpo import GRPO
+from ...learner.algorithms.ppo import PPO
+from ...policy.cores import state_size
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "ppo": PPO,

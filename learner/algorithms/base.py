@@ -10,13 +10,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from contracts.algorithm import AlgorithmTraits
-from contracts.config import LearnerConfig, RelayConfig
-from contracts.segment import is_policy_input, state_resets
-from learner.device import DeviceContext
-from learner.precision import amp_enabled
-from learner.update import column_rows
-from policy.actor_critic import STARTS, STATE, ActorCritic
+from ...contracts.algorithm import AlgorithmTraits
+from ...contracts.config import LearnerConfig, RelayConfig
+from ...contracts.segment import is_policy_input, state_resets
+from ...learner.device import DeviceContext
+from ...learner.precision import amp_enabled
+from ...learner.update import column_rows
+from ...policy.actor_critic import STARTS, STATE, ActorCritic
 
 Batch = dict[str, Tensor]
 

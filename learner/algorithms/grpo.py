@@ -8,11 +8,11 @@ from typing import Any
 
 from torch import Tensor
 
-from contracts.config import LearnerConfig, RelayConfig
-from learner import losses
-from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
-from learner.device import DeviceContext
-from policy.actor_critic import ActorCritic
+from ...contracts.config import LearnerConfig, RelayConfig
+from ...learner import losses
+from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
+from ...learner.device import DeviceContext
+from ...policy.actor_critic import ActorCritic
 
 
 class GRPO(Algorithm):

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from learner import losses
-from learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
-from learner.gae import compute_gae
-from learner.vtrace import compute_vtrace
-from policy.actor_critic import ActorCritic
+from ...learner import losses
+from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
+from ...learner.gae import compute_gae
+from ...learner.vtrace import compute_vtrace
+from ...policy.actor_critic import ActorCritic
 
 REWARD_CLIP = 10.0
 MAX_IS_WEIGHT = 2.0  # decoupled PPO: pi_prox / pi_behaviour, capped (lag-1 weights sit near 1)

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from contracts.config import ModelConfig, RelayConfig
-from policy.cores.base import RecurrentCore
-from policy.cores.gru import GruCore
-from policy.cores.lstm import LstmCore
+from ...contracts.config import ModelConfig, RelayConfig
+from ...policy.cores.base import RecurrentCore
+from ...policy.cores.gru import GruCore
+from ...policy.cores.lstm import LstmCore
 
 # name -> core class, built as cls(in_dim, model.recurrent_size, model.post_core_size)
 CORES: dict[str, type[RecurrentCore]] = {"lstm": LstmCore, "gru": GruCore}

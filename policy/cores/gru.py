@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from policy.cores.base import RecurrentCore, sigmoid
+from ...policy.cores.base import RecurrentCore, sigmoid
 
 
 class GruCore(RecurrentCore):

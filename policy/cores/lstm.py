@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from policy.cores.base import RecurrentCore, sigmoid
+from ...policy.cores.base import RecurrentCore, sigmoid
 
 
 class LstmCore(RecurrentCore):

@@ -6,11 +6,11 @@ numpy acting mirror side by side, tied by tests) plus one line in DISTRIBUTIONS.
 
 from __future__ import annotations
 
-from policy.distributions.base import ActionDistribution
-from policy.distributions.bernoulli import Bernoulli
-from policy.distributions.categorical import Categorical
-from policy.distributions.gaussian import DiagGaussian
-from policy.distributions.multi_categorical import MultiCategorical
+from ...policy.distributions.base import ActionDistribution
+from ...policy.distributions.bernoulli import Bernoulli
+from ...policy.distributions.categorical import Categorical
+from ...policy.distributions.gaussian import DiagGaussian
+from ...policy.distributions.multi_categorical import MultiCategorical
 
 DISTRIBUTIONS: dict[str, ActionDistribution] = {
     "discrete": Categorical(),

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.spaces import ActionSpec
+from ...contracts.spaces import ActionSpec
 
 # A masked logit: exp() of it is exactly 0 in float32, and it stays finite, so entropies and
 # gradients never meet inf - inf.

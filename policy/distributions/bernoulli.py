@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from contracts.spaces import ActionSpec
-from policy.distributions.base import ActionDistribution
+from ...contracts.spaces import ActionSpec
+from ...policy.distributions.base import ActionDistribution
 
 
 class Bernoulli(ActionDistribution):

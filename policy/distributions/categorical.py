@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.spaces import ActionSpec
-from policy.distributions.base import MASKED_LOGIT, ActionDistribution, usable_mask, usable_mask_np
+from ...contracts.spaces import ActionSpec
+from ...policy.distributions.base import MASKED_LOGIT, ActionDistribution, usable_mask, usable_mask_np
 
 
 def masked_logits(logits: Tensor, mask: Tensor | None) -> Tensor:

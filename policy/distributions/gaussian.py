@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.spaces import ActionSpec
-from policy.distributions.base import ActionDistribution
+from ...contracts.spaces import ActionSpec
+from ...policy.distributions.base import ActionDistribution
 
 
 class DiagGaussian(ActionDistribution):

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.spaces import ActionSpec
-from policy.distributions.base import ActionDistribution
-from policy.distributions.categorical import (
+from ...contracts.spaces import ActionSpec
+from ...policy.distributions.base import ActionDistribution
+from ...policy.distributions.categorical import (
     categorical_logp_entropy,
     greedy_categorical,
     masked_logits,

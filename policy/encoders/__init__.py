@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from contracts.spaces import EnvSpec, ObsLeaf
-from policy.encoders.base import LeafEncoder
-from policy.encoders.binary import BinaryEncoder
-from policy.encoders.cnn import CnnEncoder, image_layout
-from policy.encoders.flat import FlatEncoder
-from policy.encoders.one_hot import OneHotEncoder
+from ...contracts.spaces import EnvSpec, ObsLeaf
+from ...policy.encoders.base import LeafEncoder
+from ...policy.encoders.binary import BinaryEncoder
+from ...policy.encoders.cnn import CnnEncoder, image_layout
+from ...policy.encoders.flat import FlatEncoder
+from ...policy.encoders.one_hot import OneHotEncoder
 
 ENCODERS: dict[str, LeafEncoder] = {
     "flat": FlatEncoder(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from contracts.spaces import ObsLeaf
+from ...contracts.spaces import ObsLeaf
 
 
 class LeafEncoder:

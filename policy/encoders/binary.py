@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from torch import Tensor, nn
 
-from contracts.spaces import ObsLeaf
-from policy.encoders.base import LeafEncoder
+from ...contracts.spaces import ObsLeaf
+from ...policy.encoders.base import LeafEncoder
 
 
 class Bits(nn.Module):

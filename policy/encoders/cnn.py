@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from contracts.spaces import ObsLeaf
-from policy.encoders.base import LeafEncoder
-from policy.trunk import TrunkModule
+from ...contracts.spaces import ObsLeaf
+from ...policy.encoders.base import LeafEncoder
+from ...policy.trunk import TrunkModule
 
 MIN_SIDE = 36  # the smallest frame the three convolutions leave at least 1x1 of
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from torch import nn
 
-from contracts.spaces import ObsLeaf
-from policy.encoders.base import LeafEncoder
+from ...contracts.spaces import ObsLeaf
+from ...policy.encoders.base import LeafEncoder
 
 
 class FlatEncoder(LeafEncoder):

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from contracts.spaces import ObsLeaf
-from policy.encoders.base import LeafEncoder
+from ...contracts.spaces import ObsLeaf
+from ...policy.encoders.base import LeafEncoder
 
 
 class OneHot(nn.Module):

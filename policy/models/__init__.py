@@ -9,15 +9,15 @@ from collections.abc import Mapping
 
 import torch
 
-from contracts.config import RelayConfig
-from contracts.spaces import ActionSpec, EnvSpec
-from policy.actor_critic import ActorCritic
-from policy.cores import core_class
-from policy.encoders import encoder_plan
-from policy.models.cnn import CnnKind
-from policy.models.mlp import MlpKind
-from policy.models.transformer import TransformerKind
-from policy.trunk import ModelKind
+from ...contracts.config import RelayConfig
+from ...contracts.spaces import ActionSpec, EnvSpec
+from ...policy.actor_critic import ActorCritic
+from ...policy.cores import core_class
+from ...policy.encoders import encoder_plan
+from ...policy.models.cnn import CnnKind
+from ...policy.models.mlp import MlpKind
+from ...policy.models.transformer import TransformerKind
+from ...policy.trunk import ModelKind
 
 MODEL_KINDS: dict[str, ModelKind] = {
     "mlp": MlpKind(),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from contracts.config import RelayConfig
-from contracts.spaces import EnvSpec
-from policy.encoders.cnn import MIN_SIDE, NatureCNN
-from policy.trunk import ModelKind, TrunkModule
+from ...contracts.config import RelayConfig
+from ...contracts.spaces import EnvSpec
+from ...policy.encoders.cnn import MIN_SIDE, NatureCNN
+from ...policy.trunk import ModelKind, TrunkModule
 
 
 class CnnKind(ModelKind):

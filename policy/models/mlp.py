@@ -9,10 +9,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from contracts.config import RelayConfig
-from contracts.spaces import ActionSpec, EnvSpec
-from policy.actor_critic import ActorCritic, init_linear
-from policy.trunk import ModelKind, TrunkModule
+from ...contracts.config import RelayConfig
+from ...contracts.spaces import ActionSpec, EnvSpec
+from ...policy.actor_critic import ActorCritic, init_linear
+from ...policy.trunk import ModelKind, TrunkModule
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"silu": nn.SiLU, "tanh": nn.Tanh, "relu": nn.ReLU}
 

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from contracts.config import RelayConfig
-from contracts.spaces import ActionSpec, EnvSpec
-from policy.trunk import ModelKind, TrunkModule
+from ...contracts.config import RelayConfig
+from ...contracts.spaces import ActionSpec, EnvSpec
+from ...policy.trunk import ModelKind, TrunkModule
 
 
 class CausalBlock(nn.Module):

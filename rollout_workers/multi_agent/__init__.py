@@ -21,9 +21,9 @@ from typing import Any
 
 import gymnasium as gym
 
-from contracts.config import MultiAgentConfig
-from rollout_workers.multi_agent import parallel, turns
-from rollout_workers.multi_agent.common import (
+from ...contracts.config import MultiAgentConfig
+from ...rollout_workers.multi_agent import parallel, turns
+from ...rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     FINAL_GLOBAL_KEY,
     GLOBAL_KEY,

@@ -13,8 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from contracts.config import MultiAgentConfig
-from contracts.spaces import MAX_GLOBAL_STATE
+from ...contracts.config import MultiAgentConfig
+from ...contracts.spaces import MAX_GLOBAL_STATE
 
 ACTIVE_KEY = "relay_active"  # info key: bool [N], the columns whose step was an agent's real step
 UNACTED_KEY = "relay_unacted_agents"  # info key: {agent: steps} present in the env with no live column

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import concatenate
 
-from contracts.config import MultiAgentConfig
-from rollout_workers.multi_agent.common import (
+from ...contracts.config import MultiAgentConfig
+from ...rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     FINAL_GLOBAL_KEY,
     GLOBAL_KEY,
@@ -36,7 +36,7 @@ from rollout_workers.multi_agent.common import (
     policy_groups,
     same_spaces,
 )
-from rollout_workers.user_code import UserCodeError, import_callable
+from ...rollout_workers.user_code import UserCodeError, import_callable
 
 
 class ParallelVectorEnv(ColumnsVectorEnv):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from rollout_workers.multi_agent.common import (
+from ...rollout_workers.multi_agent.common import (
     ACTIVE_KEY,
     STATS_KEY,
     Build,

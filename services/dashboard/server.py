@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from contracts.config import ConfigError, load_config
-from contracts.metrics import CHARTS
-from services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
+from ...contracts.config import ConfigError, load_config
+from ...contracts.metrics import CHARTS
+from ...services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")
 MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB

@@ -12,21 +12,21 @@ from typing import Any
 import ray
 from ray.autoscaler.sdk import request_resources
 
-from contracts.config import RelayConfig
-from contracts.rounds import Publication, RoundResult
-from contracts.spaces import EnvSpec
-from learner.actor import create_learner_actor, learner_resources
-from learner.algorithms import algorithm_traits
-from learner.policy_groups import make_learner
-from rollout_workers.evaluator import Evaluator, create_evaluator
-from rollout_workers.sampler import make_sampler
-from rollout_workers.worker import create_rollout_workers, worker_resources
-from services.driver.cluster import wait_until_placed
-from services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
-from services.driver.health import FleetHealth, actor_record
-from services.driver.loop import Backend, LearnerLost
-from services.driver.preflight import PreflightError
-from services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
+from ...contracts.config import RelayConfig
+from ...contracts.rounds import Publication, RoundResult
+from ...contracts.spaces import EnvSpec
+from ...learner.actor import create_learner_actor, learner_resources
+from ...learner.algorithms import algorithm_traits
+from ...learner.policy_groups import make_learner
+from ...rollout_workers.evaluator import Evaluator, create_evaluator
+from ...rollout_workers.sampler import make_sampler
+from ...rollout_workers.worker import create_rollout_workers, worker_resources
+from ...services.driver.cluster import wait_until_placed
+from ...services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
+from ...services.driver.health import FleetHealth, actor_record
+from ...services.driver.loop import Backend, LearnerLost
+from ...services.driver.preflight import PreflightError
+from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
 
 class LocalBackend:

@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
-from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
-from contracts.config import RelayConfig, config_data
-from contracts.policy_groups import group_config, part_of
-from contracts.spaces import EnvSpec
-from learner.algorithms import algorithm_class
-from learner.learner import learner_state_problem
-from learner.policy_groups import groups_state_problem
-from policy.models import build_policy, infer_env_spec, weights_mismatch
-from services.files import atomic_write_with
+from ...contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
+from ...contracts.config import RelayConfig, config_data
+from ...contracts.policy_groups import group_config, part_of
+from ...contracts.spaces import EnvSpec
+from ...learner.algorithms import algorithm_class
+from ...learner.learner import learner_state_problem
+from ...learner.policy_groups import groups_state_problem
+from ...policy.models import build_policy, infer_env_spec, weights_mismatch
+from ...services.files import atomic_write_with
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")

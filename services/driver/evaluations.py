@@ -23,16 +23,16 @@ import numpy as np
 import ray
 import torch
 
-from contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
-from contracts.config import RelayConfig, config_data
-from contracts.metrics import POLICY_PREFIX
-from contracts.policy_groups import without_versions
-from contracts.spaces import EnvSpec
-from rollout_workers.evaluator import EvalReport, Evaluator
-from rollout_workers.video import video_stem
-from services.driver.checkpoints import BEST_NAME, load_checkpoint
-from services.driver.run_dir import RunDir
-from services.files import atomic_write, write_numbered
+from ...contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
+from ...contracts.config import RelayConfig, config_data
+from ...contracts.metrics import POLICY_PREFIX
+from ...contracts.policy_groups import without_versions
+from ...contracts.spaces import EnvSpec
+from ...rollout_workers.evaluator import EvalReport, Evaluator
+from ...rollout_workers.video import video_stem
+from ...services.driver.checkpoints import BEST_NAME, load_checkpoint
+from ...services.driver.run_dir import RunDir
+from ...services.files import atomic_write, write_numbered
 
 Weights = dict[str, Any]  # a state dict: numpy arrays or CPU tensors
 

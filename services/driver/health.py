@@ -17,9 +17,9 @@ from typing import Any
 
 import ray
 
-from contracts.config import RelayConfig
-from services.driver.notices import Notices
-from services.driver.watchdog import SegmentWatchdog
+from ...contracts.config import RelayConfig
+from ...services.driver.notices import Notices
+from ...services.driver.watchdog import SegmentWatchdog
 
 
 class FleetLost(RuntimeError):

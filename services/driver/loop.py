@@ -16,23 +16,23 @@ from typing import Any, Protocol
 
 from ray.exceptions import GetTimeoutError
 
-from contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
-from contracts.config import RelayConfig, config_data
-from contracts.metrics import PHASES, stat_means
-from contracts.rounds import RoundResult
-from contracts.segment import ENV_FAULT_KINDS
-from contracts.spaces import EnvSpec
-from services.driver.checkpoints import load_newest_valid, write_learner_checkpoint
-from services.driver.evaluations import EvalRunner, Evaluations
-from services.driver.fleet import FleetScaler
-from services.driver.health import FleetLost
-from services.driver.memory import HostMemory
-from services.driver.notices import Notices
-from services.driver.progress import Progress
-from services.driver.run_dir import RunDir
-from services.driver.signals import STOP_CODES, raise_pending, stop_reason
-from services.driver.sinks import MetricsSinks, truncate_metrics
-from services.tracking import RunInfo, Tracking
+from ...contracts.checkpoint import RETURN_WINDOW, Checkpoint, RunCounters
+from ...contracts.config import RelayConfig, config_data
+from ...contracts.metrics import PHASES, stat_means
+from ...contracts.rounds import RoundResult
+from ...contracts.segment import ENV_FAULT_KINDS
+from ...contracts.spaces import EnvSpec
+from ...services.driver.checkpoints import load_newest_valid, write_learner_checkpoint
+from ...services.driver.evaluations import EvalRunner, Evaluations
+from ...services.driver.fleet import FleetScaler
+from ...services.driver.health import FleetLost
+from ...services.driver.memory import HostMemory
+from ...services.driver.notices import Notices
+from ...services.driver.progress import Progress
+from ...services.driver.run_dir import RunDir
+from ...services.driver.signals import STOP_CODES, raise_pending, stop_reason
+from ...services.driver.sinks import MetricsSinks, truncate_metrics
+from ...services.tracking import RunInfo, Tracking
 
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).
 MAX_IDLE_ROUNDS = 20

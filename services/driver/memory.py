@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import psutil
 
-from learner.heap import heap_stats
+from ...learner.heap import heap_stats
 
 SAMPLE_EVERY_S = 10.0
 

@@ -18,20 +18,20 @@ from dataclasses import dataclass
 
 import torch
 
-from contracts.config import ConfigError, RelayConfig
-from contracts.policy_groups import PolicyGroupError, group_config
-from contracts.spaces import EnvSpec
-from learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
-from learner.device import DeviceContext, check_device, parse_device_spec
-from learner.precision import is_convolutional, resolve_precision
-from policy import cores
-from policy.encoders import ENCODERS, encoder_plan
-from policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
-from rollout_workers.envs import EnvSpecError, probe_env_spec
-from rollout_workers.multi_agent.common import columns_problem
-from rollout_workers.preprocess import PREPROCESSORS, preprocessor
-from rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
-from services.tracking import missing_tracker
+from ...contracts.config import ConfigError, RelayConfig
+from ...contracts.policy_groups import PolicyGroupError, group_config
+from ...contracts.spaces import EnvSpec
+from ...learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
+from ...learner.device import DeviceContext, check_device, parse_device_spec
+from ...learner.precision import is_convolutional, resolve_precision
+from ...policy import cores
+from ...policy.encoders import ENCODERS, encoder_plan
+from ...policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
+from ...rollout_workers.envs import EnvSpecError, probe_env_spec
+from ...rollout_workers.multi_agent.common import columns_problem
+from ...rollout_workers.preprocess import PREPROCESSORS, preprocessor
+from ...rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
+from ...services.tracking import missing_tracker
 
 # Registry-backed leaves and their names, for `relay validate --help-config`.
 CHOICES = {

@@ -8,8 +8,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from contracts.config import RelayConfig
-from contracts.metrics import bottleneck
+from ...contracts.config import RelayConfig
+from ...contracts.metrics import bottleneck
 
 LINE_INTERVAL_S = 2.0
 

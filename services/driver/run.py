@@ -18,18 +18,18 @@ from typing import Any
 
 import ray
 
-from contracts.checkpoint import Checkpoint
-from contracts.config import RelayConfig, load_config, unconfirmed_code
-from contracts.spaces import EnvSpec
-from rollout_workers.user_code import allow_user_code
-from services.dashboard.server import Dashboard
-from services.driver.backends import make_backend
-from services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
-from services.driver.cluster import check_cluster_device, init_ray
-from services.driver.loop import TrainingLoop
-from services.driver.preflight import preflight
-from services.driver.run_dir import RunDir
-from services.driver.signals import STOP_CODES, sigterm_raises
+from ...contracts.checkpoint import Checkpoint
+from ...contracts.config import RelayConfig, load_config, unconfirmed_code
+from ...contracts.spaces import EnvSpec
+from ...rollout_workers.user_code import allow_user_code
+from ...services.dashboard.server import Dashboard
+from ...services.driver.backends import make_backend
+from ...services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
+from ...services.driver.cluster import check_cluster_device, init_ray
+from ...services.driver.loop import TrainingLoop
+from ...services.driver.preflight import preflight
+from ...services.driver.run_dir import RunDir
+from ...services.driver.signals import STOP_CODES, sigterm_raises
 
 EXIT_OK = 0
 

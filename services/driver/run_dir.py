@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from contracts.config import RelayConfig, dump_config
-from services.driver.checkpoints import BEST_NAME, list_checkpoints
-from services.files import NOFOLLOW, atomic_write, fsync_dir
+from ...contracts.config import RelayConfig, dump_config
+from ...services.driver.checkpoints import BEST_NAME, list_checkpoints
+from ...services.files import NOFOLLOW, atomic_write, fsync_dir
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log")
 # Who holds the run's lock (pid, host, command, since): written by the holder, read by the refused.

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any, TextIO
 
-from contracts.metrics import GROUP_GAUGE_PREFIX, group_metrics, metric_lines, numeric_metrics
-from services.driver.run_dir import RunDir
-from services.files import atomic_write, open_no_follow, read_regular
+from ...contracts.metrics import GROUP_GAUGE_PREFIX, group_metrics, metric_lines, numeric_metrics
+from ...services.driver.run_dir import RunDir
+from ...services.files import atomic_write, open_no_follow, read_regular
 
 log = logging.getLogger(__name__)
 # A torn line is shorter than this (relay writes lines of a few KB).

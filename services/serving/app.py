@@ -28,10 +28,10 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
-from contracts.spaces import POLICY_NAME
-from learner.device import accelerator_resources, ray_options
-from services.serving.service import ActRequest, BadRequest, PolicyService, finite_json, parse_act
-from services.serving.sessions import Keep, SessionStore, Start, Started
+from ...contracts.spaces import POLICY_NAME
+from ...learner.device import accelerator_resources, ray_options
+from ...services.serving.service import ActRequest, BadRequest, PolicyService, finite_json, parse_act
+from ...services.serving.sessions import Keep, SessionStore, Start, Started
 
 log = logging.getLogger(__name__)
 APP_NAME = "relay"

@@ -18,9 +18,9 @@ from typing import Any
 
 import ray
 
-from services.driver.cluster import ClusterError, join_or_start_ray
-from services.serving.app import APP_NAME, ServeArgs, build, replica_options
-from services.serving.service import PolicyService
+from ...services.driver.cluster import ClusterError, join_or_start_ray
+from ...services.serving.app import APP_NAME, ServeArgs, build, replica_options
+from ...services.serving.service import PolicyService
 
 
 class ServeError(ValueError):

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Fields
-from learner.device import DeviceContext, DeviceError, resolve_device
-from policy.actor_critic import fields_to_numpy, fields_to_torch
-from services.tools.export import TOLERANCE, max_abs_error, onnx_bytes
-from services.tools.handle import PolicyHandle
-from services.tools.onnx_check import cpu_session
+from ...contracts.segment import Fields
+from ...learner.device import DeviceContext, DeviceError, resolve_device
+from ...policy.actor_critic import fields_to_numpy, fields_to_torch
+from ...services.tools.export import TOLERANCE, max_abs_error, onnx_bytes
+from ...services.tools.handle import PolicyHandle
+from ...services.tools.onnx_check import cpu_session
 
 ORT_PROVIDERS = {
     "cuda": "CUDAExecutionProvider",

@@ -32,16 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Fields, as_fields
-from contracts.spaces import PATH_SEP, ObsLeaf
-from learner.device import resolve_device
-from policy.actor_critic import STATE, draw_noise
-from services.driver.checkpoints import list_checkpoints, load_checkpoint
-from services.serving.runtimes import RUNTIMES
-from services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, Keep, Sessions, SessionStore
-from services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of
-from services.tools.load import load_policy
-from services.tools.verify import fingerprint
+from ...contracts.segment import Fields, as_fields
+from ...contracts.spaces import PATH_SEP, ObsLeaf
+from ...learner.device import resolve_device
+from ...policy.actor_critic import STATE, draw_noise
+from ...services.driver.checkpoints import list_checkpoints, load_checkpoint
+from ...services.serving.runtimes import RUNTIMES
+from ...services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, Keep, Sessions, SessionStore
+from ...services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of
+from ...services.tools.load import load_policy
+from ...services.tools.verify import fingerprint
 
 MAX_ROWS = 4096  # observations in one request
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.config import ConfigError, parse_yaml
+from ...contracts.config import ConfigError, parse_yaml
 
 KINDS = ("uniform", "loguniform", "randint", "choice", "grid")
 RANGES = ("uniform", "loguniform", "randint")

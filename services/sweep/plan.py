@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts.config import RelayConfig, SweepConfig, build_config, config_leaves, is_code_value
-from contracts.metrics import METRICS
-from learner.actor import learner_resources
-from learner.device import DeviceError
-from rollout_workers.worker import worker_resources
-from services.driver.preflight import check_config, preflight
-from services.sweep.params import Param, SweepError, draw_trials, parse_param
+from ...contracts.config import RelayConfig, SweepConfig, build_config, config_leaves, is_code_value
+from ...contracts.metrics import METRICS
+from ...learner.actor import learner_resources
+from ...learner.device import DeviceError
+from ...rollout_workers.worker import worker_resources
+from ...services.driver.preflight import check_config, preflight
+from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
 
 DEFAULT_SAMPLES = {"random": 8, "optuna": 8, "grid": 1}
 # Leaves a sweep sets itself, or that name where its files go: never swept.
@@ -36,7 +36,7 @@ NOT_PERTURBED = (
     "model.",
     "env.",
     "learner.algo",
-    "learner.device",
+    "relay_rl.learner.device",
     "learner.num_learners",
     "learner.num_cpus",
     "learner.npu_ids",

@@ -26,12 +26,12 @@ from typing import Any
 
 import ray
 
-from contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
-from services.driver.cluster import end_children, join_or_start_ray
-from services.driver.signals import Terminated, signals_held
-from services.files import atomic_write
-from services.sweep.params import Param, SweepError
-from services.sweep.plan import (
+from ...contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
+from ...services.driver.cluster import end_children, join_or_start_ray
+from ...services.driver.signals import Terminated, signals_held
+from ...services.files import atomic_write
+from ...services.sweep.params import Param, SweepError
+from ...services.sweep.plan import (
     SweepPlan,
     TrialSpec,
     build_plan,
@@ -41,7 +41,7 @@ from services.sweep.plan import (
     trial_cpus,
     trial_resources,
 )
-from services.sweep.records import (
+from ...services.sweep.records import (
     BEST_FILE,
     ENDED,
     SUMMARY_FILE,
@@ -50,9 +50,9 @@ from services.sweep.records import (
     TrialLog,
     summarize,
 )
-from services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
-from services.tracking import PARENT_TAG, SWEEP_TAG
-from services.tracking.mlflow_client import finish_parent, start_parent
+from ...services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
+from ...services.tracking import PARENT_TAG, SWEEP_TAG
+from ...services.tracking.mlflow_client import finish_parent, start_parent
 
 SIGNAL_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 

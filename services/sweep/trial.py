@@ -26,18 +26,18 @@ from typing import Any
 
 from ray import tune
 
-from contracts.checkpoint import Checkpoint
-from contracts.metrics import numeric_metrics
-from rollout_workers.user_code import allow_user_code
-from services.driver.backends import make_backend
-from services.driver.checkpoints import check_resumable, load_checkpoint, load_newest_valid
-from services.driver.loop import TrainingLoop
-from services.driver.preflight import preflight
-from services.driver.run_dir import RunDir, RunDirError
-from services.files import atomic_write, open_no_follow
-from services.sweep.plan import quiet_tune, trial_config
-from services.sweep.records import EXPLOITS_FILE, read_exploits
-from services.tracking import TRIAL_TAG
+from ...contracts.checkpoint import Checkpoint
+from ...contracts.metrics import numeric_metrics
+from ...rollout_workers.user_code import allow_user_code
+from ...services.driver.backends import make_backend
+from ...services.driver.checkpoints import check_resumable, load_checkpoint, load_newest_valid
+from ...services.driver.loop import TrainingLoop
+from ...services.driver.preflight import preflight
+from ...services.driver.run_dir import RunDir, RunDirError
+from ...services.files import atomic_write, open_no_follow
+from ...services.sweep.plan import quiet_tune, trial_config
+from ...services.sweep.records import EXPLOITS_FILE, read_exploits
+from ...services.tracking import TRIAL_TAG
 
 CKPT_FILE, ORIGIN_FILE = "relay.pt", "origin.json"
 STOPPED_BY_SWEEP = "stopped by the sweep"

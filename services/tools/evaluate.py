@@ -13,21 +13,21 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.config import EnvConfig
-from rollout_workers.envs import PETTINGZOO, EnvSpecError
-from rollout_workers.evaluation import (
+from ...contracts.config import EnvConfig
+from ...rollout_workers.envs import PETTINGZOO, EnvSpecError
+from ...rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
     EvalResult,
     build_eval_env,
     eval_env_config,
     play,
 )
-from rollout_workers.scenes import open_scene
-from rollout_workers.video import encode_mp4, video_stem
-from services.driver.checkpoints import BEST_NAME, load_newest_valid
-from services.files import write_numbered
-from services.tools.handle import PolicyHandle, PolicyLoadError
-from services.tools.load import check_env_fits, scene_policies
+from ...rollout_workers.scenes import open_scene
+from ...rollout_workers.video import encode_mp4, video_stem
+from ...services.driver.checkpoints import BEST_NAME, load_newest_valid
+from ...services.files import write_numbered
+from ...services.tools.handle import PolicyHandle, PolicyLoadError
+from ...services.tools.load import check_env_fits, scene_policies
 
 MAX_EPISODES = 100_000
 

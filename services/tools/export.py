@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.config import config_data
-from contracts.segment import Fields
-from policy.actor_critic import fields_to_numpy, fields_to_torch
-from services.files import write_new
-from services.tools.handle import (
+from ...contracts.config import config_data
+from ...contracts.segment import Fields
+from ...policy.actor_critic import fields_to_numpy, fields_to_torch
+from ...services.files import write_new
+from ...services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     DeterministicPolicy,
@@ -39,8 +39,8 @@ from services.tools.handle import (
     output_names,
     rows_of,
 )
-from services.tools.load import recorded_observations
-from services.tools.onnx_check import (
+from ...services.tools.load import recorded_observations
+from ...services.tools.onnx_check import (
     RELAY_IO,
     cpu_session,
     graph_outputs,

@@ -15,11 +15,11 @@ import psutil
 import torch
 from torch import Tensor, nn
 
-from contracts.config import RelayConfig
-from contracts.segment import Fields, as_fields
-from contracts.spaces import EnvSpec, ObsLeaf
-from policy.actor_critic import STATE
-from policy.models import ActorCritic
+from ...contracts.config import RelayConfig
+from ...contracts.segment import Fields, as_fields
+from ...contracts.spaces import EnvSpec, ObsLeaf
+from ...policy.actor_critic import STATE
+from ...policy.models import ActorCritic
 
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
 RELAY_ENV_KEY = "relay_env"  # ONNX metadata: the env spec (observation shape, dtype, bounds; actions)

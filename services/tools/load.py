@@ -18,28 +18,28 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from contracts.checkpoint import Checkpoint, CheckpointError
-from contracts.config import EnvConfig, RelayConfig
-from contracts.policy_groups import PolicyGroupError, group_config, part_of
-from contracts.segment import Fields
-from contracts.spaces import EnvSpec
-from policy.actor_critic import STATE, draw_noise, fields_to_torch
-from policy.models import ActorCritic, infer_env_spec
-from rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
-from rollout_workers.evaluation import eval_env_config
-from rollout_workers.observations import ObsReader
-from rollout_workers.scenes import open_scene
-from rollout_workers.vector_backends import make_vector_env
-from services.driver.checkpoints import read_data
-from services.tools.handle import (
+from ...contracts.checkpoint import Checkpoint, CheckpointError
+from ...contracts.config import EnvConfig, RelayConfig
+from ...contracts.policy_groups import PolicyGroupError, group_config, part_of
+from ...contracts.segment import Fields
+from ...contracts.spaces import EnvSpec
+from ...policy.actor_critic import STATE, draw_noise, fields_to_torch
+from ...policy.models import ActorCritic, infer_env_spec
+from ...rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_spec
+from ...rollout_workers.evaluation import eval_env_config
+from ...rollout_workers.observations import ObsReader
+from ...rollout_workers.scenes import open_scene
+from ...rollout_workers.vector_backends import make_vector_env
+from ...services.driver.checkpoints import read_data
+from ...services.tools.handle import (
     PolicyHandle,
     PolicyLoadError,
     concat_fields,
     rows_of,
 )
-from services.tools.mlagents import mlagents_policy_from_state_dict
-from services.tools.onnx_import import import_onnx_policy
-from services.tools.relay_policy import relay_policy
+from ...services.tools.mlagents import mlagents_policy_from_state_dict
+from ...services.tools.onnx_import import import_onnx_policy
+from ...services.tools.relay_policy import relay_policy
 
 
 def _read_checkpoint(raw: Any, name: str) -> tuple[Checkpoint, EnvSpec]:

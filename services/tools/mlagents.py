@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.spaces import ActionSpec, EnvSpec
-from policy.cores.lstm import LstmCore
-from policy.models.mlp import mlp_policy
-from services.tools.handle import PolicyHandle, PolicyLoadError, identity
-from services.tools.onnx_graph import GraphError, Node, OnnxGraph
+from ...contracts.spaces import ActionSpec, EnvSpec
+from ...policy.cores.lstm import LstmCore
+from ...policy.models.mlp import mlp_policy
+from ...services.tools.handle import PolicyHandle, PolicyLoadError, identity
+from ...services.tools.onnx_graph import GraphError, Node, OnnxGraph
 
 MLAGENTS_BODY = re.compile(r"_body_endoder\.seq_layers\.(\d+)\.weight$")
 MLAGENTS_BRANCH = re.compile(r"_discrete_distribution\.branches\.(\d+)\.weight$")

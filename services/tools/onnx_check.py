@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Fields
-from policy.actor_critic import STATE, fields_to_numpy, fields_to_torch
-from services.tools.handle import DeterministicPolicy, PolicyHandle
+from ...contracts.segment import Fields
+from ...policy.actor_critic import STATE, fields_to_numpy, fields_to_torch
+from ...services.tools.handle import DeterministicPolicy, PolicyHandle
 
 
 def _same_names(fields: Fields) -> dict[str, np.ndarray]:

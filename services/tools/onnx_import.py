@@ -18,18 +18,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from contracts.segment import Fields
-from contracts.spaces import ActionSpec, EnvSpec, SpecError
-from policy.actor_critic import STATE, fields_to_numpy
-from policy.models import action_outputs
-from services.tools.handle import (
+from ...contracts.segment import Fields
+from ...contracts.spaces import ActionSpec, EnvSpec, SpecError
+from ...policy.actor_critic import STATE, fields_to_numpy
+from ...policy.models import action_outputs
+from ...services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,
     PolicyHandle,
     PolicyLoadError,
     rows_of,
 )
-from services.tools.mlagents import (
+from ...services.tools.mlagents import (
     DETERMINISTIC,
     MASKS_INPUT,
     MEMORY_INPUT,
@@ -37,7 +37,7 @@ from services.tools.mlagents import (
     is_mlagents_graph,
     mlagents_policy_from_graph,
 )
-from services.tools.onnx_check import (
+from ...services.tools.onnx_check import (
     GraphIO,
     cpu_session,
     graph_outputs,
@@ -45,8 +45,8 @@ from services.tools.onnx_check import (
     sequence_error,
     torch_outputs,
 )
-from services.tools.onnx_graph import GraphError, OnnxGraph
-from services.tools.relay_policy import relay_policy
+from ...services.tools.onnx_graph import GraphError, OnnxGraph
+from ...services.tools.relay_policy import relay_policy
 
 
 def _graph_env(proto: Any, meta: dict[str, str], weights: dict[str, torch.Tensor], source: str) -> EnvSpec:

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from contracts.config import RelayConfig
-from contracts.spaces import EnvSpec
-from policy.models import acting_optional, build_policy, has_critic_weights, model_kind, weights_mismatch
-from services.tools.handle import PolicyHandle, PolicyLoadError
+from ...contracts.config import RelayConfig
+from ...contracts.spaces import EnvSpec
+from ...policy.models import acting_optional, build_policy, has_critic_weights, model_kind, weights_mismatch
+from ...services.tools.handle import PolicyHandle, PolicyLoadError
 
 
 def relay_policy(

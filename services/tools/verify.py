@@ -26,16 +26,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from contracts.segment import Fields
-from learner.device import AMP_DTYPES, DeviceContext, resolve_device
-from policy.actor_critic import ActorCritic, draw_noise, fields_to_numpy, fields_to_torch
-from services.tools.export import onnx_bytes
-from services.tools.handle import (
+from ...contracts.segment import Fields
+from ...learner.device import AMP_DTYPES, DeviceContext, resolve_device
+from ...policy.actor_critic import ActorCritic, draw_noise, fields_to_numpy, fields_to_torch
+from ...services.tools.export import onnx_bytes
+from ...services.tools.handle import (
     PolicyHandle,
     concat_fields,
     rows_of,
 )
-from services.tools.load import recorded_observations
+from ...services.tools.load import recorded_observations
 
 DTYPES = {"float32": torch.float32, **AMP_DTYPES}
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from contracts.config import RelayConfig, redact_text
-from contracts.metrics import metric_lines as named_metrics
+from ...contracts.config import RelayConfig, redact_text
+from ...contracts.metrics import metric_lines as named_metrics
 
 # config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
 TRACKERS: dict[str, tuple[str, str]] = {
-    "mlflow": ("services.tracking.mlflow_client", "mlflow"),
-    "wandb": ("services.tracking.wandb_client", "wandb"),
+    "mlflow": ("relay_rl.services.tracking.mlflow_client", "mlflow"),
+    "wandb": ("relay_rl.services.tracking.wandb_client", "wandb"),
 }
 QUEUE_LINES = 10_000  # lines held while a server is away (~hours of a CartPole run); older ones dropped
 BATCH_LINES = 50  # lines sent in one call

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.tracking import RunInfo, flatten, import_tracker_package
+from ...services.tracking import RunInfo, flatten, import_tracker_package
 
 PARAMS_PER_CALL = 100  # MLflow's cap on params in one log_batch
 METRICS_PER_CALL = 1000  # and on metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.tracking import PARENT_TAG, SWEEP_TAG, RunInfo, flatten, import_tracker_package
+from ...services.tracking import PARENT_TAG, SWEEP_TAG, RunInfo, flatten, import_tracker_package
 
 EXIT_CODES = {"FINISHED": 0, "KILLED": 130}
 

@@ -17,11 +17,11 @@ import ray
 import yaml
 from ray.cluster_utils import AutoscalingCluster
 
-from contracts.config import load_config
-from services.driver.backends import RayBackend
-from services.driver.loop import TrainingLoop
-from services.driver.preflight import check_env
-from services.driver.run_dir import RunDir
+from relay_rl.contracts.config import load_config
+from relay_rl.services.driver.backends import RayBackend
+from relay_rl.services.driver.loop import TrainingLoop
+from relay_rl.services.driver.preflight import check_env
+from relay_rl.services.driver.run_dir import RunDir
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).parents[2]
@@ -114,8 +114,8 @@ def test_device_auto_on_an_autoscaling_cluster_without_accelerators_is_refused(
 ):
     """The learner node type is not up yet: auto would pick the CPU; one line says what to set.
     (First in the module: no earlier test has started a learner node on this machine.)"""
-    from services.cli import main
-    from services.driver.cluster import autoscaling
+    from relay_rl.services.cli import main
+    from relay_rl.services.driver.cluster import autoscaling
 
     assert ray.cluster_resources().get("NPU", 0) == 0, ray.cluster_resources()
     assert autoscaling(), "the fake cluster's autoscaler should be recognised"

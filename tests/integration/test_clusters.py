@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from services.cli import main
-from services.driver import cluster
-from services.driver.checkpoints import load_newest_valid
+from relay_rl.services.cli import main
+from relay_rl.services.driver import cluster
+from relay_rl.services.driver.checkpoints import load_newest_valid
 from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 pytestmark = pytest.mark.ray
@@ -64,7 +64,7 @@ def test_an_address_nobody_answers_is_refused_in_seconds(tmp_path):
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "relay_rl.services.cli",
             "train",
             "configs/cartpole_ppo.yaml",
             "--run-dir",

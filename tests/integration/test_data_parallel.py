@@ -7,11 +7,11 @@ import pytest
 import ray
 import torch
 
-from contracts.config import load_config
-from services.driver.backends import RayBackend
-from services.driver.loop import TrainingLoop
-from services.driver.preflight import check_env
-from services.driver.run_dir import RunDir
+from relay_rl.contracts.config import load_config
+from relay_rl.services.driver.backends import RayBackend
+from relay_rl.services.driver.loop import TrainingLoop
+from relay_rl.services.driver.preflight import check_env
+from relay_rl.services.driver.run_dir import RunDir
 from tests.helpers_proc import metrics_lines, wait_for
 
 pytestmark = pytest.mark.ray
@@ -51,7 +51,7 @@ def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
 
 
 def test_learner_count_must_divide_the_workers():
-    from contracts.config import ConfigError
+    from relay_rl.contracts.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"learner.num_learners=2 must divide rollout.num_workers=3"):
         load_config(

@@ -3,7 +3,7 @@ published weights, and its scores, videos and best checkpoint land in the run as
 
 import pytest
 
-from services.cli import main
+from relay_rl.services.cli import main
 from tests.helpers import train_in_process
 from tests.helpers_proc import metrics_lines
 
@@ -35,10 +35,10 @@ def test_the_evaluation_actor_yields_the_cpu_to_training():
     import psutil
     import ray
 
-    from contracts.config import build_config
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.evaluator import EVAL_NICENESS, create_evaluator
-    from services.driver.preflight import check_env
+    from relay_rl.contracts.config import build_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.evaluator import EVAL_NICENESS, create_evaluator
+    from relay_rl.services.driver.preflight import check_env
 
     cfg = build_config({}, ["eval.every_iterations=1"])
     ray.init(num_cpus=1, include_dashboard=False)

@@ -7,7 +7,7 @@ import time
 import pytest
 import ray
 
-from contracts.config import load_config
+from relay_rl.contracts.config import load_config
 from tests.helpers import ray_loop
 
 pytestmark = pytest.mark.ray

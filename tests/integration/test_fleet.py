@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from contracts.config import load_config
+from relay_rl.contracts.config import load_config
 from tests.helpers import ELASTIC_CARTPOLE, ELASTIC_SATURATED, ELASTIC_STARVING, ray_loop
 
 pytestmark = pytest.mark.ray

@@ -72,8 +72,8 @@ def _job_server_answers(address: str, env: dict) -> bool:
 
 
 def _submit_train(address: str, env: dict, *args: str) -> str:
-    """Submit the README's job (`python -m services.train configs/cartpole_ppo.yaml`) plus `args`."""
-    entrypoint = ["python", "-m", "services.train", "configs/cartpole_ppo.yaml", *args]
+    """Submit the README's job (`python -m relay_rl.services.train configs/cartpole_ppo.yaml`) plus `args`."""
+    entrypoint = ["python", "-m", "relay_rl.services.train", "configs/cartpole_ppo.yaml", *args]
     out = _ray(
         "job", "submit", "--address", address, "--working-dir", ".", "--no-wait", "--", *entrypoint, env=env
     )

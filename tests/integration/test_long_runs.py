@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import ray
 
-from contracts.config import build_config
-from learner.actor import create_learner_actor
-from learner.algorithms import algorithm_traits
-from rollout_workers.worker import create_rollout_workers
-from services.driver import cluster
-from services.driver.preflight import check_env
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.actor import create_learner_actor
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.rollout_workers.worker import create_rollout_workers
+from relay_rl.services.driver import cluster
+from relay_rl.services.driver.preflight import check_env
 from tests.helpers import train_in_process
 from tests.helpers_proc import metrics_lines, wait_for
 
@@ -63,7 +63,7 @@ def test_published_weights_are_objects_the_driver_owns(ray_with_state_api):
     the caller's object. (An object the learner put and the driver borrowed left ~0.5 KB in the
     learner's core worker per publication: ~20 MB an hour on CartPole, docs/benchmarks.md.) The
     owner is read from Ray's core worker (a private API: no public one names an object's owner)."""
-    from services.driver.backends import RayBackend
+    from relay_rl.services.driver.backends import RayBackend
 
     sets = ["rollout.num_workers=1", "learner.buffer_size=1024", "rollout.rollout_len=32"]
     cfg = build_config({}, [*sets, "learner.batch_size=64", "rollout.mode=sync"])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from relay_rl.services.cli import main
 from tests.helpers import train_in_process, train_local
 
 pytest.importorskip("pettingzoo")
@@ -43,7 +43,7 @@ def test_a_centralized_critic_trains_resumes_and_exports_the_policy_alone(tmp_pa
     goes on from them; the export and its check take the agent's observation alone."""
     import onnx
 
-    from services.driver.checkpoints import read_data
+    from relay_rl.services.driver.checkpoints import read_data
 
     run = tmp_path / "mappo"
     assert train_local("simple_spread_mappo.yaml", run, *SMALL, "stop.env_steps=3000") == 0

@@ -8,7 +8,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from contracts.config import load_config
+from relay_rl.contracts.config import load_config
 from tests.helpers import ray_loop
 
 pytestmark = pytest.mark.ray

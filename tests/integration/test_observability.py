@@ -9,7 +9,7 @@ import pytest
 import ray
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from services.cli import main
+from relay_rl.services.cli import main
 
 pytestmark = pytest.mark.ray
 

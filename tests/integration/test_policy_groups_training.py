@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.cli import main
-from services.driver.checkpoints import read_data
-from services.serving.service import PolicyService
+from relay_rl.services.cli import main
+from relay_rl.services.driver.checkpoints import read_data
+from relay_rl.services.serving.service import PolicyService
 from tests.helpers import ROOT, train_in_process, train_local
 
 pytest.importorskip("pettingzoo")

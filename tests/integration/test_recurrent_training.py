@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from relay_rl.services.cli import main
 from tests.helpers import train_in_process, train_local
 
 NOVEL = "cartpole_novel_lstm_ppo.yaml"

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from services.driver.checkpoints import list_checkpoints
+from relay_rl.services.driver.checkpoints import list_checkpoints
 from tests.helpers import hold_back_checkpoints, train_local
 from tests.helpers_proc import wait_for
 from tests.services.test_mlagents_import import MLAGENTS_EXPORTS
@@ -88,7 +88,7 @@ def test_relay_serve_follow_under_load_bad_requests_and_clean_stop(run_dir):
     run, held = run_dir
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "serve", str(run), "--follow", "--port", str(port)],
+        [sys.executable, "-m", "relay_rl.services.cli", "serve", str(run), "--follow", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -173,7 +173,7 @@ def test_serve_application_runs_an_mlagents_export_on_two_onnxruntime_replicas(t
     import ray
     from ray import serve
 
-    from services.serving.app import build
+    from relay_rl.services.serving.app import build
 
     path = tmp_path / "Huggy.onnx"  # written by ML-Agents 1.1.0's own exporter (tests/services/data)
     path.write_bytes((MLAGENTS_EXPORTS / "continuous_normalized.onnx").read_bytes())
@@ -258,7 +258,7 @@ def test_serve_application_answers_tree_observations_and_masks(tmp_path):
     import ray
     from ray import serve
 
-    from services.serving.app import build
+    from relay_rl.services.serving.app import build
 
     run = tmp_path / "pick"
     sets = [
@@ -324,8 +324,8 @@ def test_serve_application_carries_a_recurrent_policys_state_per_session(tmp_pat
     import ray
     from ray import serve
 
-    from services.serving.app import build
-    from services.serving.service import PolicyService, parse_act
+    from relay_rl.services.serving.app import build
+    from relay_rl.services.serving.service import PolicyService, parse_act
 
     run = tmp_path / "novel"
     assert (

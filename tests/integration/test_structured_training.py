@@ -55,7 +55,7 @@ def test_a_dict_multi_discrete_env_with_obs_masks_learns_and_resumes(tmp_path):
     lines = _lines(run)
     assert lines[-1]["episode_return_mean"] > 5.0, lines[-1]
     assert lines[-1]["env_faults"] == 0  # no masked or out-of-range action reached the env
-    from services.cli import main
+    from relay_rl.services.cli import main
 
     sets = ["stop.env_steps=40000", "metrics.progress=none", f"env.id={PICK}"]  # the user names the env again
     assert main(["resume", str(run), *[a for kv in sets for a in ("--set", kv)]]) == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import load_config
+from relay_rl.contracts.config import load_config
 from tests.helpers import ROOT
 from tests.helpers_proc import metrics_lines, processes_mentioning, ray_env, wait_for
 
@@ -24,7 +24,7 @@ SMALL = ["metrics.tensorboard=false", "rollout.num_workers=1", "stop.episode_ret
 
 
 def sweep_args(folder: Path, *args: str, sets: list[str] = SMALL) -> list[str]:
-    cmd = [sys.executable, "-m", "services.cli", "sweep", *args, "--dir", str(folder)]
+    cmd = [sys.executable, "-m", "relay_rl.services.cli", "sweep", *args, "--dir", str(folder)]
     for kv in sets:
         cmd += ["--set", kv]
     return cmd
@@ -105,7 +105,9 @@ def test_grid_with_asha_stops_a_trial_early_and_ctrl_c_then_resume_finishes(tmp_
     assert ckpts[-1].name == f"ckpt-{interrupted[-1]['iteration']:08d}.pt"  # the final checkpoint
     assert trial_states(folder)["t000"]["event"] == "started"  # not ended: resumable
 
-    resumed = run_sweep([sys.executable, "-m", "services.cli", "sweep", "--resume", str(folder)], ray_tmp)
+    resumed = run_sweep(
+        [sys.executable, "-m", "relay_rl.services.cli", "sweep", "--resume", str(folder)], ray_tmp
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     states = trial_states(folder)
     assert states["t000"]["status"] == "done"
@@ -156,7 +158,7 @@ def test_trials_spread_over_the_nodes_of_a_cluster(tmp_path):
     import ray
     from ray.cluster_utils import Cluster
 
-    from services.cli import main
+    from relay_rl.services.cli import main
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     for _ in range(2):

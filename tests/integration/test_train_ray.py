@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.cli import main
+from relay_rl.services.cli import main
 from tests.helpers_proc import wait_for
 
 pytestmark = pytest.mark.ray
@@ -78,9 +78,9 @@ def test_learner_actor_reserves_and_uses_its_cpus(local_ray):
     (a CPU learner left at one thread used half of a 2-core machine while its CPUs sat idle)."""
     import ray
 
-    from contracts.config import load_config
-    from learner.actor import create_learner_actor
-    from rollout_workers.envs import probe_env_spec
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.actor import create_learner_actor
+    from relay_rl.rollout_workers.envs import probe_env_spec
 
     cfg = load_config("configs/cartpole_ppo.yaml", ["learner.num_cpus=3", "learner.device=cpu"])
     total = ray.cluster_resources()["CPU"]  # the earlier tests' actors are gone once this one is placed

@@ -9,8 +9,8 @@ import types
 
 import torch
 
-from learner import device as devmod
-from learner.device import DeviceError, resolve_device
+from relay_rl.learner import device as devmod
+from relay_rl.learner.device import DeviceError, resolve_device
 
 
 class FakeNpuBackend:
@@ -90,8 +90,8 @@ def check_explicit_index_and_ids() -> None:
 def check_precision_and_compile_backend() -> None:
     """bf16 units reported by torch_npu make `auto` pick bf16 autocast (no channels-last: the NPU
     keeps its own layouts); learner.compile's auto backend is torchair's, built with a config."""
-    from contracts.config import LearnerConfig
-    from learner.precision import resolve_precision
+    from relay_rl.contracts.config import LearnerConfig
+    from relay_rl.learner.precision import resolve_precision
 
     dev = resolve_device("npu")
     assert dev.bf16_units() == "npu"

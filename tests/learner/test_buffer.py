@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.segment import Segment, SegmentLayout, SegmentRejected
-from contracts.spaces import ActionSpec, EnvSpec
-from learner.buffer import SegmentRingBuffer
+from relay_rl.contracts.segment import Segment, SegmentLayout, SegmentRejected
+from relay_rl.contracts.spaces import ActionSpec, EnvSpec
+from relay_rl.learner.buffer import SegmentRingBuffer
 
 SPEC = SegmentLayout(rollout_len=5, num_envs=3, env=EnvSpec((4,), ActionSpec("discrete", 2)))
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.config import load_config
-from learner.compiled import CompiledLoss
-from services.cli import main
+from relay_rl.contracts.config import load_config
+from relay_rl.learner.compiled import CompiledLoss
+from relay_rl.services.cli import main
 from tests.helpers import ROOT, train_local
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
@@ -139,10 +139,10 @@ def test_compiled_loss_counts_graph_breaks():
 def test_inductor_updates_as_eager_does():
     """The real compiler (inductor, C++ on this CPU): the same segments and seed give the same
     weights as the eager update, within float reassociation, and one compile for three updates."""
-    from contracts.config import build_config
-    from learner.algorithms import algorithm_traits
-    from learner.learner import Learner
-    from rollout_workers.sampler import make_sampler
+    from relay_rl.contracts.config import build_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.rollout_workers.sampler import make_sampler
 
     sections = {
         "rollout": {"num_workers": 1, "rollout_len": 16},

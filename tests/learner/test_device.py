@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from learner import device as devmod
-from learner.device import DeviceError, accelerator_resources, ray_options, resolve_device
+from relay_rl.learner import device as devmod
+from relay_rl.learner.device import DeviceError, accelerator_resources, ray_options, resolve_device
 
 
 def test_cpu_path_for_real():

@@ -9,13 +9,13 @@ import types
 import pytest
 import torch
 
-from contracts.config import build_config
-from learner import device_health
-from learner.algorithms import algorithm_traits
-from learner.device import DeviceContext, resolve_device
-from learner.device_health import DeviceHealth, smi_value
-from learner.learner import Learner
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import build_config
+from relay_rl.learner import device_health
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.device import DeviceContext, resolve_device
+from relay_rl.learner.device_health import DeviceHealth, smi_value
+from relay_rl.learner.learner import Learner
+from relay_rl.rollout_workers.sampler import make_sampler
 
 
 def test_cpu_reports_the_learner_process_memory_and_no_utilization():

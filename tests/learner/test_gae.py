@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.gae import compute_gae, compute_gae_reference
+from relay_rl.learner.gae import compute_gae, compute_gae_reference
 
 
 def _random_segment(seed: int, T: int, N: int, p_term: float, p_trunc: float, p_pad: float):

@@ -3,10 +3,10 @@
 import numpy as np
 import torch
 
-from contracts.config import build_config
-from learner.algorithms import algorithm_traits
-from learner.learner import Learner
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.learner import Learner
+from relay_rl.rollout_workers.sampler import make_sampler
 
 
 def _learner(*overrides: str):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from learner.heap import HeapGauge, HeapTrimmer, heap_stats
+from relay_rl.learner.heap import HeapGauge, HeapTrimmer, heap_stats
 
 
 def rss_mb() -> float:

@@ -5,10 +5,10 @@ on the newest segments, and its state round-trips."""
 import numpy as np
 import torch
 
-from contracts.config import build_config
-from learner.algorithms import algorithm_traits
-from learner.learner import Learner, time_major
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.learner import Learner, time_major
+from relay_rl.rollout_workers.sampler import make_sampler
 
 
 def _setup(*sets: str):

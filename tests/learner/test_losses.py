@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from learner import losses
+from relay_rl.learner import losses
 
 ONES = torch.ones(4)
 

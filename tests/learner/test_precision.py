@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import learner.device as device_mod
-from contracts.config import LearnerConfig, build_config
-from learner.algorithms import algorithm_traits
-from learner.device import DeviceContext, cpu_flags
-from learner.learner import Learner
-from learner.precision import resolve_precision
-from rollout_workers.sampler import make_sampler
-from services.cli import main
+import relay_rl.learner.device as device_mod
+from relay_rl.contracts.config import LearnerConfig, build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.device import DeviceContext, cpu_flags
+from relay_rl.learner.learner import Learner
+from relay_rl.learner.precision import resolve_precision
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.services.cli import main
 
 PIXELS = {
     "env": {"id": "ALE/Breakout-v5", "preprocess": "atari", "num_envs": 2},
@@ -128,8 +128,8 @@ def test_validate_for_a_remote_learner_leaves_auto_to_its_host():
     """A learner on a cluster (an address given) is not on this machine: `auto` is its host's
     decision, and settings made explicit are told without looking up a device here (a cuda
     learner's driver may have none)."""
-    from contracts.config import load_config
-    from services.driver.preflight import check_env, learner_precision
+    from relay_rl.contracts.config import load_config
+    from relay_rl.services.driver.preflight import check_env, learner_precision
 
     cfg = load_config("configs/breakout_ppo.yaml", [])
     env = check_env(cfg)

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import ConfigError, build_config
-from learner.algorithms import algorithm_traits
-from learner.learner import Learner
-from policy.models import build_policy
-from policy.models.transformer import TokenTransformer
-from rollout_workers.sampler import make_sampler
-from services.driver.preflight import check_config
+from relay_rl.contracts.config import ConfigError, build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.learner import Learner
+from relay_rl.policy.models import build_policy
+from relay_rl.policy.models.transformer import TokenTransformer
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.services.driver.preflight import check_config
 
 VOCAB, SEQ = 5, 10
 

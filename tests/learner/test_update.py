@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from contracts.config import LearnerConfig
-from contracts.spaces import ActionSpec
-from learner.algorithms.ppo import PPO
-from learner.device import resolve_device
-from learner.gae import compute_gae
-from learner.update import run_update
-from policy.actor_critic import draw_noise
-from policy.models.mlp import mlp_policy
+from relay_rl.contracts.config import LearnerConfig
+from relay_rl.contracts.spaces import ActionSpec
+from relay_rl.learner.algorithms.ppo import PPO
+from relay_rl.learner.device import resolve_device
+from relay_rl.learner.gae import compute_gae
+from relay_rl.learner.update import run_update
+from relay_rl.policy.actor_critic import draw_noise
+from relay_rl.policy.models.mlp import mlp_policy
 
 ARM_REWARDS = torch.tensor([0.0, 1.0, 0.2])
 
@@ -136,7 +136,7 @@ def _recording_update(seq_len, T=8, E=12, batch_size=24, accum=1):
 
 
 def test_sequence_minibatches_are_whole_columns_in_time_order():
-    from learner.update import sequence_view
+    from relay_rl.learner.update import sequence_view
 
     T, E = 8, 12
     seen = _recording_update(seq_len=T, T=T, E=E, batch_size=24, accum=1)
@@ -162,7 +162,7 @@ def test_flat_minibatches_stay_shuffled_steps():
 
 
 def test_sequence_minibatches_need_whole_sequences():
-    from contracts.config import ConfigError, build_config
+    from relay_rl.contracts.config import ConfigError, build_config
 
     with pytest.raises(ConfigError, match=r"multiple of rollout\.rollout_len=32"):
         build_config(

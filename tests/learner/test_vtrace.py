@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.gae import compute_gae
-from learner.vtrace import compute_vtrace, compute_vtrace_reference
+from relay_rl.learner.gae import compute_gae
+from relay_rl.learner.vtrace import compute_vtrace, compute_vtrace_reference
 
 
 def _segment(seed: int, T: int, N: int, p_term: float, p_trunc: float, p_pad: float, spread: float):

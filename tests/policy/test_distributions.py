@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import distributions as D
 
-from contracts.spaces import ActionSpec
-from policy.distributions import DISTRIBUTIONS, distribution
+from relay_rl.contracts.spaces import ActionSpec
+from relay_rl.policy.distributions import DISTRIBUTIONS, distribution
 
 SPECS = {
     "discrete": ActionSpec("discrete", 5),

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import build_config
-from contracts.spaces import ActionSpec, EnvSpec, ObsLeaf
-from policy.actor_critic import draw_noise
-from policy.encoders import ENCODERS, encoder_plan
-from policy.models import build_policy
-from policy.numpy_mirror import NumpyPolicy, TorchCpuPolicy, cpu_policy
+from relay_rl.contracts.config import build_config
+from relay_rl.contracts.spaces import ActionSpec, EnvSpec, ObsLeaf
+from relay_rl.policy.actor_critic import draw_noise
+from relay_rl.policy.encoders import ENCODERS, encoder_plan
+from relay_rl.policy.models import build_policy
+from relay_rl.policy.numpy_mirror import NumpyPolicy, TorchCpuPolicy, cpu_policy
 
 LEAVES = (
     ObsLeaf("pos", "box", (3,), "float32", -1.0, 1.0),

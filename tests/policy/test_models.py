@@ -4,10 +4,10 @@ import math
 
 import torch
 
-from contracts.spaces import ActionSpec
-from policy.actor_critic import draw_noise
-from policy.models import ActorCritic
-from policy.models.mlp import mlp_policy
+from relay_rl.contracts.spaces import ActionSpec
+from relay_rl.policy.actor_critic import draw_noise
+from relay_rl.policy.models import ActorCritic
+from relay_rl.policy.models.mlp import mlp_policy
 
 
 def _policy(kind: str, critic: bool = True, **kw) -> ActorCritic:

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.normalizer import CLIP, Moments, ObsNormalizer
+from relay_rl.policy.normalizer import CLIP, Moments, ObsNormalizer
 
 
 def test_formula_matches_mlagents():

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from contracts.spaces import ActionSpec
-from policy.actor_critic import draw_noise
-from policy.models.mlp import mlp_policy
-from policy.numpy_mirror import NumpyPolicy
+from relay_rl.contracts.spaces import ActionSpec
+from relay_rl.policy.actor_critic import draw_noise
+from relay_rl.policy.models.mlp import mlp_policy
+from relay_rl.policy.numpy_mirror import NumpyPolicy
 
 
 @pytest.mark.parametrize("kind", ["discrete", "continuous"])

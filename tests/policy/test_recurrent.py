@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import ConfigError, load_config
-from learner.algorithms import algorithm_traits
-from learner.algorithms.base import evaluate_in_chunks, policy_inputs
-from learner.device import DeviceContext, resolve_device
-from learner.learner import time_major
-from policy.cores import CORES
-from policy.models import build_policy
-from rollout_workers.sampler import make_sampler
-from services.driver.preflight import check_config
+from relay_rl.contracts.config import ConfigError, load_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.algorithms.base import evaluate_in_chunks, policy_inputs
+from relay_rl.learner.device import DeviceContext, resolve_device
+from relay_rl.learner.learner import time_major
+from relay_rl.policy.cores import CORES
+from relay_rl.policy.models import build_policy
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.services.driver.preflight import check_config
 
 RECURRENT = ["learner.minibatch=sequences", "rollout.num_workers=0", "learner.buffer_size=512"]
 
@@ -75,7 +75,7 @@ def test_the_learner_replays_what_the_worker_computed(core, shared, post):
 
 
 def test_column_rows_read_a_time_major_batch_column_by_column():
-    from learner.update import column_rows
+    from relay_rl.learner.update import column_rows
 
     assert column_rows(3, 2, torch.arange(2)).tolist() == [0, 2, 4, 1, 3, 5]  # rows t * 2 + e
     assert column_rows(3, 2, torch.tensor([1, 0])).tolist() == [1, 3, 5, 0, 2, 4]
@@ -98,7 +98,7 @@ def test_recurrent_config_rules_name_the_fields(sets, words):
 
 
 def test_the_learner_reports_the_state_it_replays_from(tmp_path):
-    from learner.learner import Learner
+    from relay_rl.learner.learner import Learner
 
     cfg = recurrent_cfg("lstm", "learner.buffer_size=256")
     sampler = make_sampler(cfg, algorithm_traits(cfg))
@@ -123,9 +123,9 @@ def test_the_learner_reports_the_state_it_replays_from(tmp_path):
 )
 def test_the_numpy_mirror_steps_a_core_as_torch_does(core, shared, critic, post):
     """20 steps of 8 envs, each side feeding its own state back, with random episode starts."""
-    from contracts.spaces import ActionSpec, EnvSpec
-    from policy.actor_critic import STATE, draw_noise
-    from policy.numpy_mirror import NumpyPolicy, cpu_policy
+    from relay_rl.contracts.spaces import ActionSpec, EnvSpec
+    from relay_rl.policy.actor_critic import STATE, draw_noise
+    from relay_rl.policy.numpy_mirror import NumpyPolicy, cpu_policy
 
     cfg = recurrent_cfg(core, f"model.shared_trunk={shared}", f"model.post_core_size={post}")
     model = build_policy(cfg, EnvSpec((3,), ActionSpec("discrete", 4)), critic=critic)
@@ -189,7 +189,7 @@ def test_a_core_after_any_encoder_replays_as_the_worker_acted(config, sets):
 
 def _one_round_of_minibatches(cfg):
     """A learner's update on one fresh segment, and every minibatch its loss was given."""
-    from learner.learner import Learner
+    from relay_rl.learner.learner import Learner
 
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)

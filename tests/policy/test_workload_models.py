@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import ConfigError, build_config
-from contracts.spaces import ActionSpec, EnvSpec
-from learner.algorithms import algorithm_traits
-from learner.learner import Learner
-from policy.models import build_policy
-from policy.models.cnn import NatureCNN
-from rollout_workers.sampler import make_sampler
-from services.driver.preflight import check_config
+from relay_rl.contracts.config import ConfigError, build_config
+from relay_rl.contracts.spaces import ActionSpec, EnvSpec
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.learner import Learner
+from relay_rl.policy.models import build_policy
+from relay_rl.policy.models.cnn import NatureCNN
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.services.driver.preflight import check_config
 
 FRAMES = EnvSpec((4, 84, 84), ActionSpec("discrete", 4), obs_dtype="uint8", obs_low=0, obs_high=255)
 

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import ConfigError
-from contracts.segment import SegmentLayout
-from contracts.spaces import EnvSpec, SpecError
-from learner.algorithms import algorithm_traits
-from policy.models import build_policy
-from policy.normalizer import Moments
-from policy.numpy_mirror import cpu_policy
-from rollout_workers.envs import EnvSpecError, probe_env_spec
-from rollout_workers.multi_agent import FINAL_GLOBAL_KEY, GLOBAL_KEY
-from rollout_workers.sampler import make_sampler
-from rollout_workers.vector_backends import make_vector_env
+from relay_rl.contracts.config import ConfigError
+from relay_rl.contracts.segment import SegmentLayout
+from relay_rl.contracts.spaces import EnvSpec, SpecError
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.policy.models import build_policy
+from relay_rl.policy.normalizer import Moments
+from relay_rl.policy.numpy_mirror import cpu_policy
+from relay_rl.rollout_workers.envs import EnvSpecError, probe_env_spec
+from relay_rl.rollout_workers.multi_agent import FINAL_GLOBAL_KEY, GLOBAL_KEY
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.rollout_workers.vector_backends import make_vector_env
 from tests.helpers import local_config
 
 pytest.importorskip("pettingzoo")

@@ -5,11 +5,11 @@ go through the same guard."""
 import numpy as np
 import pytest
 
-from contracts.config import build_config
-from learner.algorithms import algorithm_traits
-from learner.buffer import SegmentRingBuffer
-from learner.gae import compute_gae
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.buffer import SegmentRingBuffer
+from relay_rl.learner.gae import compute_gae
+from relay_rl.rollout_workers.sampler import make_sampler
 
 FAULTY = "tests.rollout_workers.faulty_envs:make"
 
@@ -131,7 +131,7 @@ def test_grpo_a_faulted_member_loses_its_own_episode_not_its_groups(fault):
     dropped every group), and the learner's group statistics skip it."""
     import torch
 
-    from learner.losses import group_relative_advantages
+    from relay_rl.learner.losses import group_relative_advantages
     from tests.rollout_workers.faulty_envs import FaultyCartPole
 
     FaultyCartPole.created = 0  # instance 0 (member 0) faults; its rebuilt copy does not
@@ -228,7 +228,7 @@ def test_a_mask_that_allows_nothing_is_counted_and_named():
 
 
 def test_a_mask_of_the_wrong_length_is_refused_naming_both_sizes():
-    from rollout_workers.observations import MaskError
+    from relay_rl.rollout_workers.observations import MaskError
 
     s = _sampler("{fault: short, at: 3}", f"env.id={TAXI_FAULT}")
     with pytest.raises(

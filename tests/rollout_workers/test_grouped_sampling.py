@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from contracts.config import build_config
-from learner.algorithms import algorithm_traits
-from rollout_workers.sampler import make_sampler
-from rollout_workers.token_env import ReverseDigitsEnv
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.rollout_workers.token_env import ReverseDigitsEnv
 
 
 def _cfg(env_id: str, *overrides: str):

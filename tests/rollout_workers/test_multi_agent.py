@@ -5,12 +5,12 @@ connect_four (turn-based, an action mask in every observation, self-play against
 import numpy as np
 import pytest
 
-from contracts.segment import SegmentLayout
-from learner.algorithms import algorithm_traits
-from rollout_workers.envs import EnvSpecError, probe_env_spec
-from rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY, MultiAgentError
-from rollout_workers.sampler import make_sampler
-from rollout_workers.vector_backends import make_vector_env
+from relay_rl.contracts.segment import SegmentLayout
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.rollout_workers.envs import EnvSpecError, probe_env_spec
+from relay_rl.rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY, MultiAgentError
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.rollout_workers.vector_backends import make_vector_env
 from tests.helpers import local_config, sampled_twice
 
 pytest.importorskip("pettingzoo")
@@ -221,7 +221,7 @@ def test_self_play_snapshots_by_version_and_scores_the_pool():
 
 
 def _weights(cfg, sampler):
-    from policy.models import build_policy
+    from relay_rl.policy.models import build_policy
 
     return build_policy(cfg, sampler.spec, critic=True).state_dict()
 
@@ -278,7 +278,13 @@ def test_a_pettingzoo_module_of_the_users_own_is_found_in_the_working_folder(tmp
         "from mpe2 import simple_spread_v3\n\n"
         "def parallel_env(**kw):\n    return simple_spread_v3.parallel_env(**kw)\n"
     )
-    cmd = [sys.executable, "-m", "services.cli", "validate", str(ROOT / "configs/simple_spread_ppo.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "relay_rl.services.cli",
+        "validate",
+        str(ROOT / "configs/simple_spread_ppo.yaml"),
+    ]
     ok = subprocess.run(
         [*cmd, "--set", "env.id=pettingzoo:mypz.spread_v1"], cwd=tmp_path, capture_output=True
     )

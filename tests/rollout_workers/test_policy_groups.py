@@ -5,15 +5,15 @@ spaces, sampler, segment and learner; they share every step of one env."""
 import numpy as np
 import pytest
 
-from contracts.config import ConfigError, build_config
-from contracts.policy_groups import PolicyGroupError, group_config, group_versions, joined, part_of
-from contracts.segment import FIELD_NAMES, SegmentLayout
-from contracts.spaces import EnvSpec, SpecError
-from learner.algorithms import algorithm_traits
-from learner.policy_groups import PolicyGroupsLearner, groups_state_problem
-from policy.models import build_policy
-from rollout_workers.envs import EnvSpecError, probe_env_spec
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.config import ConfigError, build_config
+from relay_rl.contracts.policy_groups import PolicyGroupError, group_config, group_versions, joined, part_of
+from relay_rl.contracts.segment import FIELD_NAMES, SegmentLayout
+from relay_rl.contracts.spaces import EnvSpec, SpecError
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.policy_groups import PolicyGroupsLearner, groups_state_problem
+from relay_rl.policy.models import build_policy
+from relay_rl.rollout_workers.envs import EnvSpecError, probe_env_spec
+from relay_rl.rollout_workers.sampler import make_sampler
 from tests.helpers import local_config, sampled_twice
 
 pytest.importorskip("pettingzoo")
@@ -281,8 +281,8 @@ def test_a_grouped_learner_state_round_trips_and_is_checked():
 def test_a_groups_scene_plays_the_other_groups_with_their_own_policies(tmp_path):
     """`relay eval --policy prey`'s env: the prey's columns as a plain vector env; the predators
     are moved by the act function given for them (here: always action 1), and copy 0 renders."""
-    from rollout_workers.scenes import GroupScene
-    from rollout_workers.vector_backends import make_vector_env
+    from relay_rl.rollout_workers.scenes import GroupScene
+    from relay_rl.rollout_workers.vector_backends import make_vector_env
 
     cfg = _cfg("env.kwargs={max_cycles: 25, render_mode: rgb_array}", N=8)
     env = make_vector_env(cfg.env, ma=cfg.multi_agent)

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from contracts.config import EnvConfig, build_config
-from learner.algorithms import algorithm_traits
-from learner.buffer import SegmentRingBuffer
-from policy.models import build_policy
-from rollout_workers.envs import EnvSpecError, action_spec, env_seeds
-from rollout_workers.sampler import make_sampler
-from rollout_workers.vector_backends import make_vector_env
+from relay_rl.contracts.config import EnvConfig, build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.buffer import SegmentRingBuffer
+from relay_rl.policy.models import build_policy
+from relay_rl.rollout_workers.envs import EnvSpecError, action_spec, env_seeds
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.rollout_workers.vector_backends import make_vector_env
 
 
 def _cfg(*overrides):

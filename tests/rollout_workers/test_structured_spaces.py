@@ -7,11 +7,11 @@ the layout, and every action the envs received against their spaces and masks.""
 import numpy as np
 import pytest
 
-from contracts.segment import SegmentLayout
-from learner.algorithms import algorithm_traits
-from learner.buffer import SegmentRingBuffer
-from rollout_workers.envs import EnvSpecError, probe_env_spec
-from rollout_workers.sampler import make_sampler
+from relay_rl.contracts.segment import SegmentLayout
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.buffer import SegmentRingBuffer
+from relay_rl.rollout_workers.envs import EnvSpecError, probe_env_spec
+from relay_rl.rollout_workers.sampler import make_sampler
 from tests.helpers import local_config
 from tests.rollout_workers import structured_envs
 

@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from contracts.config import build_config
-from learner.algorithms import algorithm_traits
-from learner.buffer import SegmentRingBuffer
-from rollout_workers.envs import EnvSpecError, check_env_id, extra_hint
-from rollout_workers.sampler import make_sampler
-from services.driver.preflight import check_config, check_env
+from relay_rl.contracts.config import build_config
+from relay_rl.learner.algorithms import algorithm_traits
+from relay_rl.learner.buffer import SegmentRingBuffer
+from relay_rl.rollout_workers.envs import EnvSpecError, check_env_id, extra_hint
+from relay_rl.rollout_workers.sampler import make_sampler
+from relay_rl.services.driver.preflight import check_config, check_env
 
 
 def _cfg(*sets: str, T: int = 128, N: int = 2):
@@ -53,8 +53,8 @@ def test_a_seeded_reset_starts_a_new_atari_game_even_mid_game():
     given a seed starts that seed's game. `relay eval` resets with its own seed stream after a
     first reset: it used to keep playing the first reset's game, two steps into it, so its scores
     differed from SB3's evaluate_policy on the same seeds."""
-    from rollout_workers.atari import atari_env
-    from rollout_workers.envs import register_family
+    from relay_rl.rollout_workers.atari import atari_env
+    from relay_rl.rollout_workers.envs import register_family
 
     register_family("ALE/Breakout-v5")
 
@@ -130,7 +130,7 @@ def test_envpool_mujoco_and_resetting_some_envs():
     ],
 )
 def test_what_a_backend_or_model_cannot_run_is_one_line(sets, needle):
-    from contracts.config import ConfigError
+    from relay_rl.contracts.config import ConfigError
 
     cfg = _cfg(*sets)
     if needle is None:  # a CNN on CartPole: the model kind's env check
@@ -148,7 +148,7 @@ def test_missing_extras_are_named_with_their_pip_command(monkeypatch):
     with pytest.raises(EnvSpecError, match=r'needs the atari extra: pip install "relay-rl\[atari\]"'):
         check_env_id("ALE/Pong-v5")
     monkeypatch.setitem(sys.modules, "envpool", None)
-    from contracts.config import ConfigError
+    from relay_rl.contracts.config import ConfigError
 
     with pytest.raises(ConfigError, match=r'needs the envpool extra: pip install "relay-rl\[envpool\]"'):
         check_config(_cfg("env.vectorization=envpool"))

@@ -17,8 +17,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.config import ConfigError, RelayConfig, build_config, config_leaves, load_config
-from services.cli import main
+from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, config_leaves, load_config
+from relay_rl.services.cli import main
 
 STRUCTURED = "tests.rollout_workers.structured_envs"
 ROOT = Path(__file__).parents[2]
@@ -153,7 +153,11 @@ def test_user_env_modules_that_fail_are_one_line(capsys, tmp_path, monkeypatch, 
 )
 def test_command_line_errors_are_one_line(argv, needle):
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "relay_rl.services.cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc
     assert len(proc.stderr.strip().splitlines()) == 1 and needle in proc.stderr, proc.stderr
@@ -365,7 +369,7 @@ def test_sizes_read_from_an_onnx_file_are_checked_before_anything_is_allocated(t
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", measure, sys.executable, "-m", "services.cli", "verify", str(path)],
+        [sys.executable, "-c", measure, sys.executable, "-m", "relay_rl.services.cli", "verify", str(path)],
         capture_output=True,
         text=True,
     )

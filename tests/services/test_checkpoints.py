@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.checkpoint import Checkpoint, RunCounters
-from contracts.config import load_config
-from services.cli import main
-from services.driver.backends import LocalBackend
-from services.driver.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
-from services.driver.loop import TrainingLoop
-from services.driver.run_dir import RunDir
-from services.driver.sinks import MetricsWriter
+from relay_rl.contracts.checkpoint import Checkpoint, RunCounters
+from relay_rl.contracts.config import load_config
+from relay_rl.services.cli import main
+from relay_rl.services.driver.backends import LocalBackend
+from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
+from relay_rl.services.driver.loop import TrainingLoop
+from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.driver.sinks import MetricsWriter
 from tests.helpers_proc import start_train
 
 ROOT = Path(__file__).parents[2]
@@ -154,7 +154,9 @@ def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
     for delay in (0.3, 0.75, 1.2):
         resuming = bool(list_checkpoints(run / "checkpoints"))
         if resuming:
-            proc = subprocess.Popen([sys.executable, "-m", "services.cli", "resume", str(run)], cwd=ROOT)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "relay_rl.services.cli", "resume", str(run)], cwd=ROOT
+            )
         else:
             proc = start_train(run, *sets)
         # Kill once this process is checkpointing every iteration (start-up time varies with load).
@@ -166,7 +168,7 @@ def test_sigkill_during_checkpoint_writes_leaves_a_resumable_run(tmp_path):
             json.loads(line)  # every complete line parses
     assert load_newest_valid(run / "checkpoints") is not None
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "resume", str(run), "--set", "stop.env_steps=1"],
+        [sys.executable, "-m", "relay_rl.services.cli", "resume", str(run), "--set", "stop.env_steps=1"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -204,8 +206,8 @@ def test_a_file_larger_inside_than_outside_is_refused_before_loading(tmp_path):
     pickle, a truncated zip: one line each, nothing allocated first."""
     import zipfile
 
-    from contracts.checkpoint import CheckpointError
-    from services.driver.checkpoints import read_data
+    from relay_rl.contracts.checkpoint import CheckpointError
+    from relay_rl.services.driver.checkpoints import read_data
 
     good = tmp_path / "good.pt"
     torch.save({"w": torch.zeros(1000)}, good)

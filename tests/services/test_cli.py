@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.metrics import METRICS, REQUIRED_KEYS
-from services.cli import main
+from relay_rl.contracts.metrics import METRICS, REQUIRED_KEYS
+from relay_rl.services.cli import main
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
@@ -51,7 +51,11 @@ def test_validate_prints_resolved_config(capsys):
 )
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "relay_rl.services.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
@@ -90,7 +94,7 @@ def test_python_dash_m_services_train_is_the_same_entry(tmp_path):
         [
             sys.executable,
             "-m",
-            "services.train",
+            "relay_rl.services.train",
             "configs/cartpole_ppo.yaml",
             "--run-dir",
             str(tmp_path / "r"),
@@ -177,7 +181,7 @@ def test_validate_and_train_refuse_the_same_configs_with_the_same_line(sets, tmp
 
 
 def test_help_config_lists_every_leaf_with_default_and_description(capsys):
-    from contracts.config import config_leaves
+    from relay_rl.contracts.config import config_leaves
 
     assert main(["validate", "--help-config"]) == 0
     out = capsys.readouterr().out

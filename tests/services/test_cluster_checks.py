@@ -5,7 +5,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.driver.cluster import is_launching_autoscaler
+from relay_rl.services.driver.cluster import is_launching_autoscaler
 
 # Published by `ray.init()` on this machine (Ray 2.60): a read-only monitor, one node typed by its id.
 LOCAL = {

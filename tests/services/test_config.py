@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.config import ConfigError, RelayConfig, build_config, dump_config, load_config
-from services.driver.preflight import check_config
+from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, dump_config, load_config
+from relay_rl.services.driver.preflight import check_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
@@ -96,7 +96,7 @@ def test_required_configs_are_shipped():
 def test_secrets_are_redacted_wherever_a_config_is_written():
     """URI passwords in any string, and leaves named like secrets, are *** in what relay writes or
     sends (config.yaml, checkpoints, exports, trackers); the live config keeps them."""
-    from contracts.config import config_data, dump_config, redact_text
+    from relay_rl.contracts.config import config_data, dump_config, redact_text
 
     cfg = load_config(
         str(Path(__file__).parents[2] / "configs/cartpole_ppo.yaml"),

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.dashboard.server import Dashboard, RunStore
+from relay_rl.services.dashboard.server import Dashboard, RunStore
 from tests.browser import page_at
 
 ROOT = Path(__file__).parents[2]
@@ -231,7 +231,7 @@ def test_fifos_directories_and_links_out_of_the_folder_are_refused_and_serving_g
 
 
 def test_an_over_long_line_is_skipped_and_responses_are_capped(runs, monkeypatch):
-    from services.dashboard import server
+    from relay_rl.services.dashboard import server
 
     root, board = runs
     metrics = root / "a" / "metrics.jsonl"
@@ -252,7 +252,7 @@ def test_an_over_long_line_is_skipped_and_responses_are_capped(runs, monkeypatch
 def test_the_cap_holds_for_the_body_as_sent_even_when_escapes_make_lines_grow(runs):
     """Non-ASCII text is sent escaped (é: 2 bytes on disk, 6 in the body); the cap counts the
     body, not the file."""
-    from services.dashboard import server
+    from relay_rl.services.dashboard import server
 
     root, board = runs
     with (root / "a" / "metrics.jsonl").open("a", encoding="utf-8") as f:

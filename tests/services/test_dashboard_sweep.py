@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import dump_config, load_config
-from services.dashboard.server import Dashboard
+from relay_rl.contracts.config import dump_config, load_config
+from relay_rl.services.dashboard.server import Dashboard
 from tests.browser import page_at
 from tests.services.test_dashboard import ARTIFACTS, get, line
 

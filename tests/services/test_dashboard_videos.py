@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_workers.video import encode_mp4
-from services.dashboard.server import Dashboard, Unsatisfiable, byte_range
+from relay_rl.rollout_workers.video import encode_mp4
+from relay_rl.services.dashboard.server import Dashboard, Unsatisfiable, byte_range
 from tests.browser import ARGS as CHROMIUM_ARGS
 from tests.browser import chromium
 

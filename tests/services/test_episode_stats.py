@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.checkpoint import STAT_WINDOW, CheckpointError, RunCounters
-from contracts.metrics import stat_means
-from contracts.rounds import MAX_STAT_NAMES, RoundResult, add_stats
-from contracts.spaces import ActionSpec, EnvSpec, SpecError
+from relay_rl.contracts.checkpoint import STAT_WINDOW, CheckpointError, RunCounters
+from relay_rl.contracts.metrics import stat_means
+from relay_rl.contracts.rounds import MAX_STAT_NAMES, RoundResult, add_stats
+from relay_rl.contracts.spaces import ActionSpec, EnvSpec, SpecError
 
 values = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
@@ -105,7 +105,7 @@ def test_a_bad_multi_agent_spec_is_refused(patch):
 def test_policy_group_metrics_reach_the_sinks_by_group():
     """TensorBoard/MLflow/W&B take "policy/<group>/<key>"; Prometheus a gauge per key with the
     group as its `policy` tag; keys outside POLICY_KEYS and non-finite values are left out."""
-    from contracts.metrics import group_metrics, metric_lines
+    from relay_rl.contracts.metrics import group_metrics, metric_lines
 
     record = {
         "iteration": 3,

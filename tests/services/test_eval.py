@@ -17,10 +17,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rollout_workers.envs import env_seeds
-from rollout_workers.evaluation import EVAL_SEED_STREAM, episode_targets
-from services.cli import main
-from services.tools.load import load_policy
+from relay_rl.rollout_workers.envs import env_seeds
+from relay_rl.rollout_workers.evaluation import EVAL_SEED_STREAM, episode_targets
+from relay_rl.services.cli import main
+from relay_rl.services.tools.load import load_policy
 from tests.helpers import train_local
 
 
@@ -241,8 +241,8 @@ def test_mujoco_renders_offscreen_without_a_display(tmp_path, capsys, monkeypatc
 
 
 def test_a_render_that_raises_is_one_line_and_the_episodes_still_count(monkeypatch):
-    from rollout_workers.envs import env_spec
-    from rollout_workers.evaluation import run_episodes
+    from relay_rl.rollout_workers.envs import env_spec
+    from relay_rl.rollout_workers.evaluation import run_episodes
 
     envs = gym.vector.SyncVectorEnv(
         [lambda: gym.make("CartPole-v1")] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -333,7 +333,7 @@ def test_sigterm_stops_an_eval_with_video_in_bounded_time(run, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "services.cli",
+        "relay_rl.services.cli",
         "eval",
         str(run),
         "--episodes",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.config import ConfigError, build_config
-from services.cli import main
-from services.driver.evaluations import best_return
-from services.driver.run_dir import RunDir
+from relay_rl.contracts.config import ConfigError, build_config
+from relay_rl.services.cli import main
+from relay_rl.services.driver.evaluations import best_return
+from relay_rl.services.driver.run_dir import RunDir
 from tests.helpers import train_local
 from tests.helpers_proc import metrics_lines
 
@@ -118,10 +118,10 @@ def test_a_stopping_run_does_not_wait_for_the_episodes_still_playing():
     10,000 episodes would."""
     import time
 
-    from learner.algorithms import algorithm_traits
-    from rollout_workers.evaluator import Evaluator
-    from services.driver.backends import LocalBackend
-    from services.driver.evaluations import ThreadEvalRunner
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.rollout_workers.evaluator import Evaluator
+    from relay_rl.services.driver.backends import LocalBackend
+    from relay_rl.services.driver.evaluations import ThreadEvalRunner
 
     cfg = build_config({}, ["eval.every_iterations=1", "eval.episodes=10000", "rollout.num_workers=0"])
     backend = LocalBackend(cfg)

@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from services.cli import main
-from services.tools import export as export_mod
-from services.tools.handle import DeterministicPolicy
-from services.tools.load import load_policy
+from relay_rl.services.cli import main
+from relay_rl.services.tools import export as export_mod
+from relay_rl.services.tools.handle import DeterministicPolicy
+from relay_rl.services.tools.load import load_policy
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.cli import main
-from services.files import OutputError, check_output, read_regular, write_new
+from relay_rl.services.cli import main
+from relay_rl.services.files import OutputError, check_output, read_regular, write_new
 from tests.helpers import train_local
 
 

@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 
-from services.cli import main
+from relay_rl.services.cli import main
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
@@ -120,7 +120,10 @@ def test_a_pickled_payload_is_refused_in_one_line(tmp_path):
     torch.save({"config": {}, "learner": Evil()}, tmp_path / "evil.pt")
     for command in (["verify", "evil.pt"], ["export", "evil.pt"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "services.cli", *command], cwd=tmp_path, capture_output=True, text=True
+            [sys.executable, "-m", "relay_rl.services.cli", *command],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -211,7 +214,7 @@ def test_a_sweep_folder_naming_code_runs_nothing(tmp_path, capsys):
     """`relay sweep --resume` and the dashboard read a sweep's sweep.yaml: neither builds its env."""
     import yaml
 
-    from services.dashboard.server import RunStore
+    from relay_rl.services.dashboard.server import RunStore
 
     marker = tmp_path / "MARKER"
     sweep = tmp_path / "sweep"

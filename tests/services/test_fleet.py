@@ -2,7 +2,7 @@
 nothing waits for it, shrink while it is saturated and segments queue, within bounds, and only
 after PATIENCE lines in a row agree."""
 
-from services.driver.fleet import PATIENCE, FleetScaler
+from relay_rl.services.driver.fleet import PATIENCE, FleetScaler
 
 
 def _run(scaler: FleetScaler, lines: list[tuple[float, int]], workers: int) -> list[int]:

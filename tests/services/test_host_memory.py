@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from services.driver.memory import HostMemory
+from relay_rl.services.driver.memory import HostMemory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallinfo2 is glibc's")

@@ -9,13 +9,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from contracts.config import build_config
-from contracts.rounds import RoundResult
-from contracts.spaces import ActionSpec, EnvSpec
-from services.driver.checkpoints import list_checkpoints, load_newest_valid
-from services.driver.loop import LearnerLost, NoProgressError, TrainingLoop
-from services.driver.run_dir import RunDir
-from services.driver.signals import Terminated
+from relay_rl.contracts.config import build_config
+from relay_rl.contracts.rounds import RoundResult
+from relay_rl.contracts.spaces import ActionSpec, EnvSpec
+from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid
+from relay_rl.services.driver.loop import LearnerLost, NoProgressError, TrainingLoop
+from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.driver.signals import Terminated
 
 
 class FakeBackend:

@@ -18,10 +18,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from services.cli import main
-from services.serving.service import PolicyService, parse_act
-from services.tools.handle import DeterministicPolicy, PolicyLoadError
-from services.tools.load import load_policy
+from relay_rl.services.cli import main
+from relay_rl.services.serving.service import PolicyService, parse_act
+from relay_rl.services.tools.handle import DeterministicPolicy, PolicyLoadError
+from relay_rl.services.tools.load import load_policy
 from tests.services.mlagents_like import export_opset9, randomized
 
 SMALL = dict(obs=8, hidden=64, layers=2)

@@ -1,7 +1,7 @@
 """RoundResult.merge assembles the round the driver sees from the learners' parts, the weights rank
 0 published and the driver's watchdog count: no layer edits another's result."""
 
-from contracts.rounds import Publication, RoundResult
+from relay_rl.contracts.rounds import Publication, RoundResult
 
 
 def part(**kw) -> RoundResult:

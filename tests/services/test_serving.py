@@ -12,11 +12,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.device import DeviceError
-from services.cli import main
-from services.driver.checkpoints import list_checkpoints
-from services.serving import runtimes
-from services.serving.service import ActRequest, BadRequest, IncompatibleCheckpoint, PolicyService, parse_act
+from relay_rl.learner.device import DeviceError
+from relay_rl.services.cli import main
+from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.serving import runtimes
+from relay_rl.services.serving.service import (
+    ActRequest,
+    BadRequest,
+    IncompatibleCheckpoint,
+    PolicyService,
+    parse_act,
+)
 from tests.helpers import hold_back_checkpoints, train_local
 from tests.services.mlagents_like import export_opset9, randomized
 
@@ -220,7 +226,7 @@ def test_onnxruntime_providers_for_each_device(monkeypatch):
 
 
 def test_replicas_ask_ray_for_the_device():
-    from services.serving.app import ServeArgs, replica_options
+    from relay_rl.services.serving.app import ServeArgs, replica_options
 
     assert replica_options(ServeArgs(model="m.pt", device="npu")) == {
         "num_cpus": 1.0,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from policy.actor_critic import STATE
-from services.driver.checkpoints import list_checkpoints
-from services.serving.service import BadRequest, PolicyService, parse_act
+from relay_rl.policy.actor_critic import STATE
+from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.serving.service import BadRequest, PolicyService, parse_act
 from tests.helpers import hold_back_checkpoints, train_local
 
 OBS = [[0.01, 0.02], [-0.03, 0.04]]
@@ -102,7 +102,7 @@ def test_the_session_store_is_bounded_by_bytes():
     """A count cap alone let 1,000 sessions of 4,096 rows take GBs: the store counts the bytes of
     the states it keeps, refuses a new session past `max_bytes` with a 503 saying so, keeps the
     live ones, and frees the bytes of a session that expires."""
-    from services.serving.sessions import SessionStore
+    from relay_rl.services.serving.sessions import SessionStore
 
     store = SessionStore(idle_s=600.0, max_bytes=3 * 4096 * 64 * 4)
     for i in range(3):

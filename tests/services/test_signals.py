@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from services.driver.checkpoints import list_checkpoints, load_newest_valid
-from services.driver.signals import Terminated, raise_pending, sigterm_raises, stop_reason
+from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid
+from relay_rl.services.driver.signals import Terminated, raise_pending, sigterm_raises, stop_reason
 from tests.helpers_proc import ROOT, metrics_lines, start_train, wait_for
 
 LOCAL = ("rollout.num_workers=0", "learner.buffer_size=512", "checkpoint.interval=1000")
@@ -38,7 +38,7 @@ def test_a_signal_stops_the_run_cleanly_with_a_final_checkpoint(tmp_path, sig, c
 # dropped by Python ("Exception ignored in: ..."); the stop must survive that.
 DROPPED_AT_FORK = """
 import os, signal, sys, time
-from services.driver.signals import raise_pending, sigterm_raises, stop_reason
+from relay_rl.services.driver.signals import raise_pending, sigterm_raises, stop_reason
 
 def land_here():  # the signal arrives while Python runs an at-fork callback
     os.kill(os.getpid(), signal.{sig})

@@ -7,10 +7,10 @@ import math
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from contracts.config import build_config
-from contracts.metrics import METRICS, numeric_metrics
-from services.driver.run_dir import RunDir
-from services.driver.sinks import MetricsSinks, truncate_metrics
+from relay_rl.contracts.config import build_config
+from relay_rl.contracts.metrics import METRICS, numeric_metrics
+from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.driver.sinks import MetricsSinks, truncate_metrics
 
 
 def _run(tmp_path) -> RunDir:

@@ -15,12 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy.actor_critic import fields_to_numpy, fields_to_torch
-from services.cli import main
-from services.driver.checkpoints import list_checkpoints
-from services.serving.service import BadRequest, PolicyService, parse_act
-from services.tools.handle import DeterministicPolicy
-from services.tools.load import load_policy
+from relay_rl.policy.actor_critic import fields_to_numpy, fields_to_torch
+from relay_rl.services.cli import main
+from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.serving.service import BadRequest, PolicyService, parse_act
+from relay_rl.services.tools.handle import DeterministicPolicy
+from relay_rl.services.tools.load import load_policy
 from tests.helpers import train_local
 
 ENVS = "tests.rollout_workers.structured_envs"

@@ -56,7 +56,7 @@ def test_a_refusing_server_costs_one_line_and_a_count(tmp_path):
     port = free_port()  # nothing listens there
     proc = subprocess.run(
         [
-            sys.executable, "-m", "services.train", "configs/cartpole_ppo.yaml",
+            sys.executable, "-m", "relay_rl.services.train", "configs/cartpole_ppo.yaml",
             "--run-dir", str(tmp_path / "run"), "--set", "rollout.num_workers=0",
             "--set", "stop.env_steps=2048", "--set", "metrics.progress=none",
             "--set", f"metrics.mlflow.tracking_uri=http://127.0.0.1:{port}",
@@ -91,8 +91,8 @@ def test_a_server_that_never_answers_does_not_hold_training(tmp_path):
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        from contracts.config import load_config
-        from services.tracking import RunInfo, Tracking
+        from relay_rl.contracts.config import load_config
+        from relay_rl.services.tracking import RunInfo, Tracking
 
         cfg = load_config(None, [f"metrics.mlflow.tracking_uri=http://127.0.0.1:{listener.getsockname()[1]}"])
         tracking = Tracking.from_config(
@@ -133,7 +133,7 @@ def test_a_run_is_tracked_in_wandb_offline(tmp_path):
 def test_a_missing_tracker_package_is_refused_up_front(capsys, tmp_path, monkeypatch):
     """The package is hidden from the import system (it is installed here): `relay train` then
     refuses the config in one line, creating nothing, as on a machine without the extra."""
-    from services.cli import main
+    from relay_rl.services.cli import main
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     run = tmp_path / "run"
@@ -175,7 +175,7 @@ class Recording:
 def test_lines_are_batched_to_the_interval_and_every_one_arrives():
     """min_interval_s sets how often a call goes, not which lines: 100 lines inside one interval
     arrive in two calls (the first line, then the held 99 at close), every one at its env steps."""
-    from services.tracking import Tracker
+    from relay_rl.services.tracking import Tracker
 
     client = Recording()
     tracker = Tracker("recording", client, warn=print, min_interval_s=3600)
@@ -197,7 +197,7 @@ def test_a_run_that_ends_before_a_local_tracker_started_still_sends_its_lines():
     """W&B offline's init took ~2.7 s on a loaded machine, longer than a 2,048-step run: closing
     waits for a local tracker's start (it has no server that could never answer), so every line
     and the status go; a tracker with a server is not waited for until it answered once."""
-    from services.tracking import Tracker
+    from relay_rl.services.tracking import Tracker
 
     slow = Recording(local=True, start_s=1.5)
     tracker = Tracker("slow", slow, warn=lambda _: None, min_interval_s=0)

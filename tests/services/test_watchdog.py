@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from services.driver.notices import Notices
-from services.driver.watchdog import AUTO_FIRST_S, AUTO_FLOOR_S, LocalStuckReporter, SegmentWatchdog
+from relay_rl.services.driver.notices import Notices
+from relay_rl.services.driver.watchdog import AUTO_FIRST_S, AUTO_FLOOR_S, LocalStuckReporter, SegmentWatchdog
 
 
 class Clock:
