@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from relay_rl.learner.device import resolve_device
-from relay_rl.learner.gae import _deltas_and_coefficients, compute_gae, compute_gae_reference
+from relay_rl.learner.gae import EpisodeEnds, compute_gae, compute_gae_reference, next_values
 
 SHAPES = [(128, 64), (512, 256), (2048, 1024)]
 
@@ -51,10 +51,14 @@ def segment(T: int, N: int, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device) for k, v in data.items()}
 
 
-def lean_loop_gae(**seg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def lean_loop_gae(
+    seg: dict[str, torch.Tensor], gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The strongest loop baseline: TD errors vectorized, only the recurrence looped over T."""
-    gamma, lam = seg.pop("gamma"), seg.pop("lam")
-    deltas, coef = _deltas_and_coefficients(**seg, gamma=gamma, lam=lam)
+    ends = EpisodeEnds.of(seg)
+    after, coef = next_values(seg["values"], ends)
+    deltas = (after * gamma + seg["rewards"] - seg["values"]) * ends.mask
+    coef = coef * (gamma * lam)
     adv = torch.empty_like(deltas)
     running = torch.zeros_like(deltas[0])
     for t in range(deltas.shape[0] - 1, -1, -1):
@@ -103,13 +107,15 @@ def main() -> None:
         seg = segment(T, N, dev.device)
 
         def scan(seg: dict[str, torch.Tensor] = seg) -> tuple[torch.Tensor, torch.Tensor]:
-            return compute_gae(**seg, gamma=0.99, lam=0.95)
+            return compute_gae(seg["rewards"], seg["values"], EpisodeEnds.of(seg), gamma=0.99, lam=0.95)
 
         def loop(seg: dict[str, torch.Tensor] = seg) -> tuple[torch.Tensor, torch.Tensor]:
-            return compute_gae_reference(**seg, gamma=0.99, lam=0.95)
+            return compute_gae_reference(
+                seg["rewards"], seg["values"], EpisodeEnds.of(seg), gamma=0.99, lam=0.95
+            )
 
         def lean(seg: dict[str, torch.Tensor] = seg) -> tuple[torch.Tensor, torch.Tensor]:
-            return lean_loop_gae(**seg, gamma=0.99, lam=0.95)
+            return lean_loop_gae(seg, gamma=0.99, lam=0.95)
 
         t_scan = time_call(scan, dev.synchronize, args.repeats)
         t_loop = time_call(loop, dev.synchronize, max(1, args.repeats // 2))

@@ -8,42 +8,57 @@ work); `compute_gae_reference` is the plain loop it is tested against.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 
-def _deltas_and_coefficients(
-    rewards: Tensor,
-    values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    bootstrap_value: Tensor,
-    last_value: Tensor,
-    mask: Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[Tensor, Tensor]:
-    """TD errors and recurrence coefficients for the scan, all [T, N] float32, with few full passes.
+@dataclass(frozen=True)
+class EpisodeEnds:
+    """How each step's episode chain ends in a fixed [T, N] segment (GAE's and V-trace's input).
 
-    A valid step followed by padding ends its chain there: the producer flags it truncated, and
-    even where it did not, no value from a padded step may leak backwards. Flags are combined
-    by float arithmetic: on CPU, torch.where/masked_fill run several times slower than a multiply.
+    terminated, truncated, bootstrap_value (V of the final observation where truncated), mask
+    (0 marks padding): [T, N]; last_value: [N] (V of the observation after the last step).
     """
-    # Few fresh [T, N] tensors and in-place arithmetic: at large T x N a new allocation (page
-    # faults) costs more than the op that fills it.
-    m = mask.float()
-    not_term = 1.0 - terminated.float()
-    cut = truncated.float().clone()
+
+    terminated: Tensor
+    truncated: Tensor
+    bootstrap_value: Tensor
+    last_value: Tensor
+    mask: Tensor
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Tensor]) -> EpisodeEnds:
+        """The ends named in a segment's (or a batch's) fields."""
+        return cls(
+            *(fields[name] for name in ("terminated", "truncated", "bootstrap_value", "last_value", "mask"))
+        )
+
+
+def next_values(values: Tensor, ends: EpisodeEnds) -> tuple[Tensor, Tensor]:
+    """(the value after each step, 1 where the chain continues into the next step), both [T, N]
+    float32: the one chain rule GAE and V-trace share.
+
+    The value after step t is 0 after a termination, the bootstrap value after a truncation, else
+    V_{t+1} (last_value after the last step). A valid step followed by padding ends its chain
+    there: the producer flags it truncated, and even where it did not, no value from a padded step
+    may leak backwards. Flags are combined by float arithmetic, in place: on CPU, torch.where and
+    masked_fill run several times slower than a multiply, and at large T x N a new allocation
+    (page faults) costs more than the op that fills it.
+    """
+    m = ends.mask.float()
+    not_term = 1.0 - ends.terminated.float()
+    cut = ends.truncated.float().clone()
     cut[:-1].sub_(m[1:]).add_(1.0).clamp_(max=1.0)  # max(truncated, next step is padding)
     keep = 1.0 - cut
-    next_v = torch.empty_like(cut)
-    next_v[:-1].copy_(values[1:])
-    next_v[-1].copy_(last_value)
+    after = torch.empty_like(cut)
+    after[:-1].copy_(values[1:])
+    after[-1].copy_(ends.last_value)
     # cut is exactly 0 or 1, so this picks one of the two values exactly (no lerp rounding).
-    next_v.mul_(keep).addcmul_(bootstrap_value.float(), cut).mul_(not_term)
-    deltas = next_v.mul_(gamma).add_(rewards).sub_(values).mul_(m)
-    coef = keep.mul_(not_term).mul_(gamma * lam)
-    return deltas, coef
+    after.mul_(keep).addcmul_(ends.bootstrap_value.float(), cut).mul_(not_term)
+    return after, keep.mul_(not_term)
 
 
 def reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
@@ -71,54 +86,43 @@ def reverse_linear_scan(coef: Tensor, x: Tensor) -> Tensor:
 
 
 def compute_gae(
-    rewards: Tensor,
-    values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    bootstrap_value: Tensor,
-    last_value: Tensor,
-    mask: Tensor,
-    gamma: float,
-    lam: float,
+    rewards: Tensor, values: Tensor, ends: EpisodeEnds, *, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimates over a fixed [T, N] segment, with no Python loop over T.
 
-    rewards, values, terminated, truncated, bootstrap_value, mask: [T, N]; last_value: [N]
-    (V of the observation after the last step). `terminated` stops bootstrapping, `truncated`
-    bootstraps from `bootstrap_value` (V of the final observation), `mask` 0 marks padding.
+    rewards, values: [T, N]; `ends` says where each step's chain stops (`terminated` stops
+    bootstrapping, `truncated` bootstraps from `bootstrap_value`, `mask` 0 marks padding).
     Returns (advantages, returns), both [T, N] float32; zero where mask is 0.
     """
-    deltas, coef = _deltas_and_coefficients(
-        rewards, values, terminated, truncated, bootstrap_value, last_value, mask, gamma, lam
-    )
-    m = mask.float()
-    advantages = reverse_linear_scan(coef, deltas).mul_(m)
+    after, coef = next_values(values, ends)
+    m = ends.mask.float()
+    deltas = after.mul_(gamma).add_(rewards).sub_(values).mul_(m)
+    advantages = reverse_linear_scan(coef.mul_(gamma * lam), deltas).mul_(m)
     returns = (advantages + values) * m
     return advantages, returns
 
 
 def compute_gae_reference(
-    rewards: Tensor,
-    values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    bootstrap_value: Tensor,
-    last_value: Tensor,
-    mask: Tensor,
-    gamma: float,
-    lam: float,
+    rewards: Tensor, values: Tensor, ends: EpisodeEnds, *, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """The obvious loop over T (vectorized over N); same contract as `compute_gae`."""
+    terminated, truncated, bootstrap_value, last_value, mask = (
+        ends.terminated,
+        ends.truncated,
+        ends.bootstrap_value,
+        ends.last_value,
+        ends.mask,
+    )
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards, dtype=torch.float32)
     running = torch.zeros_like(last_value, dtype=torch.float32)
     for t in range(num_steps - 1, -1, -1):
         next_valid = mask[t + 1] > 0 if t + 1 < num_steps else torch.ones_like(mask[t], dtype=torch.bool)
         next_value = values[t + 1] if t + 1 < num_steps else last_value
-        ends = truncated[t].bool() | ~next_valid
-        next_value = torch.where(ends, bootstrap_value[t], next_value) * (1.0 - terminated[t].float())
+        stop = truncated[t].bool() | ~next_valid
+        next_value = torch.where(stop, bootstrap_value[t], next_value) * (1.0 - terminated[t].float())
         delta = rewards[t] + gamma * next_value - values[t]
-        carry = (1.0 - terminated[t].float()) * (1.0 - ends.float())
+        carry = (1.0 - terminated[t].float()) * (1.0 - stop.float())
         running = torch.where(mask[t] > 0, delta + gamma * lam * carry * running, 0.0)
         advantages[t] = running
     return advantages, torch.where(mask > 0, advantages + values, 0.0)

@@ -16,23 +16,21 @@ advantage is rho_t * (r_t + gamma * v_next_t - V_t), v_next_t built like V_next_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from ..learner.gae import reverse_linear_scan
+from ..learner.gae import EpisodeEnds, next_values, reverse_linear_scan
 
 
-def _next_values(
-    vals: Tensor, last: Tensor, terminated: Tensor, truncated: Tensor, bootstrap: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """(the value after each step [T, N], 1 where the chain continues into the next step [T, N])."""
-    m = mask.float()
-    cut = truncated.float().clone()
-    cut[:-1] = torch.maximum(cut[:-1], 1.0 - m[1:])  # a valid step followed by padding ends its chain
-    not_term = 1.0 - terminated.float()
-    following = torch.cat([vals[1:], last.unsqueeze(0)], dim=0)
-    nxt = torch.where(cut > 0, bootstrap.float(), following) * not_term
-    return nxt, (1.0 - cut) * not_term
+@dataclass(frozen=True)
+class Clipping:
+    """V-trace's truncation: lam scales c_t; rho_bar and c_bar cap the importance ratio."""
+
+    lam: float = 1.0
+    rho_bar: float = 1.0
+    c_bar: float = 1.0
 
 
 def compute_vtrace(
@@ -40,31 +38,26 @@ def compute_vtrace(
     behaviour_logp: Tensor,
     rewards: Tensor,
     values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    bootstrap_value: Tensor,
-    last_value: Tensor,
-    mask: Tensor,
+    ends: EpisodeEnds,
+    *,
     gamma: float,
-    lam: float = 1.0,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
+    clip: Clipping = Clipping(),
 ) -> tuple[Tensor, Tensor]:
     """V-trace value targets and policy-gradient advantages, with no Python loop over T.
 
-    target_logp, behaviour_logp, rewards, values (the learner's current critic), terminated,
-    truncated, bootstrap_value, mask: [T, N]; last_value: [N]. Returns (vs, pg_advantages), both
-    [T, N] float32, zero where mask is 0.
+    target_logp, behaviour_logp, rewards, values (the learner's current critic): [T, N]; `ends`
+    where each step's chain stops (GAE's rule). Returns (vs, pg_advantages), both [T, N] float32,
+    zero where mask is 0.
     """
-    m = mask.float()
+    m = ends.mask.float()
     ratio = torch.exp((target_logp - behaviour_logp) * m)  # padding: ratio 1, never exp of garbage
-    rho = ratio.clamp(max=rho_bar)
-    c = lam * ratio.clamp(max=c_bar)
+    rho = ratio.clamp(max=clip.rho_bar)
+    c = clip.lam * ratio.clamp(max=clip.c_bar)
     values = values.float()
-    nxt, cont = _next_values(values, last_value.float(), terminated, truncated, bootstrap_value, mask)
+    nxt, cont = next_values(values, ends)
     deltas = rho * (rewards.float() + gamma * nxt - values) * m
     vs = (values + reverse_linear_scan(gamma * c * cont, deltas)) * m
-    vs_next, _ = _next_values(vs, last_value.float(), terminated, truncated, bootstrap_value, mask)
+    vs_next, _ = next_values(vs, ends)
     pg = rho * (rewards.float() + gamma * vs_next - values) * m
     return vs, pg
 
@@ -74,17 +67,20 @@ def compute_vtrace_reference(
     behaviour_logp: Tensor,
     rewards: Tensor,
     values: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    bootstrap_value: Tensor,
-    last_value: Tensor,
-    mask: Tensor,
+    ends: EpisodeEnds,
+    *,
     gamma: float,
-    lam: float = 1.0,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
+    clip: Clipping = Clipping(),
 ) -> tuple[Tensor, Tensor]:
     """The obvious backward loop over T (vectorized over N); same contract as `compute_vtrace`."""
+    terminated, truncated, bootstrap_value, last_value, mask = (
+        ends.terminated,
+        ends.truncated,
+        ends.bootstrap_value,
+        ends.last_value,
+        ends.mask,
+    )
+    lam, rho_bar, c_bar = clip.lam, clip.rho_bar, clip.c_bar
     steps = rewards.shape[0]
     vs = torch.zeros_like(rewards, dtype=torch.float32)
     pg = torch.zeros_like(rewards, dtype=torch.float32)
@@ -92,16 +88,16 @@ def compute_vtrace_reference(
     for t in range(steps - 1, -1, -1):
         valid = mask[t] > 0
         next_valid = mask[t + 1] > 0 if t + 1 < steps else torch.ones_like(valid)
-        ends = truncated[t].bool() | ~next_valid
+        stop = truncated[t].bool() | ~next_valid
         alive = 1.0 - terminated[t].float()
         v_after = values[t + 1] if t + 1 < steps else last_value
         vs_after = vs[t + 1] if t + 1 < steps else last_value
-        v_next = torch.where(ends, bootstrap_value[t], v_after) * alive
-        vs_next = torch.where(ends, bootstrap_value[t], vs_after) * alive
+        v_next = torch.where(stop, bootstrap_value[t], v_after) * alive
+        vs_next = torch.where(stop, bootstrap_value[t], vs_after) * alive
         ratio = torch.exp(target_logp[t] - behaviour_logp[t])
         rho, c = ratio.clamp(max=rho_bar), lam * ratio.clamp(max=c_bar)
         delta = rho * (rewards[t] + gamma * v_next - values[t])
-        cont = alive * (~ends).float()
+        cont = alive * (~stop).float()
         acc = torch.where(valid, delta + gamma * c * cont * acc, torch.zeros_like(acc))
         vs[t] = torch.where(valid, values[t] + acc, torch.zeros_like(acc))
         pg[t] = torch.where(valid, rho * (rewards[t] + gamma * vs_next - values[t]), torch.zeros_like(acc))

@@ -101,3 +101,19 @@ def hold_back_checkpoints(run: Path, held: Path, keep: int = 1) -> None:
     held.mkdir()
     for path in list_checkpoints(run / "checkpoints")[keep:]:
         path.rename(held / path.name)
+
+
+def gae_of(fn, *, gamma: float, lam: float, **seg):
+    """`fn` (compute_gae or its reference) on a segment's fields given by name."""
+    from relay_rl.learner.gae import EpisodeEnds
+
+    return fn(seg["rewards"], seg["values"], EpisodeEnds.of(seg), gamma=gamma, lam=lam)
+
+
+def vtrace_of(fn, *, gamma: float, lam: float = 1.0, rho_bar: float = 1.0, c_bar: float = 1.0, **seg):
+    """`fn` (compute_vtrace or its reference) on a segment's fields given by name."""
+    from relay_rl.learner.gae import EpisodeEnds
+    from relay_rl.learner.vtrace import Clipping
+
+    args = (seg["target_logp"], seg["behaviour_logp"], seg["rewards"], seg["values"], EpisodeEnds.of(seg))
+    return fn(*args, gamma=gamma, clip=Clipping(lam, rho_bar, c_bar))

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
-from ...learner.gae import compute_gae
-from ...learner.vtrace import compute_vtrace
+from ...learner.gae import EpisodeEnds, compute_gae
+from ...learner.vtrace import Clipping, compute_vtrace
 from ...policy.actor_critic import ActorCritic
 
 REWARD_CLIP = 10.0
@@ -34,13 +34,7 @@ class PPO(Algorithm):
         [B = T*K*N, ...]."""
         lc = self.cfg
         rewards = self._learning_rewards(data["rewards"])
-        ends = (
-            data["terminated"],
-            data["truncated"],
-            data["bootstrap_value"],
-            data["last_value"],
-            data["mask"],
-        )
+        ends = EpisodeEnds.of(data)
         batch = {**policy_inputs(data), "actions": data["actions"].flatten(0, 1)}
         inputs = policy_inputs(data)
         values = data["values"]
@@ -51,19 +45,12 @@ class PPO(Algorithm):
             assert target_values is not None
             shape = data["values"].shape
             values = target_values.view(shape)  # the current critic: V-trace's V
+            clip = Clipping(lc.gae_lambda, lc.vtrace_rho_bar, lc.vtrace_c_bar)
             ret, adv = compute_vtrace(
-                target_logp.view(shape),
-                data["logp"],
-                rewards,
-                values,
-                *ends,
-                lc.gamma,
-                lc.gae_lambda,
-                lc.vtrace_rho_bar,
-                lc.vtrace_c_bar,
+                target_logp.view(shape), data["logp"], rewards, values, ends, gamma=lc.gamma, clip=clip
             )
         else:
-            adv, ret = compute_gae(rewards, values, *ends, lc.gamma, lc.gae_lambda)
+            adv, ret = compute_gae(rewards, values, ends, gamma=lc.gamma, lam=lc.gae_lambda)
         logp = data["logp"].flatten()
         if lc.off_policy_correction == "decoupled":
             prox_logp, _ = evaluate_in_chunks(self.model, inputs, batch["actions"], lc, self.dev)

@@ -7,7 +7,7 @@ from relay_rl.contracts.config import LearnerConfig
 from relay_rl.contracts.spaces import ActionSpec
 from relay_rl.learner.algorithms.ppo import PPO
 from relay_rl.learner.device import resolve_device
-from relay_rl.learner.gae import compute_gae
+from relay_rl.learner.gae import EpisodeEnds, compute_gae
 from relay_rl.learner.update import run_update
 from relay_rl.policy.actor_critic import draw_noise
 from relay_rl.policy.models.mlp import mlp_policy
@@ -25,7 +25,13 @@ def _bandit_batch(policy, gen: torch.Generator, n: int) -> dict[str, torch.Tenso
     actions, logp, values = policy.act(obs, draw_noise(policy.action, n, gen))
     rewards = ARM_REWARDS[actions] + 0.1 * torch.randn(n, generator=gen)
     ones, zeros = torch.ones(1, n), torch.zeros(1, n)
-    adv, ret = compute_gae(rewards[None], values[None], ones, zeros, zeros, torch.zeros(n), ones, 0.99, 0.95)
+    adv, ret = compute_gae(
+        rewards[None],
+        values[None],
+        EpisodeEnds(ones, zeros, zeros, torch.zeros(n), ones),
+        gamma=0.99,
+        lam=0.95,
+    )
     return {
         "obs": obs,
         "actions": actions,

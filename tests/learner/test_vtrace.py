@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from relay_rl.learner.gae import compute_gae
 from relay_rl.learner.vtrace import compute_vtrace, compute_vtrace_reference
+from tests.helpers import gae_of, vtrace_of
 
 
 def _segment(seed: int, T: int, N: int, p_term: float, p_trunc: float, p_pad: float, spread: float):
@@ -47,8 +48,8 @@ def _segment(seed: int, T: int, N: int, p_term: float, p_trunc: float, p_pad: fl
 def test_scan_matches_the_loop(seed, T, N, gamma, lam, rho_bar, c_bar, p_term, p_trunc, p_pad, spread):
     seg = _segment(seed, T, N, p_term, p_trunc, p_pad, spread)
     kw = dict(gamma=gamma, lam=lam, rho_bar=rho_bar, c_bar=c_bar)
-    vs, pg = compute_vtrace(**seg, **kw)
-    vs_ref, pg_ref = compute_vtrace_reference(**seg, **kw)
+    vs, pg = vtrace_of(compute_vtrace, **seg, **kw)
+    vs_ref, pg_ref = vtrace_of(compute_vtrace_reference, **seg, **kw)
     torch.testing.assert_close(vs, vs_ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(pg, pg_ref, atol=1e-4, rtol=1e-4)
     assert (vs[seg["mask"] == 0] == 0).all() and (pg[seg["mask"] == 0] == 0).all()
@@ -60,8 +61,8 @@ def test_on_policy_v_trace_is_gae():
     seg = _segment(3, 30, 4, 0.05, 0.05, 0.1, spread=0.0)
     gae_args = {k: v for k, v in seg.items() if not k.endswith("logp")}
     for lam in (0.95, 1.0):
-        vs, pg = compute_vtrace(**seg, gamma=0.99, lam=lam)
-        adv, ret = compute_gae(**gae_args, gamma=0.99, lam=lam)
+        vs, pg = vtrace_of(compute_vtrace, **seg, gamma=0.99, lam=lam)
+        adv, ret = gae_of(compute_gae, **gae_args, gamma=0.99, lam=lam)
         torch.testing.assert_close(vs, ret, atol=1e-5, rtol=1e-5)
         if lam == 1.0:
             torch.testing.assert_close(pg, adv, atol=1e-5, rtol=1e-5)
@@ -76,7 +77,8 @@ def test_truncated_importance_weights_by_hand():
         (math.log(0.5), 1.0, 0.5),
         (math.log(3.0), 2.0, 2.0),
     ):
-        vs, pg = compute_vtrace(
+        vs, pg = vtrace_of(
+            compute_vtrace,
             target_logp=torch.full((1, 1), log_ratio),
             behaviour_logp=zero,
             rewards=one,
@@ -107,6 +109,6 @@ def test_termination_cuts_the_trace_and_truncation_bootstraps():
     )
     term = torch.tensor([[1.0], [0.0], [0.0]])
     trunc = torch.tensor([[0.0], [1.0], [0.0]])
-    vs, _ = compute_vtrace(**base, terminated=term, truncated=trunc, gamma=0.5)
+    vs, _ = vtrace_of(compute_vtrace, **base, terminated=term, truncated=trunc, gamma=0.5)
     # step 0 terminates: 1; step 1 truncates onto V(final) = 5: 1 + 2.5; step 2: 1 + 0.5 * 100
     torch.testing.assert_close(vs[:, 0], torch.tensor([1.0, 3.5, 51.0]))

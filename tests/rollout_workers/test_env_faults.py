@@ -10,6 +10,7 @@ from relay_rl.learner.algorithms import algorithm_traits
 from relay_rl.learner.buffer import SegmentRingBuffer
 from relay_rl.learner.gae import compute_gae
 from relay_rl.rollout_workers.sampler import make_sampler
+from tests.helpers import gae_of
 
 FAULTY = "tests.rollout_workers.faulty_envs:make"
 
@@ -38,7 +39,7 @@ def _gae(seg):
         k: torch.from_numpy(seg[k])
         for k in ("rewards", "values", "terminated", "truncated", "bootstrap_value", "mask", "last_value")
     }
-    return compute_gae(**t, gamma=0.99, lam=0.95)
+    return gae_of(compute_gae, **t, gamma=0.99, lam=0.95)
 
 
 def test_non_finite_observation_masks_that_step_and_resets_that_env():
