@@ -37,7 +37,8 @@ Weights = dict[str, np.ndarray]
 
 
 class LearnerActor:
-    """Holds the Learner on its accelerator; segments arrive by object ref, weights leave by one ray.put."""
+    """Holds the Learner on its accelerator; segments arrive by object ref, weights leave as
+    `publish`'s second return value (one object per version, owned by the driver)."""
 
     def __init__(self, cfg_data: dict[str, Any], env: EnvSpec) -> None:
         cfg = RelayConfig.model_validate(cfg_data)

@@ -7,7 +7,8 @@ the prefetch thread, torch's pool) freed memory trapped below live chunks accumu
 on CartPole, about 1 KB a round, which one `malloc_trim(0)` gave back at once (383.4 -> 381.5 MB
 after 3,000 rounds that had grown 1.4 MB). The learner trims at most once an `interval_s`, which
 costs about a millisecond. (The rest of the learner's growth was Ray's bookkeeping of the weights
-it published by `ray.put`: see learner/actor.py and docs/benchmarks.md, "Long runs".)
+it used to publish by `ray.put`; they now leave as a call's return value, which the driver owns:
+see learner/actor.py and docs/benchmarks.md, "Long runs".)
 """
 
 from __future__ import annotations
