@@ -1,6 +1,7 @@
 """Test-wide settings."""
 
 import faulthandler
+import inspect
 import os
 import sys
 
@@ -20,6 +21,66 @@ def mlflow_server(tmp_path_factory):
 
     with server(tmp_path_factory.mktemp("mlflow")) as url:
         yield url
+
+
+# What makes a test end-to-end (`e2e`): it starts a training, a subprocess, a browser or a server,
+# itself, through a fixture, or through a helper of its module. Marked by reading the sources, so a
+# new test lands in the right tier without a list to keep: the unit loop
+# (`-m "not ray and not slow and not e2e"`) stays minutes long.
+E2E_SIGNS = (
+    "train_local(",
+    "start_train(",
+    "subprocess.",
+    "Popen(",
+    "page_at(",
+    "Dashboard(",
+    "mlflow_server",
+    "serve_policy(",
+    'main(["train"',
+    'main(["resume"',
+    'main(["sweep"',
+    "TrainingLoop(",
+)
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _e2e_helpers(module) -> set[str]:
+    """Names of the module's own functions whose source shows an e2e sign."""
+    return {
+        name
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn)
+        and fn.__module__ == module.__name__
+        and not name.startswith("test_")
+        and any(sign in _source(fn) for sign in E2E_SIGNS)
+    }
+
+
+def pytest_collection_modifyitems(config, items):
+    helpers: dict[str, set[str]] = {}
+    for item in items:
+        if (
+            not isinstance(item, pytest.Function)
+            or item.get_closest_marker("ray")
+            or item.get_closest_marker("e2e")
+        ):
+            continue
+        module = item.module
+        if module.__name__ not in helpers:
+            helpers[module.__name__] = _e2e_helpers(module)
+        fixtures = [
+            fd.func for name in item.fixturenames for fd in item._fixtureinfo.name2fixturedefs.get(name, ())
+        ]
+        sources = [_source(item.function), *(_source(f) for f in fixtures)]
+        signs = (*E2E_SIGNS, *(f"{name}(" for name in helpers[module.__name__]))
+        if any(sign in src for src in sources for sign in signs):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.hookimpl(trylast=True)

@@ -239,7 +239,7 @@ def test_export_and_verify_options_nobody_listed(capsys, tmp_path):
     ckpt.write_bytes(b"not a checkpoint")
     _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path)], "exists and is not a regular file")
     _refused(capsys, ["export", str(ckpt), "--out", str(tmp_path / "no" / "x.onnx")], "writable folder")
-    _refused(capsys, ["export", str(ckpt)], "c.pt cannot be read as data (not a torch checkpoint file)")
+    _refused(capsys, ["export", str(ckpt)], "c.pt cannot be read as data (not torch's zip format")
     _refused(capsys, ["verify", str(ckpt), "--min-cosine", "nan"], "--min-cosine")
     _refused(capsys, ["verify", str(ckpt), "--device", "cuda"], "no cuda device")
     _refused(capsys, ["verify", str(tmp_path / "missing.onnx")], "no such file")
