@@ -55,7 +55,10 @@ VIDEO_NAME = re.compile(r"^iter-(\d{1,12})-return-(m?)(\d{1,15})(?:-\d{1,4})?\.m
 VIDEO_CHUNK = 1 << 20  # a video is sent in pieces this large, never read whole
 
 
-class DashboardError(Exception):
+class ApiError(Exception):
+    """A request the dashboard answers with an HTTP error (`status`, and `message` as JSON); not
+    the driver's DashboardError, which is a dashboard that cannot start (exit 2)."""
+
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -76,7 +79,7 @@ class RunStore:
 
     def runs(self) -> list[str]:
         if not self.root.is_dir():
-            raise DashboardError(HTTPStatus.NOT_FOUND, f"{self.root} does not exist (any more)")
+            raise ApiError(HTTPStatus.NOT_FOUND, f"{self.root} does not exist (any more)")
         if is_run(self.root):
             return ["."]
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_run(p))
@@ -84,9 +87,9 @@ class RunStore:
     def run_dir(self, name: str) -> Path:
         path = (self.root / name).resolve()
         if path != self.root and self.root not in path.parents:
-            raise DashboardError(HTTPStatus.FORBIDDEN, f"run {name!r} is outside the served folder")
+            raise ApiError(HTTPStatus.FORBIDDEN, f"run {name!r} is outside the served folder")
         if not path.is_dir():
-            raise DashboardError(
+            raise ApiError(
                 HTTPStatus.NOT_FOUND, f"run {name!r} not found (or its directory was removed)"
             )
         return path
@@ -97,7 +100,7 @@ class RunStore:
         path = self.run_dir(name) / "metrics.jsonl"
         real = path.resolve()
         if real != self.root and self.root not in real.parents:
-            raise DashboardError(
+            raise ApiError(
                 HTTPStatus.FORBIDDEN, f"metrics of run {name!r} point outside the served folder"
             )
         # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
@@ -105,7 +108,7 @@ class RunStore:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise DashboardError(HTTPStatus.CONFLICT, f"metrics.jsonl of run {name!r} is not a regular file")
+            raise ApiError(HTTPStatus.CONFLICT, f"metrics.jsonl of run {name!r} is not a regular file")
         return fd, st
 
     def sweep(self) -> dict[str, Any]:
@@ -116,7 +119,7 @@ class RunStore:
         try:
             options = load_config(self.root / SWEEP_FILE).sweep
         except ConfigError as err:
-            raise DashboardError(HTTPStatus.CONFLICT, f"{SWEEP_FILE}: {err}") from None
+            raise ApiError(HTTPStatus.CONFLICT, f"{SWEEP_FILE}: {err}") from None
         trials = {}
         log = TrialLog(self.root)
         for name, state in sorted(log.read().items()):
@@ -165,19 +168,19 @@ class RunStore:
         """(descriptor, size) of a video of the run: a regular file in its videos/ folder, named as
         relay names them, no link anywhere on the way."""
         if not VIDEO_NAME.match(video):
-            raise DashboardError(HTTPStatus.NOT_FOUND, f"no video {video!r}")
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no video {video!r}")
         folder = self.run_dir(name) / "videos"
         path = folder / video
         if folder.is_symlink() or path.is_symlink():
-            raise DashboardError(HTTPStatus.FORBIDDEN, f"video {video!r} is behind a link")
+            raise ApiError(HTTPStatus.FORBIDDEN, f"video {video!r} is behind a link")
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            raise DashboardError(HTTPStatus.NOT_FOUND, f"no video {video!r} in run {name!r}") from None
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no video {video!r} in run {name!r}") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise DashboardError(HTTPStatus.CONFLICT, f"video {video!r} is not a regular file")
+            raise ApiError(HTTPStatus.CONFLICT, f"video {video!r} is not a regular file")
         return fd, st.st_size
 
     def metrics(self, name: str, since: int) -> dict[str, Any]:
@@ -286,7 +289,7 @@ class Handler(BaseHTTPRequestHandler):
     def _static(self, name: str) -> None:
         path = (STATIC / name).resolve()
         if path.parent != STATIC.resolve() or not path.is_file():
-            raise DashboardError(HTTPStatus.NOT_FOUND, f"no file {name!r}")
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no file {name!r}")
         self._send(
             HTTPStatus.OK, path.read_bytes(), STATIC_TYPES.get(path.suffix, "application/octet-stream")
         )
@@ -337,7 +340,7 @@ class Handler(BaseHTTPRequestHandler):
             since = min(max(int(query.get("since", "0")), 0), 1 << 40)
             self._json(HTTPStatus.OK, self.store.metrics(query.get("run", "."), since))
         else:
-            raise DashboardError(HTTPStatus.NOT_FOUND, f"no page {path}")
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no page {path}")
 
     def do_GET(self) -> None:
         if not self._host_allowed():
@@ -346,7 +349,7 @@ class Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         try:
             self._route(url.path, {k: v[0] for k, v in parse_qs(url.query).items()})
-        except DashboardError as err:
+        except ApiError as err:
             self._json(err.status, {"error": str(err)})
         except ValueError:
             self._json(HTTPStatus.BAD_REQUEST, {"error": "since must be a whole number"})
