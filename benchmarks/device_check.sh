@@ -42,7 +42,7 @@ if [[ -n "$NEEDED" ]]; then
     timeout 60 "$PY" -m pip install -q $NEEDED || { say "could not install $NEEDED: stopping"; exit 2; }
 fi
 
-DEVICE=$("$PY" -c "from learner.device import check_device; print(check_device('auto').type)") || exit 2
+DEVICE=$("$PY" -c "from relay_rl.learner.device import check_device; print(check_device('auto').type)") || exit 2
 say "device: $DEVICE"
 [[ "$DEVICE" == "cpu" ]] && say "no accelerator here: everything below runs on the CPU (cuda/npu parts are skipped)"
 
