@@ -104,3 +104,25 @@ def test_a_real_browser_compares_the_trials(sweep_dir):
         assert page.locator("#runs label").count() == 3
         page.screenshot(path=str(ARTIFACTS / "dashboard-sweep.png"), full_page=True)
     assert not errors, errors
+
+
+def test_api_sweep_stays_in_its_folder_and_skips_lines_of_the_wrong_types(sweep_dir, tmp_path):
+    """A trials.jsonl naming `../outside` (a run folder beside the sweep's) and lines of the wrong
+    types: the view lists only the sweep's own trials, counts the skipped lines, and answers (it
+    dropped the connection on `"params": 5`)."""
+    root, board = sweep_dir
+    outside = root.parent / "outside"
+    outside.mkdir()
+    (outside / "metrics.jsonl").write_text(line(1, episode_return_mean=999.0))
+    bad = [
+        {"trial": "../outside", "event": "started", "params": {"learner.lr": 0.5}},
+        {"trial": "t001", "event": "started", "params": 5},
+        {"trial": "t002", "event": "ended", "status": {"x": 1}},
+    ]
+    with (root / "trials.jsonl").open("a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in bad))
+    status, body = get(board, "/api/sweep")
+    assert status == 200
+    assert sorted(body["sweep"]["trials"]) == ["t000", "t001", "t002"]
+    assert body["sweep"]["skipped_lines"] == 3
+    assert body["sweep"]["trials"]["t001"]["params"] == {"learner.lr": LRS["t001"]}
