@@ -36,6 +36,10 @@ class EpisodeEnds:
             *(fields[name] for name in ("terminated", "truncated", "bootstrap_value", "last_value", "mask"))
         )
 
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(terminated, truncated, bootstrap_value, last_value, mask), for the plain loops."""
+        return self.terminated, self.truncated, self.bootstrap_value, self.last_value, self.mask
+
 
 def next_values(values: Tensor, ends: EpisodeEnds) -> tuple[Tensor, Tensor]:
     """(the value after each step, 1 where the chain continues into the next step), both [T, N]
@@ -106,13 +110,7 @@ def compute_gae_reference(
     rewards: Tensor, values: Tensor, ends: EpisodeEnds, *, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """The obvious loop over T (vectorized over N); same contract as `compute_gae`."""
-    terminated, truncated, bootstrap_value, last_value, mask = (
-        ends.terminated,
-        ends.truncated,
-        ends.bootstrap_value,
-        ends.last_value,
-        ends.mask,
-    )
+    terminated, truncated, bootstrap_value, last_value, mask = ends.tensors()
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards, dtype=torch.float32)
     running = torch.zeros_like(last_value, dtype=torch.float32)

@@ -73,13 +73,7 @@ def compute_vtrace_reference(
     clip: Clipping = Clipping(),
 ) -> tuple[Tensor, Tensor]:
     """The obvious backward loop over T (vectorized over N); same contract as `compute_vtrace`."""
-    terminated, truncated, bootstrap_value, last_value, mask = (
-        ends.terminated,
-        ends.truncated,
-        ends.bootstrap_value,
-        ends.last_value,
-        ends.mask,
-    )
+    terminated, truncated, bootstrap_value, last_value, mask = ends.tensors()
     lam, rho_bar, c_bar = clip.lam, clip.rho_bar, clip.c_bar
     steps = rewards.shape[0]
     vs = torch.zeros_like(rewards, dtype=torch.float32)

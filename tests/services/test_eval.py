@@ -330,17 +330,8 @@ def test_sigterm_stops_an_eval_with_video_in_bounded_time(run, tmp_path):
     import time
 
     videos = tmp_path / "videos"
-    cmd = [
-        sys.executable,
-        "-m",
-        "relay_rl.services.cli",
-        "eval",
-        str(run),
-        "--episodes",
-        "5000",
-        "--video",
-        str(videos),
-    ]
+    argv = ["eval", str(run), "--episodes", "5000", "--video", str(videos)]
+    cmd = [sys.executable, "-m", "relay_rl.services.cli", *argv]
     root = Path(__file__).parents[2]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
