@@ -117,8 +117,8 @@ def test_a_local_run_starts_ray_with_token_authentication(ray_tmp):
     """Ray binds its services on every interface; the token is what keeps other hosts out.
     (Ray has no public query for the mode, hence its internal one.)"""
     code = (
-        "import ray; from contracts.config import build_config; "
-        "from services.driver.cluster import init_ray; "
+        "import ray; from relay_rl.contracts.config import build_config; "
+        "from relay_rl.services.driver.cluster import init_ray; "
         "init_ray(build_config({}), None); "
         "from ray._raylet import AuthenticationMode, get_authentication_mode; "
         "print('mode', get_authentication_mode() == AuthenticationMode.TOKEN); ray.shutdown()"
