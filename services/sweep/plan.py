@@ -36,7 +36,7 @@ NOT_PERTURBED = (
     "model.",
     "env.",
     "learner.algo",
-    "relay_rl.learner.device",
+    "learner.device",
     "learner.num_learners",
     "learner.num_cpus",
     "learner.npu_ids",

@@ -130,6 +130,10 @@ def test_a_plan_draws_checked_trials_and_names_them(tmp_path):
             "use --search random or grid",
         ),
         (["sweep.params={model.hidden_sizes: 'choice([8], [16])'}", "sweep.scheduler=pbt"], "cannot perturb"),
+        (
+            ["sweep.params={learner.device: 'choice(cpu)'}", "sweep.scheduler=pbt"],
+            "cannot perturb learner.device",
+        ),
         (["sweep.params={learner.lr: 'choice(1e-3)'}", "sweep.metric=device"], "not a numeric metrics key"),
         (["sweep.params={learner.lr: 'choice(1e-3)'}", "sweep.metric=nope"], "not a numeric metrics key"),
         (
