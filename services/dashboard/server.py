@@ -89,9 +89,7 @@ class RunStore:
         if path != self.root and self.root not in path.parents:
             raise ApiError(HTTPStatus.FORBIDDEN, f"run {name!r} is outside the served folder")
         if not path.is_dir():
-            raise ApiError(
-                HTTPStatus.NOT_FOUND, f"run {name!r} not found (or its directory was removed)"
-            )
+            raise ApiError(HTTPStatus.NOT_FOUND, f"run {name!r} not found (or its directory was removed)")
         return path
 
     def _open_metrics(self, name: str) -> tuple[int, os.stat_result]:
@@ -100,9 +98,7 @@ class RunStore:
         path = self.run_dir(name) / "metrics.jsonl"
         real = path.resolve()
         if real != self.root and self.root not in real.parents:
-            raise ApiError(
-                HTTPStatus.FORBIDDEN, f"metrics of run {name!r} point outside the served folder"
-            )
+            raise ApiError(HTTPStatus.FORBIDDEN, f"metrics of run {name!r} point outside the served folder")
         # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
         fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
         st = os.fstat(fd)

@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from ...contracts.spaces import POLICY_NAME
 from ...learner.device import accelerator_resources, ray_options
+from ...rollout_workers.user_code import one_line
 from ...services.serving.service import ActRequest, BadRequest, PolicyService, finite_json, parse_act
 from ...services.serving.sessions import Keep, SessionStore, Start, Started
 
@@ -145,7 +146,7 @@ class PolicyDeployment:
         except BadRequest as err:
             return _json(err.status, {"error": str(err)})
         except Exception as err:  # a failure of the replica, said as such: never a bare 500
-            why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+            why = one_line(err)
             log.warning("request failed: %s", why)
             return _json(503, {"error": f"the replica could not answer ({why})"})
 

@@ -36,6 +36,7 @@ from ...contracts.segment import Fields, as_fields
 from ...contracts.spaces import PATH_SEP, ObsLeaf
 from ...learner.device import resolve_device
 from ...policy.actor_critic import STATE, draw_noise
+from ...rollout_workers.user_code import one_line
 from ...services.driver.checkpoints import list_checkpoints, load_checkpoint
 from ...services.serving.runtimes import RUNTIMES
 from ...services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, Keep, Sessions, SessionStore
@@ -369,7 +370,7 @@ class PolicyService:
             try:
                 outputs = self._forward(served, ready)
             except Exception as err:  # the policy itself failed: said per request, never a bare 500
-                why = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+                why = one_line(err)
                 answers.update(
                     {id(r): {"error": f"the policy could not run ({why})", "_status": 503} for r, _ in ready}
                 )

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from ...contracts.config import RelayConfig, redact_text
 from ...contracts.metrics import metric_lines as named_metrics
+from ...rollout_workers.user_code import one_line
 
 # config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -152,7 +153,7 @@ class Tracker:
                 call()
                 return True
             except Exception as err:
-                self._failed(" ".join(f"{type(err).__name__}: {err}".split())[:200])
+                self._failed(one_line(err))
                 if self._stop.wait(RETRY_S[min(attempt, len(RETRY_S) - 1)]):
                     return False
         return False
@@ -205,7 +206,7 @@ class Tracker:
                 try:
                     call()
                 except Exception as err:
-                    self._failed(" ".join(f"{type(err).__name__}: {err}".split())[:200])
+                    self._failed(one_line(err))
         return left
 
 
