@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 RAISED_KEY = "relay_env_raised"
 
 
+def rebuilt(env: Any, make: Callable[[], Any]) -> Any:
+    """A new env from `make` in place of `env`, which raised: closed first, as far as it can be."""
+    with contextlib.suppress(Exception):  # a broken env may fail to close too
+        env.close()
+    return make()
+
+
 class RebuildOnRaise(gym.Wrapper):
     """One copy of a vector env that rebuilds itself when its step raises. The step comes back as
     the rebuilt env's first observation, reward 0, flagged in info[RAISED_KEY]: a crashed copy
@@ -38,9 +45,7 @@ class RebuildOnRaise(gym.Wrapper):
             return self.env.step(action)
         except Exception as err:  # any env failure is handled the same way
             log.warning("env raised %s: %s; rebuilding that copy", type(err).__name__, err)
-            with contextlib.suppress(Exception):  # a broken env may fail to close too
-                self.env.close()
-            self.env = self._make()
+            self.env = rebuilt(self.env, self._make)
             obs, info = self.env.reset()
             return obs, 0.0, False, False, {**info, RAISED_KEY: True}
 
@@ -96,20 +101,19 @@ class FaultGuard:
         """The env raised: counted, said once, closed (as far as it can be) and built again."""
         self._count("raised", 1)
         log.warning("worker %d: env raised %s: %s; rebuilding it", self.worker_index, type(err).__name__, err)
-        with contextlib.suppress(Exception):  # a broken env may fail to close too
-            self.env.close()
-        self.env = self._make()
+        self.env = rebuilt(self.env, self._make)
 
     def _count_events(self, fields: Fields, info: dict[str, Any], n: int) -> None:
         """What an env did that relay handles but must not hide: an active env's mask allowing no
         action (acted on uniformly, the documented rule), agents stepped without an action."""
         mask = fields.get("action_mask")
-        if mask is not None:
-            active = np.asarray(info.get(ACTIVE_KEY, np.ones(n, dtype=bool)), dtype=bool)
-            empty = int((~mask.reshape(n, -1).any(axis=1) & active).sum())
-            if empty:
+        empty = None if mask is None else ~mask.reshape(n, -1).any(axis=1)
+        if empty is not None and empty.any():  # rare: only then are the active columns read
+            if ACTIVE_KEY in info:
+                empty &= np.asarray(info[ACTIVE_KEY], dtype=bool)
+            if empty.any():
                 self._say_once("empty_mask", "an env masked every action; relay acts uniformly there")
-                self._count("empty_mask", empty)
+                self._count("empty_mask", int(empty.sum()))
         unacted = info.get(UNACTED_KEY)
         if unacted:
             names = ", ".join(sorted(unacted)[:5])

@@ -49,7 +49,7 @@ def write_learner_checkpoint(
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Finished checkpoints, oldest first (temporary files are ignored)."""
-    found = [(int(m.group(1)), p) for p in folder.glob("ckpt-*.pt") if (m := _NAME.match(p.name))]
+    found = [(n, p) for p in folder.glob("ckpt-*.pt") if (n := _iteration(p)) >= 0]
     return [p for _, p in sorted(found)]
 
 
@@ -72,6 +72,7 @@ def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: i
 
 
 def _iteration(path: Path) -> int:
+    """A checkpoint file's iteration, from its name; -1 for any other file."""
     m = _NAME.match(path.name)
     return int(m.group(1)) if m else -1
 
