@@ -163,6 +163,125 @@ class RolloutConfig(_Section):
         return value
 
 
+LANGUAGE_KIND = "causal_lm"  # the model kind whose runs take prompts instead of an env
+# learner.* defaults of a language run (TRL's GRPOConfig): what the user does not set.
+LANGUAGE_LEARNER_DEFAULTS: dict[str, Any] = {
+    "algo": "grpo",
+    "group_size": 8,
+    "lr": 1e-6,
+    "epochs": 1,
+    "max_grad_norm": 1.0,
+    "entropy_coef": 0.0,
+}
+
+
+class GrpoLMConfig(_Section):
+    """The GRPO objective on a language model's completion tokens (model.kind=causal_lm)."""
+
+    clip_ratio_high: float | None = Field(
+        None, gt=0, le=10, description="Upper ratio clip (DAPO's clip-higher); null: learner.clip_ratio."
+    )
+    loss_agg: Literal["token_mean", "seq_mean", "dr_grpo"] = Field(
+        "token_mean",
+        description="token_mean: every completion token of the batch weighs the same (DAPO); seq_mean: "
+        "each completion's mean, averaged (the GRPO paper); dr_grpo: the sum over tokens divided by "
+        "completions x generation.max_new_tokens (Dr. GRPO's constant normalizer).",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the group's reward std, the batch's, or not at all."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator to the reference (learner.kl_coef > 0 loads one)."
+    )
+    drop_equal_groups: bool = Field(
+        False,
+        description="Leave groups whose rewards are all equal out of the loss and its normalizer "
+        "(they carry no signal and would dilute the token mean).",
+    )
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=1,
+        le=2**31,
+        description="Tokens (prompt + completion, padding included) per forward/backward micro-batch; "
+        "gradients accumulate over the update's batch.",
+    )
+    logprob_chunk: int = Field(
+        128,
+        ge=1,
+        le=1_000_000,
+        description="Completion positions whose [rows, chunk, vocab] logits exist at once: log-probs "
+        "and entropy are computed (and recomputed in backward) chunk by chunk.",
+    )
+    importance_correction: Literal["none", "token", "sequence"] = Field(
+        "token",
+        description="generation.placement=workers: truncated importance weights between the "
+        "generator's and the learner's log-probs, per token or per completion.",
+    )
+    importance_cap: float = Field(2.0, ge=1, le=1e6, description="Cap of the truncated importance weight.")
+
+
+class PromptsConfig(_Section):
+    train: str | None = Field(
+        None,
+        max_length=4096,
+        description="model.kind=causal_lm: a local JSONL or Parquet file with a `prompt` column (text "
+        "or chat messages); every other column reaches the rewards by name.",
+    )
+    eval: str | None = Field(
+        None, max_length=4096, description="Prompts scored by evaluations (may be null)."
+    )
+    rewards: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Reward registry names (exact_match, numeric_match, regex:<pattern>, "
+        "length_at_most:<n>) or module:fn with TRL's signature fn(prompts, completions, **columns) "
+        "-> list[float].",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="A weight per reward (null: 1 each); the reward is their weighted sum."
+    )
+    reward_timeout_s: float = Field(
+        30.0, gt=0, le=86_400, description="Seconds a reward function may take for one batch."
+    )
+    batch_size: int = Field(
+        4, ge=1, le=65_536, description="Prompts per round; each gets learner.group_size completions."
+    )
+    max_prompt_tokens: int = Field(
+        256, ge=1, le=1_000_000, description="The longest prompt (after the chat template) accepted."
+    )
+    shuffle: bool = Field(True, description="Visit prompts in a seeded random order per epoch.")
+
+
+class GenerationConfig(_Section):
+    max_new_tokens: int = Field(64, ge=1, le=1_000_000, description="Completion budget in tokens.")
+    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature.")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="Sample among the k likeliest tokens (0: all).")
+    placement: Literal["learner", "workers"] = Field(
+        "learner",
+        description="learner: the learner generates on its device between updates (weights never move); "
+        "workers: rollout.num_workers generator actors, weights sent by version.",
+    )
+    prompt_buckets: list[int] | None = Field(
+        None,
+        max_length=64,
+        description="Prompt lengths prompts are left-padded to (the smallest that fits), so generation "
+        "sees a few fixed shapes; null: powers of two up to prompts.max_prompt_tokens.",
+    )
+
+    def buckets(self, max_prompt_tokens: int) -> list[int]:
+        """The prompt-length buckets in increasing order, the last one >= max_prompt_tokens."""
+        if self.prompt_buckets:
+            out = sorted(set(self.prompt_buckets))
+        else:
+            out, b = [], 16
+            while b < max_prompt_tokens:
+                out.append(b)
+                b *= 2
+        if not out or out[-1] < max_prompt_tokens:
+            out.append(max_prompt_tokens)
+        return out
+
+
 class LearnerConfig(_Section):
     algo: str = Field(
         "ppo",
@@ -288,6 +407,9 @@ class LearnerConfig(_Section):
         0, ge=0, description="GRPO: refresh the reference policy every this many updates (0: never)."
     )
     group_eps: float = Field(1e-6, gt=0, le=1, description="GRPO: epsilon in (r - mean) / (std + eps).")
+    grpo: GrpoLMConfig = Field(
+        default_factory=GrpoLMConfig, description="GRPO on a causal language model's tokens."
+    )
 
 
 class TransformerConfig(_Section):
@@ -310,7 +432,14 @@ class ModelConfig(_Section):
         description="Policy network, a name from the model registry: mlp (MLP trunks over the "
         "normalized observation), transformer (a tiny causal transformer over an observation of "
         "token ids: prompt + tokens emitted so far, -1 = empty) or cnn (the Nature CNN over uint8 "
-        "frames).",
+        "frames) or causal_lm (a Hugging Face causal language model from model.path, trained by "
+        "GRPO on prompts).",
+    )
+    path: str | None = Field(
+        None,
+        max_length=4096,
+        description="model.kind=causal_lm: a local Hugging Face folder (config.json, *.safetensors, "
+        "the tokenizer's files). Read as data: remote code (auto_map) and pickled weights are refused.",
     )
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."
@@ -584,6 +713,35 @@ class RelayConfig(_Section):
     multi_agent: MultiAgentConfig = Field(
         default_factory=MultiAgentConfig, description="PettingZoo envs: agents, self-play."
     )
+    prompts: PromptsConfig = Field(
+        default_factory=PromptsConfig, description="model.kind=causal_lm: prompts and rewards."
+    )
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig, description="model.kind=causal_lm: how completions are sampled."
+    )
+
+    @property
+    def language(self) -> bool:
+        """A language-model run: prompts and completions instead of an env's steps."""
+        return self.model.kind == LANGUAGE_KIND
+
+    @model_validator(mode="before")
+    @classmethod
+    def _language_defaults(cls, data: Any) -> Any:
+        """A causal LM's learner settings differ from an env policy's by orders of magnitude (a
+        3e-4 learning rate wrecks a pretrained model in a few steps): where the user set none,
+        the language run gets TRL's GRPO defaults."""
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model")
+        if not (isinstance(model, dict) and model.get("kind") == LANGUAGE_KIND):
+            return data
+        learner = data.get("learner")
+        if learner is not None and not isinstance(learner, dict):
+            return data
+        out = dict(data)
+        out["learner"] = {**LANGUAGE_LEARNER_DEFAULTS, **(learner or {})}
+        return out
 
     @property
     def segment_steps(self) -> int:
@@ -607,7 +765,7 @@ class RelayConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RelayConfig:
-        problems = _cross_field_problems(self)
+        problems = _language_problems(self) if self.language else _cross_field_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -675,6 +833,47 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
     return problems + _fleet_problems(cfg) + _policy_group_problems(cfg) + _central_critic_problems(cfg)
+
+
+def _language_problems(cfg: RelayConfig) -> list[str]:
+    """Rules of a causal-LM run (its env, buffer and segment settings are unused)."""
+    problems = _language_input_problems(cfg)
+    lrn, gen = cfg.learner, cfg.generation
+    if lrn.algo != "grpo":
+        problems.append(f"model.kind=causal_lm trains with learner.algo=grpo (got {lrn.algo})")
+    if lrn.group_size < 2:
+        problems.append(f"model.kind=causal_lm needs learner.group_size >= 2 (got {lrn.group_size})")
+    if lrn.num_learners != 1:
+        problems.append(
+            f"model.kind=causal_lm trains on one learner (learner.num_learners={lrn.num_learners})"
+        )
+    if gen.placement == "workers" and cfg.rollout.num_workers < 1:
+        problems.append("generation.placement=workers needs rollout.num_workers >= 1 generator actors")
+    if cfg.stop.env_steps is None and cfg.stop.wall_s is None and cfg.stop.episode_return_mean is None:
+        problems.append(
+            "no stop criterion: set stop.env_steps (completion tokens), stop.wall_s or "
+            "stop.episode_return_mean"
+        )
+    if cfg.eval.every_iterations and cfg.prompts.eval is None:
+        problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
+    return problems + _eval_problems(cfg)
+
+
+def _language_input_problems(cfg: RelayConfig) -> list[str]:
+    """What a language run reads: a model folder, prompts, rewards (weighted one each)."""
+    problems: list[str] = []
+    pr = cfg.prompts
+    if cfg.model.path is None:
+        problems.append("model.kind=causal_lm needs model.path (a local Hugging Face folder)")
+    if pr.train is None:
+        problems.append("model.kind=causal_lm needs prompts.train (a JSONL or Parquet file)")
+    if not pr.rewards:
+        problems.append("model.kind=causal_lm needs prompts.rewards (at least one reward)")
+    if pr.reward_weights is not None and len(pr.reward_weights) != len(pr.rewards):
+        problems.append(
+            f"prompts.reward_weights has {len(pr.reward_weights)} weights for {len(pr.rewards)} rewards"
+        )
+    return problems
 
 
 def _central_critic_problems(cfg: RelayConfig) -> list[str]:
@@ -908,11 +1107,22 @@ def config_help(choices: dict[str, list[str]] | None = None) -> str:
 
 
 # Leaves whose `module:attr` values import and run the user's code.
-CODE_LEAVES = ("env.id", "multi_agent.policy_mapping")
+CODE_LEAVES = ("env.id", "multi_agent.policy_mapping", "prompts.rewards")
+# Reward registry entries written `name:argument` (rollout_workers/rewards.py; a test keeps the two
+# in step): any other `a:b` in prompts.rewards names the user's function `module:fn`.
+REWARDS_WITH_ARGUMENT = ("regex", "length_at_most")
+
+
+def is_code_reward(spec: object) -> bool:
+    """Whether a prompts.rewards entry names the user's code (`module:fn`)."""
+    return isinstance(spec, str) and ":" in spec and spec.partition(":")[0] not in REWARDS_WITH_ARGUMENT
 
 
 def is_code_value(leaf: str, value: object) -> bool:
     """Whether `value` at `leaf` names code (`module:attr`) rather than data."""
+    if leaf == "prompts.rewards":
+        values = value if isinstance(value, list | tuple) else [value]
+        return any(is_code_reward(v) for v in values)
     return leaf in CODE_LEAVES and isinstance(value, str) and ":" in value
 
 
@@ -921,7 +1131,10 @@ def code_settings(cfg: RelayConfig) -> list[tuple[str, str]]:
     env.id, a `module:fn` multi_agent.policy_mapping. Read from a run or sweep folder these are
     data; a resume runs them only when the user names each again with --set."""
     leaves = (("env.id", cfg.env.id), ("multi_agent.policy_mapping", cfg.multi_agent.policy_mapping))
-    return [(leaf, value) for leaf, value in leaves if value is not None and is_code_value(leaf, value)]
+    out = [(leaf, value) for leaf, value in leaves if value is not None and is_code_value(leaf, value)]
+    if is_code_value("prompts.rewards", cfg.prompts.rewards):
+        out.append(("prompts.rewards", "[" + ",".join(cfg.prompts.rewards) + "]"))
+    return out
 
 
 def unconfirmed_code(cfg: RelayConfig, confirmed: set[str], source: str, command: str) -> str | None:

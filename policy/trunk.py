@@ -36,6 +36,8 @@ class ModelKind:
     numpy_mirror = False
     # Its value trunk can read a global state beside the flat trunk input (a centralized critic).
     reads_global_state = False
+    # A language model: the run takes prompts, not an env (contracts/config.py LANGUAGE_KIND).
+    language = False
 
     def config_problems(self, cfg: RelayConfig) -> list[str]:
         """Rules of this kind's settings, each naming fields and numbers (none by default)."""

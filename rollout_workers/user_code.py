@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..contracts.config import RelayConfig
+from ..contracts.config import RelayConfig, is_code_reward
 
 PETTINGZOO = "pettingzoo:"  # env ids naming a PettingZoo env's module
 
@@ -53,10 +53,14 @@ def allow_env_module(env_id: str, folder: str) -> None:
 
 
 def allow_user_code(cfg: RelayConfig, folder: str) -> None:
-    """`allow_env_module` for the config's env and, where it has one, its agent-to-group mapping."""
+    """`allow_env_module` for the config's env and, where it has them, its agent-to-group mapping
+    and its reward functions (`module:fn` entries of prompts.rewards)."""
     allow_env_module(cfg.env.id, folder)
     if cfg.multi_agent.policy_mapping is not None:
         add_finder(_top_module(cfg.multi_agent.policy_mapping), folder)
+    for spec in cfg.prompts.rewards:
+        if is_code_reward(spec):
+            add_finder(_top_module(spec), folder)
 
 
 def _top_module(spec: str) -> str:

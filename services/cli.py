@@ -43,6 +43,7 @@ from ..services.tools.evaluate import (
     save_video,
 )
 from ..services.tools.export import export_onnx
+from ..services.tools.export_hf import export_hf
 from ..services.tools.handle import PolicyLoadError
 from ..services.tools.load import load_policy
 from ..services.tools.verify import DTYPES, VerifyOptions, run_verify
@@ -170,11 +171,21 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("path", help="a run directory or a folder of run directories")
     dash.add_argument("--host", default="127.0.0.1", help="bind address (another one must be asked for)")
     dash.add_argument("--port", type=port_number, default=8000)
-    export = sub.add_parser("export", help="export a checkpoint's policy (checked against onnxruntime)")
-    export.add_argument("checkpoint", help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt)")
+    export = sub.add_parser(
+        "export",
+        help="export a checkpoint's policy (onnx: checked against onnxruntime; hf: a language run's model)",
+    )
+    export.add_argument(
+        "checkpoint",
+        help="a relay checkpoint (runs/<name>/checkpoints/ckpt-N.pt); for --format hf also a run dir",
+    )
     _add_best_arg(export)
-    export.add_argument("--format", choices=["onnx"], default="onnx")
-    export.add_argument("--out", help="output file (default: the checkpoint's name with .onnx)")
+    export.add_argument("--format", choices=["onnx", "hf"], default="onnx")
+    export.add_argument(
+        "--out",
+        help="output file (default: the checkpoint's name with .onnx); --format hf: a new folder "
+        "(default: <run>/hf-<iteration>)",
+    )
     export.add_argument(
         "--force", action="store_true", help="replace an existing regular file at --out (never the input)"
     )
@@ -300,6 +311,12 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "hf":
+        if args.env or args.policy or args.force:
+            raise InputError("--format hf takes no --env, --policy or --force (it never replaces a folder)")
+        folder = export_hf(Path(_best(args.checkpoint, args.best)), Path(args.out) if args.out else None)
+        print(f"wrote {folder} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained loads it)")
+        return EXIT_OK
     ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")

@@ -9,11 +9,12 @@ from collections.abc import Mapping
 
 import torch
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import LANGUAGE_KIND, RelayConfig
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...policy.actor_critic import ActorCritic
 from ...policy.cores import core_class
 from ...policy.encoders import encoder_plan
+from ...policy.models.causal_lm import CausalLMKind
 from ...policy.models.cnn import CnnKind
 from ...policy.models.mlp import MlpKind
 from ...policy.models.transformer import TransformerKind
@@ -23,7 +24,9 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "mlp": MlpKind(),
     "transformer": TransformerKind(),
     "cnn": CnnKind(),
+    "causal_lm": CausalLMKind(),
 }
+assert [k for k, v in MODEL_KINDS.items() if v.language] == [LANGUAGE_KIND]
 
 
 def model_kind(name: str) -> ModelKind:

@@ -24,6 +24,7 @@ from ...rollout_workers.worker import create_rollout_workers, worker_resources
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
 from ...services.driver.health import FleetHealth, actor_record
+from ...services.driver.lm_backend import LanguageBackend
 from ...services.driver.loop import Backend, LearnerLost
 from ...services.driver.preflight import PreflightError
 from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
@@ -375,5 +376,8 @@ def check_worker_spec(cfg: RelayConfig, env_spec: EnvSpec, worker: Any) -> None:
 
 
 def make_backend(cfg: RelayConfig, env_spec: EnvSpec) -> Backend:
-    """Local mode without workers, else Ray actors (Ray must be initialized)."""
+    """Local mode without workers, else Ray actors (Ray must be initialized); a language run's
+    own backend (generation on the learner, rewards on CPU actors)."""
+    if cfg.language:
+        return LanguageBackend(cfg, env_spec)
     return LocalBackend(cfg) if cfg.rollout.num_workers == 0 else RayBackend(cfg, env_spec)

@@ -25,6 +25,7 @@ from ...contracts.spaces import EnvSpec
 from ...learner.algorithms import algorithm_class
 from ...learner.learner import learner_state_problem
 from ...learner.policy_groups import groups_state_problem
+from ...policy.causal_lm import CausalLMPolicy
 from ...policy.models import build_policy, infer_env_spec, weights_mismatch
 from ...services.files import atomic_write_with
 
@@ -159,6 +160,9 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
         raise ResumeError(
             f"{name} was trained with learner.algo={saved_algo}, the config says {cfg.learner.algo}"
         )
+    if cfg.language:
+        _check_language_resumable(cfg, ckpt, name)
+        return
     saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
     if saved_env.policy_names != env.policy_names:
 
@@ -186,6 +190,25 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
         problem = learner_state_problem(models[None], ckpt.learner)
     if problem:  # the weights fit the config, the rest of the file is malformed: not the config's fault
         raise CheckpointError(f"{name}: {problem}")
+
+
+def _check_language_resumable(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
+    """A language run continues only on a model of the same architecture and size: the weights must
+    fit model.path's config (built on the meta device: no memory, no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    saved_kind = (ckpt.config.get("model") or {}).get("kind")
+    if saved_kind != cfg.model.kind:
+        raise ResumeError(
+            f"{name} was trained with model.kind={saved_kind}, the config says {cfg.model.kind}"
+        )
+    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
+    with torch.device("meta"):
+        want = CausalLMPolicy(AutoModelForCausalLM.from_config(config), 0, [0]).state_dict()
+    weights = ckpt.learner.get("model")
+    problem = weights_mismatch(want, weights) if isinstance(weights, dict) else "no model weights"
+    if problem:
+        raise ResumeError(f"model.path={cfg.model.path} does not fit {name} ({problem})")
 
 
 def _check_spaces(saved: EnvSpec, env: EnvSpec, env_id: str, name: str) -> None:

@@ -20,17 +20,22 @@ import torch
 
 from ...contracts.config import ConfigError, RelayConfig
 from ...contracts.policy_groups import PolicyGroupError, group_config
+from ...contracts.prompts import PromptError, load_prompts
 from ...contracts.spaces import EnvSpec
 from ...learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from ...learner.device import DeviceContext, check_device, parse_device_spec
+from ...learner.lm_learner import lm_precision
 from ...learner.precision import is_convolutional, resolve_precision
 from ...policy import cores
+from ...policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ...policy.encoders import ENCODERS, encoder_plan
 from ...policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
 from ...rollout_workers.envs import EnvSpecError, probe_env_spec
 from ...rollout_workers.multi_agent.common import columns_problem
 from ...rollout_workers.preprocess import PREPROCESSORS, preprocessor
+from ...rollout_workers.rewards import resolve_rewards
 from ...rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
+from ...services.driver.lm_backend import language_spec
 from ...services.tracking import missing_tracker
 
 # Registry-backed leaves and their names, for `relay validate --help-config`.
@@ -89,6 +94,29 @@ def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
     return None
 
 
+def check_language(cfg: RelayConfig) -> EnvSpec:
+    """A language run's inputs, all read as data before anything starts: the model folder, its
+    tokenizer, every prompt file (each prompt within prompts.max_prompt_tokens) and the rewards
+    (PreflightError, one line, on the first problem)."""
+
+    assert cfg.model.path is not None and cfg.prompts.train is not None
+    try:
+        config = check_model_folder(cfg.model.path)
+        tokenizer = load_tokenizer(cfg.model.path)
+        for label, path in (("prompts.train", cfg.prompts.train), ("prompts.eval", cfg.prompts.eval)):
+            if path is not None:
+                load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
+        resolve_rewards(cfg.prompts.rewards)
+    except (ModelFolderError, PromptError, ValueError) as err:
+        raise PreflightError(str(err)) from None
+    except ImportError as err:
+        raise PreflightError(
+            f"model.kind=causal_lm needs the llm extra: pip install 'relay-rl[llm]' ({err})"
+        ) from None
+    vocab = config.get("vocab_size") or len(tokenizer)
+    return language_spec(cfg, int(vocab))
+
+
 def check_env(cfg: RelayConfig) -> EnvSpec:
     """Build one env and check the model can read it; returns its spec (PreflightError otherwise)."""
     notes: list[str] = []
@@ -139,6 +167,12 @@ def learner_precision(cfg: RelayConfig, env: EnvSpec, address: str | None = None
     here when the learner runs on this machine, else said to be the learner host's decision."""
     lc = cfg.learner
     here = runs_here(cfg, address)
+    if cfg.language:
+        if not here and lc.use_amp == "auto":
+            return "decided on the learner's host: bfloat16 autocast where its device computes bf16"
+        dev = DeviceContext(check_device(lc.device, lc.npu_ids) if here else torch.device("cpu"))
+        amp, dtype = lm_precision(cfg, dev)
+        return f"{dtype} autocast, float32 master weights" if amp else "float32 (no bf16 units on the device)"
     if not here and "auto" in (lc.use_amp, lc.channels_last):
         return "decided on the learner's host by its device's bf16 units (learner.use_amp=auto)"
     # Set explicitly, neither reads the device: a remote learner's is not looked up here.
@@ -208,6 +242,11 @@ def preflight(cfg: RelayConfig, address: str | None = None) -> EnvSpec:
     if missing:
         raise PreflightError(missing)
     parse_device_spec(cfg.learner.device)
+    if cfg.language:
+        env = check_language(cfg)
+        if runs_here(cfg, address):
+            check_device(cfg.learner.device, cfg.learner.npu_ids)
+        return env
     env = check_env(cfg)
     if runs_here(cfg, address):
         on_cpu = check_device(cfg.learner.device, cfg.learner.npu_ids).type == "cpu"

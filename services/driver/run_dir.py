@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -38,7 +39,9 @@ class RunDirError(ValueError):
 
 
 def default_run_name(cfg: RelayConfig) -> str:
-    env = cfg.env.id.replace(":", "_").replace("/", "_")
+    # What was trained on: the env, or a language run's model folder.
+    source = Path(cfg.model.path).name if cfg.language and cfg.model.path else cfg.env.id
+    env = re.sub(r"[^A-Za-z0-9._-]", "_", source).lstrip("._-") or "model"
     # The random suffix keeps runs started in the same second apart.
     return f"{env}-{cfg.learner.algo}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 

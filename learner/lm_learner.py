@@ -1,0 +1,303 @@
+"""The learner of a language run (`model.kind: causal_lm`): it generates each round's completions
+on its own device (`generation.placement: learner`: weights never move, the sampler's log-probs are
+the learner's) and trains on them with GRPO's token-level objective. No Ray here:
+`services/driver/lm_backend.py` runs it in-process or as an actor.
+
+Memory follows the Ascend tutorial: float32 master weights under bf16 autocast where the device
+computes bf16, gradient checkpointing of the blocks (`learner.grad_checkpointing`), micro-batches
+by token budget with gradient accumulation (`learner.grpo.micro_batch_tokens`), and log-probs in
+chunks of positions (`learner.grpo.logprob_chunk`), so `[B, C, vocab]` logits never exist at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..contracts.config import RelayConfig
+from ..contracts.prompts import PromptOrder, PromptSet, load_prompts, pad_left
+from ..learner import lm_grpo
+from ..learner.device import DeviceContext, resolve_device
+from ..policy.causal_lm import CausalLMPolicy, load_causal_lm, load_tokenizer
+
+
+def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids += extra if isinstance(extra, list) else [extra] if extra is not None else []
+    return sorted({int(i) for i in ids})
+
+
+def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
+    """(autocast on, its dtype): `auto` is bf16 where the device computes it in hardware."""
+    lc = cfg.learner
+    if lc.use_amp == "auto":
+        return dev.bf16_units() is not None, "bfloat16"
+    return bool(lc.use_amp), lc.amp_dtype
+
+
+class LanguageLearner:
+    """Generation and GRPO updates of one causal LM on one device."""
+
+    def __init__(self, cfg: RelayConfig) -> None:
+        self.cfg = cfg
+        lc = cfg.learner
+        self.dev = resolve_device(lc.device, lc.npu_ids)
+        torch.manual_seed(cfg.env.seed)
+        assert cfg.model.path is not None
+        self.tokenizer = load_tokenizer(cfg.model.path)
+        model = load_causal_lm(cfg.model.path)
+        self.policy = CausalLMPolicy(model, self.tokenizer.pad_token_id, eos_ids(self.tokenizer, model))
+        self.policy.to(self.dev.device)
+        if lc.grad_checkpointing:
+            self.policy.set_checkpointing(True)
+        # A KL coefficient of 0 loads no reference model: half the memory, one forward pass less.
+        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if lc.kl_coef > 0 else None
+        self.amp, self.amp_dtype = lm_precision(cfg, self.dev)
+        self.scaler = self.dev.grad_scaler(self.amp, self.amp_dtype)
+        self.optimizer = self.dev.adam(self.policy.parameters(), lc.lr, eps=1e-8)
+        assert cfg.prompts.train is not None  # the config's rules require it of a language run
+        self.prompts: PromptSet = load_prompts(
+            cfg.prompts.train, self.tokenizer, cfg.prompts.max_prompt_tokens
+        )
+        self.order = PromptOrder(len(self.prompts), cfg.prompts.batch_size, cfg.env.seed, cfg.prompts.shuffle)
+        self.buckets = cfg.generation.buckets(cfg.prompts.max_prompt_tokens)
+        self.generator = torch.Generator(self.dev.device).manual_seed(cfg.env.seed)
+        self.version = 0
+        self.updates = 0
+        self.skipped_steps = 0
+        self._round: dict[str, torch.Tensor] | None = None
+
+    # ---- generation ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": str(self.dev),
+            "parameters": sum(p.numel() for p in self.policy.parameters()),
+            "precision": self.amp_dtype if self.amp else "float32",
+        }
+
+    def generate_round(self) -> dict[str, Any]:
+        """Sample learner.group_size completions for each of the round's prompts.batch_size prompts.
+
+        Returns what the rewards need (prompts and columns repeated per member, completion texts,
+        or assistant messages for chat prompts) and the round's generation figures; the token
+        tensors stay on the device for `train`."""
+        cfg, g = self.cfg, self.cfg.learner.group_size
+        idx = [i for i in self.order.next() for _ in range(g)]  # members of a group adjacent
+        prompts, token_ids, columns = self.prompts.rows(idx)
+        ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
+        ids_t = torch.from_numpy(ids).to(self.dev.device)
+        mask_t = torch.from_numpy(mask).to(self.dev.device)
+        gen = cfg.generation
+        self.policy.eval()
+        self.dev.synchronize()
+        t0 = time.perf_counter()
+        with self.dev.autocast(self.amp, self.amp_dtype):
+            out = self.policy.generate(
+                ids_t, mask_t, gen.max_new_tokens, gen.temperature, gen.top_k, self.generator
+            )
+        self.dev.synchronize()
+        gen_s = time.perf_counter() - t0
+        self._round = {
+            "prompt_ids": ids_t,
+            "prompt_mask": mask_t,
+            "tokens": out.tokens,
+            "mask": out.mask,
+            "gen_logp": out.logp,
+        }
+        lengths = out.mask.sum(-1).long().cpu().numpy()
+        ids_list = [row[:n] for row, n in zip(out.tokens.cpu().tolist(), lengths.tolist(), strict=True)]
+        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
+        completions: list[Any] = [
+            t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+            for p, t in zip(prompts, texts, strict=True)
+        ]
+        tokens = int(lengths.sum())
+        return {
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": ids_list,
+            "columns": columns,
+            "lengths": lengths.tolist(),
+            "ended": out.ended.cpu().numpy().tolist(),
+            "gen_s": gen_s,
+            "gen_tokens": tokens,
+            "prompt_width": int(ids.shape[1]),
+        }
+
+    # ---- the update ---------------------------------------------------------------------------
+    def _micro_batches(self, rows: int, width: int) -> list[slice]:
+        per = max(1, self.cfg.learner.grpo.micro_batch_tokens // width)
+        return [slice(s, min(s + per, rows)) for s in range(0, rows, per)]
+
+    def _logp(
+        self, policy: CausalLMPolicy, r: dict[str, torch.Tensor], rows: slice, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        gen, lc = self.cfg.generation, self.cfg.learner
+        with self.dev.autocast(self.amp, self.amp_dtype):
+            return policy.completion_logp(
+                r["prompt_ids"][rows],
+                r["prompt_mask"][rows],
+                r["tokens"][rows],
+                r["mask"][rows],
+                gen.temperature,
+                lc.grpo.logprob_chunk,
+                with_entropy,
+            )
+
+    @torch.no_grad()
+    def _frozen_logp(
+        self, policy: CausalLMPolicy, r: dict[str, torch.Tensor], parts: list[slice]
+    ) -> torch.Tensor:
+        policy.eval()
+        return torch.cat([self._logp(policy, r, s, False)[0].float() for s in parts])
+
+    def _backward(
+        self,
+        r: dict[str, torch.Tensor],
+        s: slice,
+        adv: torch.Tensor,
+        w: torch.Tensor,
+        old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """Backward of one micro-batch's share of the batch loss (`w` [b, C]: its token weights);
+        its share of the statistics."""
+        lc, gc = self.cfg.learner, self.cfg.learner.grpo
+        lo = lc.clip_ratio
+        hi = gc.clip_ratio_high if gc.clip_ratio_high is not None else lo
+        logp, entropy = self._logp(self.policy, r, s, True)
+        logp = logp.float()
+        # One epoch on fresh samples: the old policy is the current one (ratio 1, gradient intact).
+        old = old_logp[s] if old_logp is not None else logp.detach()
+        per_token, clipped = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi)
+        stats = {}
+        if ref_logp is not None:
+            kl = lm_grpo.kl_per_token(logp, ref_logp[s], gc.kl_estimator)
+            per_token = per_token + lc.kl_coef * kl
+            stats["kl_ref"] = float((kl.detach() * w).sum())
+        if lc.entropy_coef and entropy is not None:
+            per_token = per_token - lc.entropy_coef * entropy.float()
+        loss = (per_token * w).sum()
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        d = old - logp.detach()
+        stats["policy_loss"] = float(loss.detach())
+        stats["clip_fraction"] = float((clipped * w).sum())
+        stats["approx_kl"] = float(((d.exp() - 1 - d) * w).sum())
+        if entropy is not None:
+            stats["entropy"] = float((entropy.detach().float() * w).sum())
+        return stats
+
+    def _step(self) -> float:
+        """Clip the accumulated gradients and step; a non-finite norm skips the step. The norm."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.learner.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        elif torch.isfinite(norm):
+            self.optimizer.step()
+        else:
+            self.skipped_steps += 1
+        return float(norm)
+
+    def train(self, rewards: list[float | None]) -> dict[str, Any]:
+        """One GRPO update on the round `generate_round` sampled, with one reward (or None: no
+        reward, no advantage) per completion. Returns the update's metrics."""
+        if self._round is None:
+            raise RuntimeError("train() before generate_round()")
+        r, self._round = self._round, None
+        cfg, lc, gc = self.cfg, self.cfg.learner, self.cfg.learner.grpo
+        t0 = time.perf_counter()
+        self.dev.reset_peak_memory()
+        dev = self.dev.device
+        valid = torch.tensor([x is not None for x in rewards], device=dev)
+        reward_t = torch.tensor([0.0 if x is None else float(x) for x in rewards], device=dev)
+        adv, std = lm_grpo.group_advantages(reward_t, valid, lc.group_size, gc.scale_rewards, lc.group_eps)
+        rows_in = valid.clone()
+        if gc.drop_equal_groups:
+            rows_in &= (std > 0).repeat_interleave(lc.group_size)
+        mask = r["mask"]
+        weights = lm_grpo.token_weights(mask, rows_in, gc.loss_agg, cfg.generation.max_new_tokens)
+        parts = self._micro_batches(mask.shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
+        # The learner generated this round with these weights: its own log-probs are the old
+        # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
+        old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 else None
+        ref_logp = self._frozen_logp(self.reference, r, parts) if self.reference is not None else None
+        self.policy.train()
+        skipped_before = self.skipped_steps
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for _ in range(lc.epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for s in parts:
+                for k, v in self._backward(r, s, adv[s], weights[s], old_logp, ref_logp).items():
+                    sums[k] = sums.get(k, 0.0) + v
+            grad_norms.append(self._step())
+        self.updates += 1
+        self.version += 1
+        if (
+            lc.ref_update_interval
+            and self.reference is not None
+            and self.updates % lc.ref_update_interval == 0
+        ):
+            self.reference.load_state_dict(self.policy.state_dict())
+        self.dev.synchronize()
+        update_s = time.perf_counter() - t0
+        n_epochs = max(lc.epochs, 1)
+        counted = valid.float()
+        mem = self.dev.memory_stats()
+        trained_tokens = int((mask * rows_in.unsqueeze(-1)).sum()) * n_epochs
+        return {
+            **{k: v / n_epochs for k, v in sums.items()},
+            "amp_skipped": self.skipped_steps - skipped_before,  # the backend's RoundResult count
+            "grad_norm": float(np.mean(grad_norms)),
+            "lr": lc.lr,
+            "group_reward_std": float(std.mean()),
+            "zero_std_group_fraction": float((std == 0).float().mean()),
+            "group_reward_mean": float((reward_t * counted).sum() / counted.sum().clamp(min=1)),
+            "weights_version": self.version,
+            "update_s": update_s,
+            "trained_tokens_per_s": trained_tokens / max(update_s, 1e-9),
+            "learner_samples_per_s": mask.shape[0] * n_epochs / max(update_s, 1e-9),
+            "device": str(self.dev),
+            "device_memory_bytes": mem["allocated"],
+            "device_memory_peak_bytes": mem["peak"],
+        }
+
+    # ---- weights and state --------------------------------------------------------------------
+    def export_hf(self, folder: str) -> None:
+        """The trained model and its tokenizer as a Hugging Face folder."""
+        self.policy.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "reference": None
+            if self.reference is None
+            else {k: v.cpu() for k, v in self.reference.state_dict().items()},
+            "version": self.version,
+            "updates": self.updates,
+            "prompt_order": self.order.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.version = int(state["version"])
+        self.updates = int(state.get("updates", self.version))
+        self.order.load_state_dict(state.get("prompt_order", {}))
+        if isinstance(state.get("generator"), torch.Tensor):
+            self.generator.set_state(state["generator"])

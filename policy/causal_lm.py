@@ -1,0 +1,267 @@
+"""A Hugging Face causal language model as a relay policy (`model.kind: causal_lm`).
+
+The folder is data: `config.json` is read as JSON first, and a folder whose config or tokenizer
+config asks for remote code (`auto_map`) is refused before transformers sees it; weights load only
+from safetensors (a pickled `.bin` is never unpickled); nothing is downloaded.
+
+Shapes are fixed by the caller: prompts left-padded to a bucket length P, completions padded to
+`max_new_tokens` C with a mask, so a compiled or graph-captured step never meets a new shape.
+Log-probabilities of completions are computed `chunk` positions at a time, each chunk recomputed
+in backward, so the `[B, C, vocab]` logits never exist at once (TRL #3678: a 0.6B model's logits
+run out of memory long before its parameters do).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+MAX_JSON_BYTES = 64 << 20  # a config or tokenizer config larger than this is not one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+class ModelFolderError(ValueError):
+    """A model folder that cannot be loaded as data (one line, exit 2)."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ModelFolderError(f"{path}: larger than {MAX_JSON_BYTES >> 20} MiB, not a config")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{path}: not readable JSON ({type(err).__name__})") from None
+    if not isinstance(data, dict):
+        raise ModelFolderError(f"{path}: not a JSON object")
+    return data
+
+
+def check_model_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The folder's config.json as a dict, once everything a load reads is known to be data:
+    ModelFolderError naming the file and the reason otherwise."""
+    from transformers import CONFIG_MAPPING
+
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelFolderError(f"model.path={path}: not a folder")
+    cfg_path = root / "config.json"
+    if not cfg_path.is_file():
+        raise ModelFolderError(f"model.path={path}: no config.json (a Hugging Face model folder has one)")
+    config = _read_json(cfg_path)
+    for name in ("config.json", "tokenizer_config.json", "generation_config.json"):
+        file = root / name
+        if file.is_file() and "auto_map" in (config if name == "config.json" else _read_json(file)):
+            raise ModelFolderError(
+                f"{file}: asks for remote code (auto_map); relay never runs a model folder's code"
+            )
+    kind = config.get("model_type")
+    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
+        raise ModelFolderError(f"{cfg_path}: model_type {kind!r} is not an architecture transformers knows")
+    if not any(root.glob("*.safetensors")):
+        pickled = sorted(p.name for p in root.glob("*.bin"))
+        why = f" ({pickled[0]} is pickled: convert it to safetensors)" if pickled else ""
+        raise ModelFolderError(f"model.path={path}: no *.safetensors weights{why}")
+    if not any((root / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelFolderError(
+            f"model.path={path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)"
+        )
+    return config
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The folder's tokenizer (left padding: generation appends on the right); a pad token where the
+    tokenizer has none (its EOS, as TRL does)."""
+    from transformers import AutoTokenizer
+
+    check_model_folder(path)
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelFolderError(f"model.path={path}: the tokenizer has neither a pad nor an EOS token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike[str]) -> nn.Module:
+    """The folder's `AutoModelForCausalLM` in float32 (master weights; autocast runs it in bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_folder(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            str(path),
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=torch.float32,
+        )
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelFolderError(
+            f"model.path={path}: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        ) from None
+
+
+@dataclass
+class Completions:
+    """Sampled completions: tokens [B, C] (pad after the end), mask [B, C] (1 through the EOS
+    token), the sampler's log-prob of each token [B, C] (0 where masked), and whether each row
+    ended by EOS [B] (else it ran out of `max_new_tokens`)."""
+
+    tokens: Tensor
+    mask: Tensor
+    logp: Tensor
+    ended: Tensor
+
+
+def positions(mask: Tensor) -> Tensor:
+    """Position ids [B, L] of a left-padded batch: 0 at each row's first real token."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _chunk_logp(
+    head: nn.Module, softcap: float | None, h: Tensor, tokens: Tensor, temperature: float
+) -> Tensor:
+    """[B, c] log-probs and [B, c] entropies of `tokens` under the head's logits of hidden states
+    h [B, c, H], in float32 (a bf16 log-softmax over a large vocab loses the small log-probs)."""
+    logits = head(h).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logp_all = F.log_softmax(logits / temperature, dim=-1)
+    logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return torch.stack([logp, entropy])
+
+
+class CausalLMPolicy(nn.Module):
+    """A `LanguagePolicy` around a transformers causal LM. `eos_ids`: the tokens that end a
+    completion; `pad_id`: what fills a completion after its end and a prompt before its start."""
+
+    def __init__(self, model: nn.Module, pad_id: int, eos_ids: list[int]) -> None:
+        super().__init__()
+        self.model: Any = model  # a transformers PreTrainedModel (typed loosely: its API is dynamic)
+        self.pad_id = int(pad_id)
+        self.eos_ids: Tensor
+        self.register_buffer(
+            "eos_ids", torch.tensor(sorted(set(eos_ids)), dtype=torch.long), persistent=False
+        )
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        self.softcap: float | None = float(cap) if cap else None
+        # transformers 5 renamed the KV cache argument and output `past_key_values` -> `cache`.
+        params = inspect.signature(model.forward).parameters
+        self._cache = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def acting_weights(self) -> dict[str, Tensor]:
+        return {k: v.detach() for k, v in self.state_dict().items()}
+
+    def set_checkpointing(self, enabled: bool) -> None:
+        """Gradient checkpointing of the transformer blocks (the tutorial's memory lever)."""
+        if enabled:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.model.gradient_checkpointing_disable()
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> Completions:
+        """Sample a completion for each left-padded prompt [B, P] (mask [B, P]) with a KV cache.
+
+        Every row decodes `max_new_tokens` steps' worth of shape: a row that ended keeps emitting
+        pad under mask 0, and the loop stops early only when every row has ended."""
+        batch, device = prompt_ids.shape[0], prompt_ids.device
+        attn = prompt_mask.long()
+        pos = positions(attn)
+        out = self.model(
+            input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
+        past = getattr(out, self._cache)
+        logits = out.logits[:, -1]
+        tokens = torch.full((batch, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+        logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        last = pos[:, -1:]
+        for t in range(max_new_tokens):
+            logits = logits.float()
+            if self.softcap is not None:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
+            logp_all = F.log_softmax(logits / temperature, dim=-1)
+            weights = logp_all.exp()
+            if top_k and top_k < weights.shape[-1]:
+                kth = weights.topk(top_k, dim=-1).values[:, -1:]
+                weights = torch.where(weights >= kth, weights, torch.zeros_like(weights))
+            tok = torch.multinomial(weights, 1, generator=generator).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            live = (~done).float()
+            tokens[:, t] = tok
+            mask[:, t] = live
+            logps[:, t] = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1) * live
+            done = done | torch.isin(tok, self.eos_ids)
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)
+            last = last + 1
+            out = self.model(
+                input_ids=tok.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=last,
+                use_cache=True,
+                **{self._cache: past},
+            )
+            past, logits = getattr(out, self._cache), out.logits[:, -1]
+        return Completions(tokens, mask, logps, done)
+
+    def completion_logp(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion: Tensor,
+        completion_mask: Tensor,
+        temperature: float = 1.0,
+        chunk: int = 128,
+        with_entropy: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(log-probs [B, C], entropies [B, C] or None) of `completion` [B, C] after the prompts
+        [B, P], under the model's current weights (gradients flow where enabled). One forward pass
+        of the transformer; the head's logits `chunk` positions at a time, recomputed in backward."""
+        ids = torch.cat([prompt_ids, completion], dim=1)
+        attn = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
+        base = self.model.base_model
+        hidden = base(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False)
+        h = hidden.last_hidden_state[:, prompt_ids.shape[1] - 1 : -1]  # position t predicts token t+1
+        head = self.model.get_output_embeddings()
+        parts = []
+        for start in range(0, completion.shape[1], chunk):
+            hc, tc = h[:, start : start + chunk], completion[:, start : start + chunk]
+            if torch.is_grad_enabled():
+                parts.append(
+                    checkpoint(_chunk_logp, head, self.softcap, hc, tc, temperature, use_reentrant=False)
+                )
+            else:
+                parts.append(_chunk_logp(head, self.softcap, hc, tc, temperature))
+        both = torch.cat(parts, dim=2)  # [2, B, C]
+        return both[0], (both[1] if with_entropy else None)
+
+    def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
+        """The model as a Hugging Face folder (safetensors), loadable by `from_pretrained`."""
+        self.model.save_pretrained(str(folder), safe_serialization=True)

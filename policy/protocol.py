@@ -1,0 +1,73 @@
+"""What a policy family gives the rest of relay, as protocols: the learner, the algorithms, the
+tools and the rollout side are typed on these, so a new family (the causal language model beside
+the env actor-critic) is one more implementation, not a branch in every caller.
+
+Two families share `Policy` (weights in and out, what the acting side needs); `EnvPolicy` acts on
+an env's observations step by step with a recurrent state, `LanguagePolicy` samples whole
+completions for prompts with a KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Weights in and out, and its parameters for the optimizer."""
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any: ...
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+    def acting_weights(self) -> dict[str, Tensor]:
+        """The weights the acting side (rollout workers, generators) needs, by state-dict key."""
+        ...
+
+
+@runtime_checkable
+class EnvPolicy(Policy, Protocol):
+    """An env policy: observations [B, ...] (a tree of fields) to actions, log-probs and values.
+
+    `noise` is drawn by the caller (CPU-drawn for bit-exact runs); a recurrent policy carries a
+    state [B, S] from `initial_state`."""
+
+    @property
+    def has_critic(self) -> bool: ...
+    @property
+    def recurrent(self) -> bool: ...
+    def initial_state(self, batch: int) -> Tensor | None: ...
+    def act_with_state(self, inputs: Any, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]: ...
+    def evaluate(self, inputs: Any, actions: Tensor) -> Any: ...
+    def value(self, inputs: Any) -> Tensor: ...
+
+
+@runtime_checkable
+class LanguagePolicy(Policy, Protocol):
+    """A causal language model: completions sampled for left-padded prompts [B, P] with a KV cache,
+    and the log-probabilities of given completions [B, C], computed in chunks of positions."""
+
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int,
+        generator: torch.Generator | None,
+    ) -> Any: ...
+    def completion_logp(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion: Tensor,
+        completion_mask: Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]: ...

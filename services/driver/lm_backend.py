@@ -1,0 +1,205 @@
+"""The backend of a language run (`model.kind: causal_lm`): each round the learner generates
+learner.group_size completions for prompts.batch_size prompts on its device, the rewards score
+them on CPU actors (this process in local mode), and the learner trains on them.
+
+It is a `Backend` like the env backends (`services/driver/backends.py`), so the driver loop,
+checkpoints, resume, the dashboard and tracking are the same code. In a language run an
+"episode" is a completion (its return is its reward) and an env step is a completion token.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import ray
+
+from ...contracts.config import RelayConfig
+from ...contracts.rounds import RoundResult
+from ...contracts.spaces import ActionSpec, EnvSpec
+from ...learner.actor import learner_resources
+from ...learner.device import ray_options
+from ...learner.lm_learner import LanguageLearner
+from ...rollout_workers.reward_workers import RewardPool
+from ...rollout_workers.rewards import REWARD_FAULT_KINDS
+from ...rollout_workers.worker import adopt_workdir
+from ...services.driver.cluster import wait_until_placed
+from ...services.driver.evaluations import EvalRunner
+from ...services.driver.loop import LearnerLost
+
+
+def language_spec(cfg: RelayConfig, vocab_size: int) -> EnvSpec:
+    """The spec a language run's checkpoints record: prompts of token ids in, a token out."""
+    return EnvSpec(
+        (cfg.prompts.max_prompt_tokens,),
+        ActionSpec("discrete", vocab_size),
+        obs_dtype="int64",
+        obs_low=0.0,
+        obs_high=float(vocab_size - 1),
+    )
+
+
+class LanguageLearnerActor:
+    """The language learner as a Ray actor, in the driver's folder (prompt paths are the user's)."""
+
+    def __init__(self, cfg_data: dict[str, Any], workdir: str) -> None:
+        cfg = RelayConfig.model_validate(cfg_data)
+        adopt_workdir(workdir, cfg)
+        self.learner = LanguageLearner(cfg)
+
+    def describe(self) -> dict[str, Any]:
+        return self.learner.describe()
+
+    def generate_round(self) -> dict[str, Any]:
+        return self.learner.generate_round()
+
+    def train(self, rewards: list[float | None]) -> dict[str, Any]:
+        return self.learner.train(rewards)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+
+class LanguageBackend:
+    """Generation and updates on the learner, rewards on CPU actors (see the module docstring)."""
+
+    def __init__(self, cfg: RelayConfig, env_spec: EnvSpec) -> None:
+        self.cfg = cfg
+        self.env_spec = env_spec
+        self.remote = cfg.rollout.num_workers > 0
+        self.learner: Any = None
+        self.rewards: RewardPool | None = None
+        self.completions = 0
+        self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
+        self._warned: set[str] = set()
+        try:
+            self.learner = self._make_learner()
+            self.rewards = RewardPool(cfg)
+            if self.remote:
+                wait_until_placed(cfg, {"learner": [self.learner], "reward worker": self.rewards.actors})
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_learner(self) -> Any:
+        if not self.remote:
+            return LanguageLearner(self.cfg)
+        options = ray_options(learner_resources(self.cfg))
+        return (
+            ray.remote(LanguageLearnerActor)
+            .options(**options)
+            .remote(self.cfg.model_dump(mode="json"), os.getcwd())
+        )
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if not self.remote:
+            return getattr(self.learner, method)(*args)
+        try:
+            return ray.get(getattr(self.learner, method).remote(*args))
+        except ray.exceptions.ActorDiedError as err:
+            raise LearnerLost(str(err).splitlines()[0]) from None
+
+    @property
+    def num_workers(self) -> int:
+        return 0 if self.rewards is None else len(self.rewards.actors)
+
+    backlog = 0
+
+    def resize(self, target: int) -> None:
+        raise RuntimeError("a language run's reward workers are not elastic")
+
+    def describe(self) -> dict[str, Any]:
+        info = self._call("describe")
+        return {"mode": "language" + ("" if self.remote else " (local)"), "workers": self.num_workers, **info}
+
+    def step(self, progress: float) -> RoundResult:
+        assert self.rewards is not None
+        t0 = time.perf_counter()
+        gen = self._call("generate_round")
+        t1 = time.perf_counter()
+        rewards, faults, notes = self.rewards.score(
+            gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
+        )
+        t2 = time.perf_counter()
+        metrics = self._call("train", rewards)
+        skipped = int(metrics.pop("amp_skipped", 0))
+        t3 = time.perf_counter()
+        for kind, count in faults.items():
+            self.reward_faults[kind] += count
+        for note in notes:
+            key = " ".join(note.split(" ", 2)[:2])
+            if key not in self._warned:  # each kind of fault said once, counted always
+                self._warned.add(key)
+                print(f"relay: {note} (counted in reward_faults; said once)", file=sys.stderr, flush=True)
+        n = len(rewards)
+        self.completions += n
+        scored = [(r, length) for r, length in zip(rewards, gen["lengths"], strict=True) if r is not None]
+        values = [r for r, _ in scored]
+        mean = sum(values) / len(values) if values else None
+        line = {
+            **metrics,
+            "reward_mean": mean,
+            "reward_std": (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+            if mean is not None
+            else None,
+            "completions": self.completions,
+            "completion_len_mean": sum(gen["lengths"]) / max(n, 1),
+            "truncated_fraction": 1.0 - sum(gen["ended"]) / max(n, 1),
+            "gen_s": t1 - t0,
+            "reward_s": t2 - t1,
+            "gen_tokens_per_s": gen["gen_tokens"] / max(gen["gen_s"], 1e-9),
+            "prompt_width": gen["prompt_width"],
+            "reward_faults": sum(self.reward_faults.values()),
+            **{f"reward_faults_{k}": v for k, v in self.reward_faults.items()},
+        }
+        return RoundResult(
+            env_steps=int(gen["gen_tokens"]),
+            episode_returns=values,
+            episode_lengths=[int(length) for _, length in scored],
+            metrics=line,
+            amp_skipped_steps=skipped,
+            # The learner computes while it generates and while it updates; it waits for rewards.
+            phases={"update_s": (t1 - t0) + (t3 - t2), "wait_s": t2 - t1},
+        )
+
+    def stop_sampling(self) -> None:
+        pass  # generation runs inside step(): a stop already interrupted it
+
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+        if self.remote:
+            state = ray.get(self.learner.state_dict.remote(), timeout=timeout_s)
+        else:
+            state = self.learner.state_dict()
+        return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._call("load_state_dict", state)
+        self.completions = int(state.get("completions", 0))
+        saved = state.get("reward_faults") or {}
+        self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
+
+    def restart_learner(self) -> None:
+        if self.remote:
+            ray.kill(self.learner, no_restart=True)
+        self.learner = self._make_learner()
+
+    def evaluation_runner(self) -> EvalRunner:
+        raise RuntimeError("evaluations of a language run are not built yet")
+
+    def reseed_workers(self, stream: int) -> None:
+        pass  # reward functions draw no noise of relay's
+
+    def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+        if self.remote and self.learner is not None:
+            ray.kill(self.learner, no_restart=True)
+        self.learner = None

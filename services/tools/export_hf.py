@@ -1,0 +1,90 @@
+"""`relay export RUN --format hf [--out DIR]`: a language run's trained model as a Hugging Face
+folder that `AutoModelForCausalLM.from_pretrained` loads (safetensors, config, tokenizer).
+
+The checkpoint and the run's config are data: the config names the model folder the run started
+from (its architecture and tokenizer, checked as `model.path` is at train time); the weights come
+from the checkpoint. The folder is written beside its destination and renamed into place, so a
+crash or a signal leaves either nothing or the whole folder, and an existing folder is never
+replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ...contracts.checkpoint import Checkpoint, CheckpointError
+from ...contracts.config import LANGUAGE_KIND
+from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, load_causal_lm, load_tokenizer
+from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
+from ...services.files import OutputError
+
+
+def language_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
+    """(the checkpoint file, its contents) of a run directory (its newest valid checkpoint) or a
+    checkpoint file; CheckpointError (one line) when it is no language run's."""
+    if path.is_dir():
+        found = load_newest_valid(path / "checkpoints")
+        if found is None:
+            raise CheckpointError(f"{path}: no valid checkpoint (a run directory has checkpoints/ckpt-N.pt)")
+        file, ckpt = found
+    elif path.is_file():
+        file, ckpt = path, load_checkpoint(path)
+    else:
+        raise CheckpointError(f"{path}: no such run directory or checkpoint")
+    model = ckpt.config.get("model") or {}
+    if model.get("kind") != LANGUAGE_KIND:
+        raise CheckpointError(
+            f"{file}: trained model.kind={model.get('kind')}, not {LANGUAGE_KIND}; "
+            "export it with --format onnx"
+        )
+    return file, ckpt
+
+
+def check_folder_output(out: Path) -> None:
+    """Refuse an output folder that exists (non-empty), is a link, or cannot be written."""
+    if out.is_symlink():
+        raise OutputError(f"--out {out} is a symbolic link; relay never writes through one")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise OutputError(f"--out {out} exists; choose a new folder (nothing is ever replaced)")
+    parent = out.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"--out {out}: {parent} is not a writable folder")
+
+
+def export_hf(path: Path, out: Path | None) -> Path:
+    """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>)."""
+    file, ckpt = language_checkpoint(path)
+    run = file.parent.parent if file.parent.name == "checkpoints" else file.parent
+    out = out if out is not None else run / f"hf-{ckpt.counters.iteration}"
+    check_folder_output(out)
+    source = (ckpt.config.get("model") or {}).get("path")
+    if not isinstance(source, str):
+        raise CheckpointError(f"{file}: its config names no model.path")
+    try:
+        tokenizer = load_tokenizer(source)
+        model = load_causal_lm(source)
+    except ModelFolderError as err:
+        raise CheckpointError(
+            f"{file} was trained from model.path={source}, which cannot be read now: {err}"
+        ) from None
+    policy = CausalLMPolicy(model, tokenizer.pad_token_id, [tokenizer.eos_token_id or 0])
+    try:
+        policy.load_state_dict(ckpt.learner["model"])
+    except (RuntimeError, KeyError) as err:
+        raise CheckpointError(
+            f"{file}: its weights do not fit {source} ({str(err).splitlines()[0][:200]})"
+        ) from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        policy.save_pretrained(tmp)
+        tokenizer.save_pretrained(str(tmp))
+        if out.exists():
+            out.rmdir()  # empty (checked above); rename cannot replace a folder
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
