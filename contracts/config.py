@@ -856,6 +856,11 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         )
     if cfg.eval.every_iterations and cfg.prompts.eval is None:
         problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
+    if lrn.compile:
+        problems.append(
+            "learner.compile compiles an env policy's update; a causal_lm run's generation and update "
+            "run eagerly (set learner.compile=false)"
+        )
     return problems + _eval_problems(cfg)
 
 

@@ -81,7 +81,7 @@ class LanguageBackend:
             self.learner = self._make_learner()
             self.rewards = RewardPool(cfg)
             if self.remote:
-                wait_until_placed(cfg, {"learner": [self.learner], "reward worker": self.rewards.actors})
+                wait_until_placed(cfg, {"learner": [self.learner], "rollout worker": self.rewards.actors})
         except BaseException:
             self.close()
             raise

@@ -19,7 +19,8 @@ from relay_rl.learner.compiled import CompiledLoss
 from relay_rl.services.cli import main
 from tests.helpers import ROOT, train_local
 
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+# Env configs: a language run's (model.kind=causal_lm) generation and update are not compiled yet.
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if "causal_lm" not in p.read_text())
 
 # Each config shrunk to a few small updates on 2 cores; what makes its shapes (model kind, spaces,
 # masks, cores, layout, minibatch kind, AMP, annealing, V-trace) is kept as shipped.

@@ -1,0 +1,105 @@
+"""Language runs end to end: `relay train` on a tiny random-init Llama from a local folder,
+`relay resume`, `relay export --format hf` loaded back by transformers, bad inputs refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from relay_rl.services.cli import main
+from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
+
+
+def _lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lmrun")
+    tiny_model_folder(root / "model")
+    write_jsonl(root / "sums.jsonl", sums_rows())
+    (root / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, rewards: ['regex:7'], batch_size: 4, max_prompt_tokens: 8}\n"
+        "generation: {max_new_tokens: 6}\n"
+        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
+        "rollout: {num_workers: 0}\n"
+        "stop: {env_steps: 8000}\n"
+        "checkpoint: {interval: 5}\n"
+        "metrics: {progress: none}\n"
+    )
+    return root
+
+
+def test_a_language_run_learns_resumes_and_exports(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    run = workdir / "runs" / "sevens"
+    assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
+    lines = _lines(run)
+    assert len(lines) >= 40
+    first = sum(x["reward_mean"] for x in lines[:5]) / 5
+    last = sum(x["reward_mean"] for x in lines[-5:]) / 5
+    assert last > first + 0.4, (first, last)  # completions with a 7 go from ~1/8 to most
+    assert [x["completions"] for x in lines[:3]] == [32, 64, 96]  # cumulative: 4 prompts x 8
+    assert lines[-1]["env_steps"] >= 8000 and lines[-1]["reward_faults"] == 0
+    assert {"kl_ref", "value_loss"}.isdisjoint(lines[-1])  # kl_coef 0 loads no reference; no critic
+
+    assert main(["resume", str(run), "--set", "stop.env_steps=9000"]) == 0
+    more = _lines(run)
+    assert more[len(lines)]["iteration"] == lines[-1]["iteration"] + 1
+    assert more[len(lines)]["completions"] == lines[-1]["completions"] + 32
+
+    out = workdir / "exported"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    tok = AutoTokenizer.from_pretrained(str(out))
+    newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    saved = torch.load(newest, weights_only=True)["learner"]["model"]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, saved["model." + name]), name
+    ids = tok(["3+4="], return_tensors="pt").input_ids
+    with torch.no_grad():
+        sample = model.generate(ids, max_new_tokens=6, do_sample=True, pad_token_id=tok.pad_token_id)
+    assert "7" in tok.decode(sample[0, ids.shape[1] :])
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 2  # never replaced
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (["prompts.train=missing.jsonl"], "missing.jsonl: no such file"),
+        (["model.path=nowhere"], "nowhere: not a folder"),
+        (["prompts.max_prompt_tokens=3"], "over prompts.max_prompt_tokens=3"),
+        (["prompts.rewards=[nope]"], "'nope' is not a reward"),
+        (["prompts.rewards=[nomodule_here:fn]"], "cannot import module 'nomodule_here'"),
+        (["learner.compile=true"], "run eagerly"),
+    ],
+)
+def test_bad_language_inputs_exit_2_with_one_line_and_nothing_created(
+    workdir, monkeypatch, capsys, sets, said
+):
+    monkeypatch.chdir(workdir)
+    run = workdir / "runs" / "refused"
+    args = ["train", "run.yaml", "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err
+    assert not run.exists()
+
+
+def test_remote_code_folder_is_refused_at_train(workdir, monkeypatch, capsys, tmp_path):
+    bad = tiny_model_folder(tmp_path / "bad")
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModelForCausalLM": "x.Y"}}))
+    monkeypatch.chdir(workdir)
+    assert main(["train", "run.yaml", "--set", f"model.path={bad}", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "remote code" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
