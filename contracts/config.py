@@ -259,7 +259,8 @@ class GenerationConfig(_Section):
     placement: Literal["learner", "workers"] = Field(
         "learner",
         description="learner: the learner generates on its device between updates (weights never move); "
-        "workers: rollout.num_workers generator actors, weights sent by version.",
+        "workers: rollout.num_workers generator actors (rollout.num_cpus_per_worker CPUs each, beside "
+        "as many reward actors), weights sent by version in bf16.",
     )
     prompt_buckets: list[int] | None = Field(
         None,

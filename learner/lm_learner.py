@@ -22,16 +22,7 @@ from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, load_prompts, pad_left
 from ..learner import lm_grpo
 from ..learner.device import DeviceContext, resolve_device
-from ..policy.causal_lm import CausalLMPolicy, load_causal_lm, load_tokenizer
-
-
-def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
-    """Every token that ends a completion: the tokenizer's EOS and the generation config's."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None)
-    ids += extra if isinstance(extra, list) else [extra] if extra is not None else []
-    return sorted({int(i) for i in ids})
+from ..policy.causal_lm import CausalLMPolicy, eos_ids, load_causal_lm, load_tokenizer, wire_weights
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -73,6 +64,8 @@ class LanguageLearner:
         self.updates = 0
         self.skipped_steps = 0
         self._round: dict[str, torch.Tensor] | None = None
+        self._pending: dict[str, Any] | None = None
+        self._generated_by: int | None = None  # the generators' weights version, or None: here
 
     # ---- generation ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -82,19 +75,25 @@ class LanguageLearner:
             "precision": self.amp_dtype if self.amp else "float32",
         }
 
+    def prepare_round(self) -> dict[str, np.ndarray]:
+        """The round's prompts: prompts.batch_size rows, each repeated learner.group_size times
+        (members of a group adjacent), left-padded to their bucket: ids and mask [B, P]."""
+        idx = [i for i in self.order.next() for _ in range(self.cfg.learner.group_size)]
+        prompts, token_ids, columns = self.prompts.rows(idx)
+        ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
+        self._pending = {"prompts": prompts, "columns": columns, "ids": ids, "mask": mask}
+        return {"ids": ids, "mask": mask}
+
     def generate_round(self) -> dict[str, Any]:
-        """Sample learner.group_size completions for each of the round's prompts.batch_size prompts.
+        """`generation.placement: learner`: sample the round's completions here, on the device.
 
         Returns what the rewards need (prompts and columns repeated per member, completion texts,
         or assistant messages for chat prompts) and the round's generation figures; the token
         tensors stay on the device for `train`."""
-        cfg, g = self.cfg, self.cfg.learner.group_size
-        idx = [i for i in self.order.next() for _ in range(g)]  # members of a group adjacent
-        prompts, token_ids, columns = self.prompts.rows(idx)
-        ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
-        ids_t = torch.from_numpy(ids).to(self.dev.device)
-        mask_t = torch.from_numpy(mask).to(self.dev.device)
-        gen = cfg.generation
+        batch = self.prepare_round()
+        gen = self.cfg.generation
+        ids_t = torch.from_numpy(batch["ids"]).to(self.dev.device)
+        mask_t = torch.from_numpy(batch["mask"]).to(self.dev.device)
         self.policy.eval()
         self.dev.synchronize()
         t0 = time.perf_counter()
@@ -103,33 +102,72 @@ class LanguageLearner:
                 ids_t, mask_t, gen.max_new_tokens, gen.temperature, gen.top_k, self.generator
             )
         self.dev.synchronize()
-        gen_s = time.perf_counter() - t0
+        return self._accept(out.tokens, out.mask, out.logp, out.ended, time.perf_counter() - t0, None)
+
+    def accept_generated(self, parts: list[dict[str, np.ndarray]], gen_s: float) -> dict[str, Any]:
+        """`generation.placement: workers`: the generators' completions of `prepare_round`'s
+        prompts, in row order ([b, C] tokens, mask, log-probs, ended and the weights version of
+        each part). Returns what `generate_round` returns."""
+        dev = self.dev.device
+
+        def cat(key: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([p[key] for p in parts])).to(dev, dtype)
+
+        versions = [int(p["version"]) for p in parts]
+        return self._accept(
+            cat("tokens", torch.long),
+            cat("mask", torch.float32),
+            cat("logp", torch.float32),
+            cat("ended", torch.bool),
+            gen_s,
+            min(versions),
+        )
+
+    def _accept(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        logp: torch.Tensor,
+        ended: torch.Tensor,
+        gen_s: float,
+        generator_version: int | None,
+    ) -> dict[str, Any]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("completions accepted before prepare_round()")
+        prompts = pending["prompts"]
         self._round = {
-            "prompt_ids": ids_t,
-            "prompt_mask": mask_t,
-            "tokens": out.tokens,
-            "mask": out.mask,
-            "gen_logp": out.logp,
+            "prompt_ids": torch.from_numpy(pending["ids"]).to(self.dev.device),
+            "prompt_mask": torch.from_numpy(pending["mask"]).to(self.dev.device),
+            "tokens": tokens,
+            "mask": mask,
+            "gen_logp": logp,
         }
-        lengths = out.mask.sum(-1).long().cpu().numpy()
-        ids_list = [row[:n] for row, n in zip(out.tokens.cpu().tolist(), lengths.tolist(), strict=True)]
+        # Sampled elsewhere, with weights of this version: the learner's log-probs are the old
+        # policy's, and the generator's differ from them (numerics, precision, staleness).
+        self._generated_by = generator_version
+        lengths = mask.sum(-1).long().cpu().numpy()
+        ids_list = [row[:n] for row, n in zip(tokens.cpu().tolist(), lengths.tolist(), strict=True)]
         texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
         completions: list[Any] = [
             t if isinstance(p, str) else [{"role": "assistant", "content": t}]
             for p, t in zip(prompts, texts, strict=True)
         ]
-        tokens = int(lengths.sum())
         return {
             "prompts": prompts,
             "completions": completions,
             "completion_ids": ids_list,
-            "columns": columns,
+            "columns": pending["columns"],
             "lengths": lengths.tolist(),
-            "ended": out.ended.cpu().numpy().tolist(),
+            "ended": ended.cpu().numpy().tolist(),
             "gen_s": gen_s,
-            "gen_tokens": tokens,
-            "prompt_width": int(ids.shape[1]),
+            "gen_tokens": int(lengths.sum()),
+            "prompt_width": int(pending["ids"].shape[1]),
         }
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights as they travel to generators (bf16, CPU)."""
+        return wire_weights(self.policy.state_dict())
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:
@@ -166,6 +204,7 @@ class LanguageLearner:
         w: torch.Tensor,
         old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
+        is_weight: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """Backward of one micro-batch's share of the batch loss (`w` [b, C]: its token weights);
         its share of the statistics."""
@@ -176,7 +215,7 @@ class LanguageLearner:
         logp = logp.float()
         # One epoch on fresh samples: the old policy is the current one (ratio 1, gradient intact).
         old = old_logp[s] if old_logp is not None else logp.detach()
-        per_token, clipped = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi)
+        per_token, clipped = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi, is_weight)
         stats = {}
         if ref_logp is not None:
             kl = lm_grpo.kl_per_token(logp, ref_logp[s], gc.kl_estimator)
@@ -229,7 +268,21 @@ class LanguageLearner:
         parts = self._micro_batches(mask.shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
         # The learner generated this round with these weights: its own log-probs are the old
         # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
-        old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 else None
+        external = self._generated_by is not None
+        old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 or external else None
+        is_weight, gap = None, {}
+        if external and old_logp is not None:
+            level = gc.importance_correction
+            diff = (old_logp - r["gen_logp"]).abs() * mask
+            gap = {
+                "gen_logp_gap": float(diff.sum() / mask.sum().clamp(min=1)),
+                "policy_lag_mean": float(self.version - int(self._generated_by or 0)),
+            }
+            if level != "none":
+                is_weight = lm_grpo.truncated_is_weight(
+                    old_logp, r["gen_logp"], mask, level, gc.importance_cap
+                )
+                gap["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp(min=1))
         ref_logp = self._frozen_logp(self.reference, r, parts) if self.reference is not None else None
         self.policy.train()
         skipped_before = self.skipped_steps
@@ -238,7 +291,8 @@ class LanguageLearner:
         for _ in range(lc.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for s in parts:
-                for k, v in self._backward(r, s, adv[s], weights[s], old_logp, ref_logp).items():
+                iw = None if is_weight is None else is_weight[s]
+                for k, v in self._backward(r, s, adv[s], weights[s], old_logp, ref_logp, iw).items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norms.append(self._step())
         self.updates += 1
@@ -257,6 +311,7 @@ class LanguageLearner:
         trained_tokens = int((mask * rows_in.unsqueeze(-1)).sum()) * n_epochs
         return {
             **{k: v / n_epochs for k, v in sums.items()},
+            **gap,
             "amp_skipped": self.skipped_steps - skipped_before,  # the backend's RoundResult count
             "grad_norm": float(np.mean(grad_norms)),
             "lr": lc.lr,

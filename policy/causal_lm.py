@@ -111,6 +111,24 @@ def load_causal_lm(path: str | os.PathLike[str]) -> nn.Module:
         ) from None
 
 
+def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
+    """Every token that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None)
+    ids += extra if isinstance(extra, list) else [extra] if extra is not None else []
+    return sorted({int(i) for i in ids})
+
+
+def wire_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A policy state dict as sent to generators: floating tensors in bf16 on the CPU (half the
+    bytes of float32; the generator computes in float32 again)."""
+    return {
+        k: (v.detach().to("cpu", torch.bfloat16) if v.is_floating_point() else v.detach().cpu())
+        for k, v in state.items()
+    }
+
+
 @dataclass
 class Completions:
     """Sampled completions: tokens [B, C] (pad after the end), mask [B, C] (1 through the EOS

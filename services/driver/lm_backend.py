@@ -22,6 +22,7 @@ from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
 from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
+from ...rollout_workers.generator import create_generators
 from ...rollout_workers.reward_workers import RewardPool
 from ...rollout_workers.rewards import REWARD_FAULT_KINDS
 from ...rollout_workers.worker import adopt_workdir
@@ -55,6 +56,15 @@ class LanguageLearnerActor:
     def generate_round(self) -> dict[str, Any]:
         return self.learner.generate_round()
 
+    def prepare_round(self) -> dict[str, Any]:
+        return self.learner.prepare_round()
+
+    def accept_generated(self, parts: list[dict[str, Any]], gen_s: float) -> dict[str, Any]:
+        return self.learner.accept_generated(parts, gen_s)
+
+    def weights(self) -> dict[str, Any]:
+        return self.learner.weights()
+
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         return self.learner.train(rewards)
 
@@ -74,14 +84,21 @@ class LanguageBackend:
         self.remote = cfg.rollout.num_workers > 0
         self.learner: Any = None
         self.rewards: RewardPool | None = None
+        self.generators: list[Any] = []
+        self.version = 0
         self.completions = 0
         self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
         self._warned: set[str] = set()
         try:
             self.learner = self._make_learner()
             self.rewards = RewardPool(cfg)
+            if cfg.generation.placement == "workers":
+                self.generators = create_generators(cfg)
             if self.remote:
-                wait_until_placed(cfg, {"learner": [self.learner], "rollout worker": self.rewards.actors})
+                workers = self.rewards.actors + self.generators
+                wait_until_placed(cfg, {"learner": [self.learner], "rollout worker": workers})
+            if self.generators:
+                self._sync_weights()
         except BaseException:
             self.close()
             raise
@@ -117,10 +134,33 @@ class LanguageBackend:
         info = self._call("describe")
         return {"mode": "language" + ("" if self.remote else " (local)"), "workers": self.num_workers, **info}
 
+    def _sync_weights(self) -> float:
+        """Send the learner's weights to every generator, once per version; the seconds it took."""
+        t0 = time.perf_counter()
+        ref = self.learner.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
+        ray.get([g.set_weights.remote(self.version, [ref]) for g in self.generators])
+        return time.perf_counter() - t0
+
+    def _generate_on_workers(self) -> dict[str, Any]:
+        """The learner's prompts sampled by the generators, whole groups each, with the current
+        weights version."""
+        t0 = time.perf_counter()
+        batch = self._call("prepare_round")
+        rows, g = len(batch["ids"]), self.cfg.learner.group_size
+        groups, k = rows // g, len(self.generators)
+        bounds = [(i * groups // k * g, (i + 1) * groups // k * g) for i in range(k)]
+        refs = [
+            gen.generate.remote(self.version, batch["ids"][lo:hi], batch["mask"][lo:hi])
+            for gen, (lo, hi) in zip(self.generators, bounds, strict=True)
+            if hi > lo
+        ]
+        parts = ray.get(refs)
+        return self._call("accept_generated", parts, time.perf_counter() - t0)
+
     def step(self, progress: float) -> RoundResult:
         assert self.rewards is not None
         t0 = time.perf_counter()
-        gen = self._call("generate_round")
+        gen = self._generate_on_workers() if self.generators else self._call("generate_round")
         t1 = time.perf_counter()
         rewards, faults, notes = self.rewards.score(
             gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
@@ -128,6 +168,9 @@ class LanguageBackend:
         t2 = time.perf_counter()
         metrics = self._call("train", rewards)
         skipped = int(metrics.pop("amp_skipped", 0))
+        if self.generators:
+            self.version = int(metrics["weights_version"])
+            metrics["weight_sync_s"] = self._sync_weights()
         t3 = time.perf_counter()
         for kind, count in faults.items():
             self.reward_faults[kind] += count
@@ -185,11 +228,17 @@ class LanguageBackend:
         self.completions = int(state.get("completions", 0))
         saved = state.get("reward_faults") or {}
         self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
+        if self.generators:  # the restored weights are the generators' from now on
+            self.version = int(state["version"])
+            self._sync_weights()
 
     def restart_learner(self) -> None:
         if self.remote:
             ray.kill(self.learner, no_restart=True)
         self.learner = self._make_learner()
+        if self.generators:  # a fresh learner's weights, until a checkpoint is restored into it
+            self.version = 0
+            self._sync_weights()
 
     def evaluation_runner(self) -> EvalRunner:
         raise RuntimeError("evaluations of a language run are not built yet")
@@ -200,6 +249,9 @@ class LanguageBackend:
     def close(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
+        for g in self.generators:
+            ray.kill(g, no_restart=True)
+        self.generators = []
         if self.remote and self.learner is not None:
             ray.kill(self.learner, no_restart=True)
         self.learner = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from relay_rl.services.cli import main
@@ -65,3 +66,52 @@ def test_rewards_on_actors_with_a_hang_and_a_raise(local_ray, tmp_path, monkeypa
     assert len(faulted) == 2 and all(x["policy_loss"] == 0 for x in faulted)  # no reward, no advantage
     err = capsys.readouterr().err
     assert err.count("reward_timeout_s=3") == 1 and err.count("judge unavailable") == 1
+
+
+def test_generation_on_worker_actors_with_weights_by_version(local_ray, tmp_path, monkeypatch):
+    """generation.placement=workers: generators sample with the published version, the learner
+    measures their log-prob gap and corrects by truncated importance weights; the run learns."""
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, rewards: ['regex:7'], batch_size: 8, max_prompt_tokens: 8}\n"
+        "generation: {max_new_tokens: 6, placement: workers}\n"
+        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
+        "rollout: {num_workers: 1}\n"
+        "stop: {env_steps: 9000}\n"
+        "metrics: {progress: none}\n"
+    )
+    run = tmp_path / "runs" / "w"
+    assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    first = sum(x["reward_mean"] for x in lines[:4]) / 4
+    last = sum(x["reward_mean"] for x in lines[-4:]) / 4
+    assert last > first + 0.3, (first, last)
+    assert all(x["policy_lag_mean"] == 0 and x["weight_sync_s"] > 0 for x in lines)
+    # bf16 weights on the wire, float32 sampling, the learner's bf16 autocast: a small gap.
+    assert all(0 < x["gen_logp_gap"] < 0.05 and abs(x["is_weight_mean"] - 1) < 0.05 for x in lines)
+
+
+def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
+    from relay_rl.contracts.config import RelayConfig
+    from relay_rl.policy.causal_lm import wire_weights
+    from relay_rl.rollout_workers.generator import Generator, StaleWeightsError
+
+    tiny_model_folder(tmp_path / "model")
+    cfg = RelayConfig.model_validate(
+        {
+            "model": {"kind": "causal_lm", "path": str(tmp_path / "model")},
+            "prompts": {"train": "x", "rewards": ["exact_match"]},
+        }
+    )
+    gen = Generator(cfg.model_dump(mode="json"), 0)
+    gen.set_weights(3, [wire_weights(gen.policy.state_dict())])
+    ids = np.array([[0, 5, 6]])
+    assert gen.generate(3, ids, (ids != 0).astype(np.int64))["tokens"].shape == (
+        1,
+        cfg.generation.max_new_tokens,
+    )
+    with pytest.raises(StaleWeightsError, match="holds weights version 3, was asked to sample with 4"):
+        gen.generate(4, ids, (ids != 0).astype(np.int64))

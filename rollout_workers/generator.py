@@ -1,0 +1,81 @@
+"""Generator actors (`generation.placement: workers`): copies of the language policy on their own
+CPUs that sample completions with the weights the learner published, by version.
+
+A generator samples only with the version it is asked for: weights of another version are
+refused, in one line, rather than used (TRL #5312: a generator silently left on stale weights gave
+importance ratios of 1e-17). Weights travel in bf16 (half the bytes); the learner corrects for the
+gap between the generator's log-probs and its own (`learner/lm_grpo.py` truncated_is_weight).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from ..contracts.config import RelayConfig
+from ..policy.causal_lm import CausalLMPolicy, eos_ids, load_causal_lm, load_tokenizer
+from .worker import adopt_workdir
+
+
+class StaleWeightsError(RuntimeError):
+    """A generator asked to sample with a version it does not hold."""
+
+
+class Generator:
+    """One generator: the model of model.path, weights loaded by version, sampling on its CPUs."""
+
+    def __init__(self, cfg_data: dict[str, Any], index: int, workdir: str | None = None) -> None:
+        cfg = RelayConfig.model_validate(cfg_data)
+        if workdir is not None:
+            adopt_workdir(workdir, cfg)
+        torch.set_num_threads(max(1, int(cfg.rollout.num_cpus_per_worker)))
+        assert cfg.model.path is not None
+        tok = load_tokenizer(cfg.model.path)
+        model = load_causal_lm(cfg.model.path)
+        self.policy = CausalLMPolicy(model, tok.pad_token_id, eos_ids(tok, model)).eval()
+        self.cfg = cfg
+        self.version = -1
+        self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
+
+    def set_weights(self, version: int, weights: list[Any]) -> int:
+        """Load weights `version` ([object ref] or [state dict]); returns the version held."""
+        state = weights[0]
+        if isinstance(state, ray.ObjectRef):
+            state = ray.get(state)
+        self.policy.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        self.version = version
+        return version
+
+    def generate(self, version: int, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """Completions of left-padded prompts ids/mask [b, P] with weights `version`."""
+        if version != self.version:
+            raise StaleWeightsError(
+                f"generator holds weights version {self.version}, was asked to sample with {version}"
+            )
+        gen = self.cfg.generation
+        out = self.policy.generate(
+            torch.from_numpy(np.array(ids)),  # a copy: arrays from the object store are read-only
+            torch.from_numpy(np.array(mask)),
+            gen.max_new_tokens,
+            gen.temperature,
+            gen.top_k,
+            self.generator,
+        )
+        return {
+            "tokens": out.tokens.numpy(),
+            "mask": out.mask.numpy(),
+            "logp": out.logp.numpy(),
+            "ended": out.ended.numpy(),
+            "version": np.asarray(version),
+        }
+
+
+def create_generators(cfg: RelayConfig) -> list[Any]:
+    """rollout.num_workers generator actors, rollout.num_cpus_per_worker CPUs each."""
+    cls = ray.remote(Generator).options(num_cpus=cfg.rollout.num_cpus_per_worker, max_restarts=0)
+    data = cfg.model_dump(mode="json")
+    return [cls.remote(data, i, os.getcwd()) for i in range(cfg.rollout.num_workers)]
