@@ -22,10 +22,10 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-from ..policy.actor_critic import ActorCritic
+from ..policy.protocol import EnvPolicy
 
 Batch = dict[str, Tensor]
-LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]
+LossFn = Callable[[EnvPolicy, Batch], tuple[Tensor, dict[str, Tensor]]]
 Backend = Callable[..., Any]
 
 
@@ -66,7 +66,7 @@ class CompiledLoss:
     def recompiled(self) -> bool:
         return self.warm_compiles is not None and self.compiles > self.warm_compiles
 
-    def __call__(self, model: ActorCritic, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def __call__(self, model: EnvPolicy, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         out = self._fn(model, batch)
         if self.warm_compiles is None:
             self.warm_compiles = self.compiles

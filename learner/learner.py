@@ -347,12 +347,7 @@ class Learner:
     # ---- weights and state -----------------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
         """Policy state (normalizer statistics included) as CPU tensors, for the rollout workers."""
-        # Contiguous whatever the learner's layout (channels-last kernels): workers, checkpoints
-        # and exports read plain tensors.
-        return {
-            k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
-            for k, v in self.model.state_dict().items()
-        }
+        return self.model.acting_weights()
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint needs to continue this learner exactly: a snapshot (torch's

@@ -17,10 +17,11 @@ from ..contracts.config import LearnerConfig
 from ..learner.device import DeviceContext
 from ..learner.distributed import average_gradients, mean_across_learners
 from ..learner.precision import amp_enabled
-from ..policy.actor_critic import STATE, ActorCritic
+from ..policy.actor_critic import STATE
+from ..policy.protocol import EnvPolicy
 
 Batch = dict[str, Tensor]
-LossFn = Callable[[ActorCritic, Batch], tuple[Tensor, dict[str, Tensor]]]
+LossFn = Callable[[EnvPolicy, Batch], tuple[Tensor, dict[str, Tensor]]]
 
 
 @dataclass
@@ -85,7 +86,7 @@ def sequence_view(t: Tensor, seq_len: int) -> Tensor:
 
 
 def run_update(
-    model: ActorCritic,
+    model: EnvPolicy,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
     loss_fn: LossFn,

@@ -175,6 +175,20 @@ class ActorCritic(nn.Module):
         """Floats of state acting alone carries (`policy_step`): the policy core's."""
         return 0 if self.pi_core is None else self.pi_core.state_size
 
+    def initial_state(self, batch: int) -> Tensor | None:
+        """The state [batch, S] each env's episode starts from (zeros), or None without a core."""
+        if not self.state_size:
+            return None
+        return torch.zeros(batch, self.state_size, device=next(self.parameters()).device)
+
+    def acting_weights(self) -> dict[str, Tensor]:
+        """Every weight the acting side reads (normalizer statistics included), as contiguous CPU
+        tensors whatever the learner's layout (channels-last kernels)."""
+        return {
+            k: v.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+            for k, v in self.state_dict().items()
+        }
+
     def set_checkpointing(self, enabled: bool) -> None:
         for trunk in (self.pi_trunk, self.v_trunk):
             if trunk is not None:

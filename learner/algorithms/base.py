@@ -16,7 +16,8 @@ from ...contracts.segment import is_policy_input, state_resets
 from ...learner.device import DeviceContext
 from ...learner.precision import amp_enabled
 from ...learner.update import column_rows
-from ...policy.actor_critic import STARTS, STATE, ActorCritic
+from ...policy.actor_critic import STARTS, STATE
+from ...policy.protocol import EnvPolicy
 
 Batch = dict[str, Tensor]
 
@@ -38,7 +39,7 @@ def policy_inputs(data: dict[str, Tensor]) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def evaluate_in_chunks(
-    model: ActorCritic, inputs: dict[str, Tensor], actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
+    model: EnvPolicy, inputs: dict[str, Tensor], actions: Tensor, cfg: LearnerConfig, dev: DeviceContext
 ) -> tuple[Tensor, Tensor | None]:
     """(log-probs [B], values [B] or None) of `model` over a whole batch of input fields [B, ...],
     in minibatch-sized chunks (memory stays that of a minibatch), under the same autocast as the
@@ -94,7 +95,7 @@ class Algorithm:
         """Rules particular to this algorithm, each naming fields and numbers."""
         return []
 
-    def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
+    def __init__(self, cfg: LearnerConfig, model: EnvPolicy, dev: DeviceContext) -> None:
         self.cfg = cfg
         self.model = model
         self.dev = dev
@@ -106,11 +107,11 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, model: EnvPolicy, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss of a minibatch and its statistics (detached scalars)."""
         raise NotImplementedError
 
-    def after_update(self, model: ActorCritic, updates: int) -> None:
+    def after_update(self, model: EnvPolicy, updates: int) -> None:
         """Called once per update, after the optimizer steps (`updates` counts them, from 1)."""
 
     def extra_tensors(self) -> list[Tensor]:

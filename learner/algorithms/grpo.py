@@ -12,7 +12,7 @@ from ...contracts.config import LearnerConfig, RelayConfig
 from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from ...learner.device import DeviceContext
-from ...policy.actor_critic import ActorCritic
+from ...policy.protocol import EnvPolicy
 
 
 class GRPO(Algorithm):
@@ -34,7 +34,7 @@ class GRPO(Algorithm):
             )
         return problems
 
-    def __init__(self, cfg: LearnerConfig, model: ActorCritic, dev: DeviceContext) -> None:
+    def __init__(self, cfg: LearnerConfig, model: EnvPolicy, dev: DeviceContext) -> None:
         super().__init__(cfg, model, dev)
         self.reference = copy.deepcopy(model).eval().requires_grad_(False)
 
@@ -63,7 +63,7 @@ class GRPO(Algorithm):
         }
         return batch, stats
 
-    def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, model: EnvPolicy, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate on group-relative advantages + kl_coef * KL(policy || reference) - entropy."""
         cfg = self.cfg
         out = model.evaluate(b, b["actions"])
@@ -75,7 +75,7 @@ class GRPO(Algorithm):
         stats = losses.policy_stats(out.logp, b["logp"], mask, pg, ent, cfg.clip_ratio)
         return loss, {**stats, "kl_ref": kl.detach()}
 
-    def after_update(self, model: ActorCritic, updates: int) -> None:
+    def after_update(self, model: EnvPolicy, updates: int) -> None:
         interval = self.cfg.ref_update_interval
         if interval and updates % interval == 0:
             self.reference.load_state_dict(model.state_dict())

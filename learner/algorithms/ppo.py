@@ -18,7 +18,7 @@ from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from ...learner.gae import EpisodeEnds, compute_gae
 from ...learner.vtrace import Clipping, compute_vtrace
-from ...policy.actor_critic import ActorCritic
+from ...policy.protocol import EnvPolicy
 
 REWARD_CLIP = 10.0
 MAX_IS_WEIGHT = 2.0  # decoupled PPO: pi_prox / pi_behaviour, capped (lag-1 weights sit near 1)
@@ -75,7 +75,7 @@ class PPO(Algorithm):
             return rewards
         return (rewards / stats.std()).clamp(-REWARD_CLIP, REWARD_CLIP)
 
-    def loss(self, model: ActorCritic, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, model: EnvPolicy, b: Batch) -> tuple[Tensor, dict[str, Tensor]]:
         """Clipped surrogate + value_coef * value loss - entropy_coef * entropy."""
         cfg = self.cfg
         out = model.evaluate(b, b["actions"])
