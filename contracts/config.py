@@ -175,6 +175,20 @@ LANGUAGE_LEARNER_DEFAULTS: dict[str, Any] = {
 }
 
 
+class LoraConfig(_Section):
+    """Low-rank adapters (peft's LoRA) on a causal LM: only they train, and only they travel to
+    generators; the frozen base with the adapters off is the KL reference (no second model)."""
+
+    r: int = Field(16, ge=1, le=4096, description="Adapter rank.")
+    alpha: float = Field(32.0, gt=0, le=1e6, description="Scaling numerator (the update is alpha / r x BA).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description="Modules that get adapters: names (q_proj, v_proj, ...) or all-linear (every "
+        "linear layer but the output head).",
+    )
+
+
 class GrpoLMConfig(_Section):
     """The GRPO objective on a language model's completion tokens (model.kind=causal_lm)."""
 
@@ -441,6 +455,9 @@ class ModelConfig(_Section):
         max_length=4096,
         description="model.kind=causal_lm: a local Hugging Face folder (config.json, *.safetensors, "
         "the tokenizer's files). Read as data: remote code (auto_map) and pickled weights are refused.",
+    )
+    lora: LoraConfig | None = Field(
+        None, description="model.kind=causal_lm: train LoRA adapters instead of every weight (null: full)."
     )
     transformer: TransformerConfig = Field(
         default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."
@@ -857,6 +874,8 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         )
     if cfg.eval.every_iterations and cfg.prompts.eval is None:
         problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
+    if cfg.eval.video_every:
+        problems.append("eval.video_every: a causal_lm run has no frames to film (set it to 0)")
     if lrn.compile:
         problems.append(
             "learner.compile compiles an env policy's update; a causal_lm run's generation and update "

@@ -22,7 +22,7 @@ from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, load_prompts, pad_left
 from ..learner import lm_grpo
 from ..learner.device import DeviceContext, resolve_device
-from ..policy.causal_lm import CausalLMPolicy, eos_ids, load_causal_lm, load_tokenizer, wire_weights
+from ..policy.causal_lm import CausalLMPolicy, build_language_policy, wire_weights
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -42,17 +42,22 @@ class LanguageLearner:
         self.dev = resolve_device(lc.device, lc.npu_ids)
         torch.manual_seed(cfg.env.seed)
         assert cfg.model.path is not None
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        model = load_causal_lm(cfg.model.path)
-        self.policy = CausalLMPolicy(model, self.tokenizer.pad_token_id, eos_ids(self.tokenizer, model))
+        self.policy, self.tokenizer = build_language_policy(cfg)
         self.policy.to(self.dev.device)
         if lc.grad_checkpointing:
             self.policy.set_checkpointing(True)
-        # A KL coefficient of 0 loads no reference model: half the memory, one forward pass less.
-        self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False) if lc.kl_coef > 0 else None
+        # A KL coefficient of 0 loads no reference model: half the memory, one forward pass less;
+        # with LoRA the reference is the frozen base itself (the adapters switched off).
+        self.reference = (
+            copy.deepcopy(self.policy).eval().requires_grad_(False)
+            if lc.kl_coef > 0 and not self.policy.lora
+            else None
+        )
+        self.kl = lc.kl_coef > 0
         self.amp, self.amp_dtype = lm_precision(cfg, self.dev)
         self.scaler = self.dev.grad_scaler(self.amp, self.amp_dtype)
-        self.optimizer = self.dev.adam(self.policy.parameters(), lc.lr, eps=1e-8)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = self.dev.adam(trainable, lc.lr, eps=1e-8)
         assert cfg.prompts.train is not None  # the config's rules require it of a language run
         self.prompts: PromptSet = load_prompts(
             cfg.prompts.train, self.tokenizer, cfg.prompts.max_prompt_tokens
@@ -65,6 +70,7 @@ class LanguageLearner:
         self.skipped_steps = 0
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
+        self._eval_prompts: PromptSet | None = None
         self._generated_by: int | None = None  # the generators' weights version, or None: here
 
     # ---- generation ---------------------------------------------------------------------------
@@ -165,9 +171,56 @@ class LanguageLearner:
             "prompt_width": int(pending["ids"].shape[1]),
         }
 
+    def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
+        """Completions of the first `limit` prompts of prompts.eval (one each; greedy or sampled),
+        in batches of a round's rows, for the rewards to score."""
+        cfg = self.cfg
+        if self._eval_prompts is None:
+            assert cfg.prompts.eval is not None
+            self._eval_prompts = load_prompts(
+                cfg.prompts.eval, self.tokenizer, cfg.prompts.max_prompt_tokens, "prompts.eval"
+            )
+        rows = list(range(min(limit, len(self._eval_prompts))))
+        prompts, token_ids, columns = self._eval_prompts.rows(rows)
+        per = cfg.prompts.batch_size * cfg.learner.group_size
+        gen = cfg.generation
+        tokens, masks = [], []
+        self.policy.eval()
+        noise = torch.Generator(self.dev.device).manual_seed(cfg.env.seed + 1)  # the same draws each time
+        for start in range(0, len(rows), per):
+            ids, mask = pad_left(token_ids[start : start + per], self.buckets, self.policy.pad_id)
+            with self.dev.autocast(self.amp, self.amp_dtype):
+                out = self.policy.generate(
+                    torch.from_numpy(ids).to(self.dev.device),
+                    torch.from_numpy(mask).to(self.dev.device),
+                    gen.max_new_tokens,
+                    gen.temperature,
+                    1 if greedy else gen.top_k,
+                    noise,
+                )
+            tokens += out.tokens.cpu().tolist()
+            masks += out.mask.sum(-1).long().cpu().tolist()
+        ids_list = [row[:n] for row, n in zip(tokens, masks, strict=True)]
+        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
+        return {
+            "prompts": prompts,
+            "completions": [
+                t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+                for p, t in zip(prompts, texts, strict=True)
+            ],
+            "completion_ids": ids_list,
+            "columns": columns,
+            "lengths": masks,
+            "version": self.version,
+        }
+
+    def acting_weights(self) -> dict[str, torch.Tensor]:
+        """The current weights in float32 on the CPU (what a best.pt keeps)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
+
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights as they travel to generators (bf16, CPU)."""
-        return wire_weights(self.policy.state_dict())
+        return wire_weights(self.policy.acting_weights())
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:
@@ -247,6 +300,37 @@ class LanguageLearner:
             self.skipped_steps += 1
         return float(norm)
 
+    def _baselines(
+        self, r: dict[str, torch.Tensor], parts: list[slice]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """(old log-probs or None: the current ones detached, the reference's or None, truncated
+        importance weights or None, the generator-gap metrics), each [B, C], before the update."""
+        lc, gc, mask = self.cfg.learner, self.cfg.learner.grpo, r["mask"]
+        # The learner generated this round with these weights: its own log-probs are the old
+        # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
+        external = self._generated_by is not None
+        old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 or external else None
+        is_weight, gap = None, {}
+        if external and old_logp is not None:
+            level = gc.importance_correction
+            diff = (old_logp - r["gen_logp"]).abs() * mask
+            gap = {
+                "gen_logp_gap": float(diff.sum() / mask.sum().clamp(min=1)),
+                "policy_lag_mean": float(self.version - int(self._generated_by or 0)),
+            }
+            if level != "none":
+                is_weight = lm_grpo.truncated_is_weight(
+                    old_logp, r["gen_logp"], mask, level, gc.importance_cap
+                )
+                gap["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp(min=1))
+        ref_logp = None
+        if self.reference is not None:
+            ref_logp = self._frozen_logp(self.reference, r, parts)
+        elif self.kl:  # LoRA: the base model with its adapters off
+            with self.policy.reference_mode():
+                ref_logp = self._frozen_logp(self.policy, r, parts)
+        return old_logp, ref_logp, is_weight, gap
+
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         """One GRPO update on the round `generate_round` sampled, with one reward (or None: no
         reward, no advantage) per completion. Returns the update's metrics."""
@@ -266,24 +350,7 @@ class LanguageLearner:
         mask = r["mask"]
         weights = lm_grpo.token_weights(mask, rows_in, gc.loss_agg, cfg.generation.max_new_tokens)
         parts = self._micro_batches(mask.shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
-        # The learner generated this round with these weights: its own log-probs are the old
-        # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
-        external = self._generated_by is not None
-        old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 or external else None
-        is_weight, gap = None, {}
-        if external and old_logp is not None:
-            level = gc.importance_correction
-            diff = (old_logp - r["gen_logp"]).abs() * mask
-            gap = {
-                "gen_logp_gap": float(diff.sum() / mask.sum().clamp(min=1)),
-                "policy_lag_mean": float(self.version - int(self._generated_by or 0)),
-            }
-            if level != "none":
-                is_weight = lm_grpo.truncated_is_weight(
-                    old_logp, r["gen_logp"], mask, level, gc.importance_cap
-                )
-                gap["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp(min=1))
-        ref_logp = self._frozen_logp(self.reference, r, parts) if self.reference is not None else None
+        old_logp, ref_logp, is_weight, gap = self._baselines(r, parts)
         self.policy.train()
         skipped_before = self.skipped_steps
         sums: dict[str, float] = {}

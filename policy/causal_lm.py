@@ -13,6 +13,8 @@ run out of memory long before its parameters do).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import json
 import os
@@ -129,6 +131,40 @@ def wire_weights(state: dict[str, Tensor]) -> dict[str, Tensor]:
     }
 
 
+def with_lora(model: nn.Module, lora: Any) -> nn.Module:
+    """`model` with peft LoRA adapters (`lora`: contracts.config.LoraConfig); only they train."""
+    from peft import LoraConfig, get_peft_model
+
+    spec = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, spec)
+
+
+def build_language_policy(cfg: Any, meta: bool = False) -> tuple[CausalLMPolicy, Any]:
+    """(the policy of a language run's config, its tokenizer): model.path's model, with LoRA
+    adapters where model.lora is set. `meta`: the architecture only, on the meta device (for
+    shape checks: no weights read, no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tok = load_tokenizer(cfg.model.path)
+    if meta:
+        config = AutoConfig.from_pretrained(
+            str(cfg.model.path), local_files_only=True, trust_remote_code=False
+        )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    else:
+        model = load_causal_lm(cfg.model.path)
+    if cfg.model.lora is not None:
+        model = with_lora(model, cfg.model.lora)
+    return CausalLMPolicy(model, tok.pad_token_id, eos_ids(tok, model)), tok
+
+
 @dataclass
 class Completions:
     """Sampled completions: tokens [B, C] (pad after the end), mask [B, C] (1 through the EOS
@@ -175,22 +211,43 @@ class CausalLMPolicy(nn.Module):
         cap = getattr(model.config, "final_logit_softcapping", None)
         self.softcap: float | None = float(cap) if cap else None
         # transformers 5 renamed the KV cache argument and output `past_key_values` -> `cache`.
-        params = inspect.signature(model.forward).parameters
+        inner: Any = getattr(model, "get_base_model", lambda: model)()
+        params = inspect.signature(inner.forward).parameters
         self._cache = "cache" if "cache" in params else "past_key_values"
 
     @property
+    def lm(self) -> Any:
+        """The transformers causal LM (inside its peft wrapper where it has LoRA adapters)."""
+        return self.model.get_base_model() if self.lora else self.model
+
+    @property
+    def lora(self) -> bool:
+        return hasattr(self.model, "disable_adapter")
+
+    @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.lm.get_output_embeddings().weight.shape[0])
 
     def acting_weights(self) -> dict[str, Tensor]:
-        return {k: v.detach() for k, v in self.state_dict().items()}
+        """What changes as it trains: every weight, or only the LoRA adapters' (the base is frozen
+        and every generator loaded it from model.path)."""
+        state = self.state_dict()
+        if self.lora:
+            state = {k: v for k, v in state.items() if "lora_" in k}
+        return {k: v.detach() for k, v in state.items()}
+
+    def reference_mode(self) -> contextlib.AbstractContextManager[Any]:
+        """With LoRA, the frozen base model (adapters off): the KL reference for free."""
+        return self.model.disable_adapter() if self.lora else contextlib.nullcontext()
 
     def set_checkpointing(self, enabled: bool) -> None:
         """Gradient checkpointing of the transformer blocks (the tutorial's memory lever)."""
         if enabled:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if self.lora:  # frozen embeddings: the checkpointed blocks' inputs must ask for gradients
+                self.lm.enable_input_require_grads()
         else:
-            self.model.gradient_checkpointing_disable()
+            self.lm.gradient_checkpointing_disable()
 
     @torch.no_grad()
     def generate(
@@ -264,10 +321,10 @@ class CausalLMPolicy(nn.Module):
         of the transformer; the head's logits `chunk` positions at a time, recomputed in backward."""
         ids = torch.cat([prompt_ids, completion], dim=1)
         attn = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
-        base = self.model.base_model
+        base = self.lm.base_model
         hidden = base(input_ids=ids, attention_mask=attn, position_ids=positions(attn), use_cache=False)
         h = hidden.last_hidden_state[:, prompt_ids.shape[1] - 1 : -1]  # position t predicts token t+1
-        head = self.model.get_output_embeddings()
+        head = self.lm.get_output_embeddings()
         parts = []
         for start in range(0, completion.shape[1], chunk):
             hc, tc = h[:, start : start + chunk], completion[:, start : start + chunk]
@@ -281,5 +338,7 @@ class CausalLMPolicy(nn.Module):
         return both[0], (both[1] if with_entropy else None)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
-        """The model as a Hugging Face folder (safetensors), loadable by `from_pretrained`."""
-        self.model.save_pretrained(str(folder), safe_serialization=True)
+        """The model as a Hugging Face folder (safetensors), loadable by `from_pretrained`; LoRA
+        adapters are merged into a copy of the weights first (a plain model folder)."""
+        model = copy.deepcopy(self.model).merge_and_unload() if self.lora else self.model
+        model.save_pretrained(str(folder), safe_serialization=True)

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from ..contracts.config import RelayConfig
-from ..policy.causal_lm import CausalLMPolicy, eos_ids, load_causal_lm, load_tokenizer
+from ..policy.causal_lm import build_language_policy
 from .worker import adopt_workdir
 
 
@@ -34,9 +34,7 @@ class Generator:
             adopt_workdir(workdir, cfg)
         torch.set_num_threads(max(1, int(cfg.rollout.num_cpus_per_worker)))
         assert cfg.model.path is not None
-        tok = load_tokenizer(cfg.model.path)
-        model = load_causal_lm(cfg.model.path)
-        self.policy = CausalLMPolicy(model, tok.pad_token_id, eos_ids(tok, model)).eval()
+        self.policy = build_language_policy(cfg)[0].eval()
         self.cfg = cfg
         self.version = -1
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
@@ -46,7 +44,11 @@ class Generator:
         state = weights[0]
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
-        self.policy.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+        # With LoRA only the adapters come: the base is the one model.path holds.
+        strict = not self.policy.lora
+        self.policy.load_state_dict(
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=strict
+        )
         self.version = version
         return version
 

@@ -25,7 +25,7 @@ from ...contracts.spaces import EnvSpec
 from ...learner.algorithms import algorithm_class
 from ...learner.learner import learner_state_problem
 from ...learner.policy_groups import groups_state_problem
-from ...policy.causal_lm import CausalLMPolicy
+from ...policy.causal_lm import build_language_policy
 from ...policy.models import build_policy, infer_env_spec, weights_mismatch
 from ...services.files import atomic_write_with
 
@@ -195,16 +195,12 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
 def _check_language_resumable(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
     """A language run continues only on a model of the same architecture and size: the weights must
     fit model.path's config (built on the meta device: no memory, no weights read)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     saved_kind = (ckpt.config.get("model") or {}).get("kind")
     if saved_kind != cfg.model.kind:
         raise ResumeError(
             f"{name} was trained with model.kind={saved_kind}, the config says {cfg.model.kind}"
         )
-    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
-    with torch.device("meta"):
-        want = CausalLMPolicy(AutoModelForCausalLM.from_config(config), 0, [0]).state_dict()
+    want = build_language_policy(cfg, meta=True)[0].state_dict()
     weights = ckpt.learner.get("model")
     problem = weights_mismatch(want, weights) if isinstance(weights, dict) else "no model weights"
     if problem:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import ray
 
 from ...contracts.config import RelayConfig
@@ -22,6 +24,7 @@ from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
 from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
+from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators
 from ...rollout_workers.reward_workers import RewardPool
 from ...rollout_workers.rewards import REWARD_FAULT_KINDS
@@ -64,6 +67,12 @@ class LanguageLearnerActor:
 
     def weights(self) -> dict[str, Any]:
         return self.learner.weights()
+
+    def acting_weights(self) -> dict[str, Any]:
+        return self.learner.acting_weights()
+
+    def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
+        return self.learner.evaluate(limit, greedy)
 
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         return self.learner.train(rewards)
@@ -241,7 +250,7 @@ class LanguageBackend:
             self._sync_weights()
 
     def evaluation_runner(self) -> EvalRunner:
-        raise RuntimeError("evaluations of a language run are not built yet")
+        return LanguageEvalRunner(self)
 
     def reseed_workers(self, stream: int) -> None:
         pass  # reward functions draw no noise of relay's
@@ -255,3 +264,47 @@ class LanguageBackend:
         if self.remote and self.learner is not None:
             ray.kill(self.learner, no_restart=True)
         self.learner = None
+
+
+class LanguageEvalRunner:
+    """Evaluations of a language run: the first eval.episodes prompts of prompts.eval, one
+    completion each (greedy where eval.deterministic), scored by the run's rewards; an episode's
+    return is its completion's reward. It runs between rounds, on the learner's device (which
+    generation would occupy anyway), so `submit` finishes it and `poll` hands it over."""
+
+    def __init__(self, backend: LanguageBackend) -> None:
+        self.backend = backend
+        self._done: tuple[EvalReport, Callable[[], dict[str, Any]]] | None = None
+
+    def busy(self) -> bool:
+        return False
+
+    def submit(self, iteration: int, video: bool) -> None:
+        b, ev = self.backend, self.backend.cfg.eval
+        assert b.rewards is not None
+        t0 = time.perf_counter()
+        out = b._call("evaluate", ev.episodes, ev.deterministic)
+        rewards, _, _ = b.rewards.score(
+            out["prompts"], out["completions"], out["columns"], out["completion_ids"]
+        )
+        scored = [r for r in rewards if r is not None]
+        arr = np.asarray(scored if scored else [np.nan])
+        summary = {
+            "return_mean": float(arr.mean()),
+            "return_std": float(arr.std()),
+            "return_min": float(arr.min()),
+            "return_max": float(arr.max()),
+            "len_mean": float(np.mean(out["lengths"])),
+            "episodes": len(scored),
+            "seconds": time.perf_counter() - t0,
+        }
+        note = None if scored else "no eval completion got a reward (every reward faulted)"
+        weights = b._call("acting_weights")
+        self._done = (EvalReport(iteration, int(out["version"]), summary, note=note), lambda: weights)
+
+    def poll(self) -> tuple[EvalReport, Callable[[], dict[str, Any]]] | None:
+        done, self._done = self._done, None
+        return done
+
+    def close(self) -> None:
+        pass

@@ -14,10 +14,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from ...contracts.checkpoint import Checkpoint, CheckpointError
-from ...contracts.config import LANGUAGE_KIND
-from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, load_causal_lm, load_tokenizer
+from ...contracts.config import LANGUAGE_KIND, LoraConfig
+from ...policy.causal_lm import ModelFolderError, build_language_policy
 from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
 from ...services.files import OutputError
 
@@ -63,14 +64,16 @@ def export_hf(path: Path, out: Path | None) -> Path:
     source = (ckpt.config.get("model") or {}).get("path")
     if not isinstance(source, str):
         raise CheckpointError(f"{file}: its config names no model.path")
+    lora = (ckpt.config.get("model") or {}).get("lora")
+    trained = SimpleNamespace(
+        model=SimpleNamespace(path=source, lora=None if lora is None else LoraConfig.model_validate(lora))
+    )
     try:
-        tokenizer = load_tokenizer(source)
-        model = load_causal_lm(source)
-    except ModelFolderError as err:
+        policy, tokenizer = build_language_policy(trained)
+    except (ModelFolderError, ValueError) as err:
         raise CheckpointError(
             f"{file} was trained from model.path={source}, which cannot be read now: {err}"
         ) from None
-    policy = CausalLMPolicy(model, tokenizer.pad_token_id, [tokenizer.eos_token_id or 0])
     try:
         policy.load_state_dict(ckpt.learner["model"])
     except (RuntimeError, KeyError) as err:

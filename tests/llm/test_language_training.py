@@ -70,6 +70,29 @@ def test_a_language_run_learns_resumes_and_exports(workdir, monkeypatch):
     assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 2  # never replaced
 
 
+def test_evaluations_on_eval_prompts_keep_the_best_model(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    write_jsonl(workdir / "eval.jsonl", sums_rows()[:12])
+    run = workdir / "runs" / "evaluated"
+    sets = [
+        "prompts.eval=eval.jsonl",
+        "eval.every_iterations=2",
+        "eval.episodes=12",
+        "checkpoint.keep_best=true",
+    ]
+    args = ["train", "run.yaml", "--run-dir", str(run), "--set", "stop.env_steps=6000"]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    scored = [x for x in _lines(run) if "eval_return_mean" in x]
+    assert len(scored) >= 10 and all(x["eval_episodes"] == 12 for x in scored)
+    assert scored[-1]["eval_return_mean"] > scored[0]["eval_return_mean"]  # greedy answers with a 7
+    best = torch.load(run / "checkpoints" / "best.pt", weights_only=True)["learner"]
+    assert best["eval"]["return_mean"] == max(x["eval_return_mean"] for x in scored)
+    assert main(["export", str(run), "--best", "--format", "hf", "--out", str(workdir / "best-hf")]) == 0
+    assert (workdir / "best-hf" / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize(
     ("sets", "said"),
     [
@@ -103,3 +126,32 @@ def test_remote_code_folder_is_refused_at_train(workdir, monkeypatch, capsys, tm
     assert main(["train", "run.yaml", "--set", f"model.path={bad}", "--run-dir", str(tmp_path / "r")]) == 2
     assert "remote code" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_lora_trains_only_adapters_with_the_base_as_reference_and_exports_merged(workdir, monkeypatch):
+    """model.lora: peft adapters train, the frozen base (adapters off) is the KL reference, the
+    export is a plain folder with the adapters merged in."""
+    monkeypatch.chdir(workdir)
+    run = workdir / "runs" / "lora"
+    sets = ["model.lora.r=8", "learner.kl_coef=0.05", "learner.lr=0.02", "stop.env_steps=3000"]
+    args = ["train", "run.yaml", "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    lines = _lines(run)
+    assert lines[0]["kl_ref"] == 0 and lines[-1]["kl_ref"] > 0  # the adapters moved off the base
+    newest = sorted((run / "checkpoints").glob("ckpt-*.pt"))[-1]
+    saved = torch.load(newest, weights_only=True)["learner"]["model"]
+    lora_b = [v for k, v in saved.items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # zero at the start, trained since
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(workdir / "model")).state_dict()
+    frozen = {k: v for k, v in saved.items() if "lora_" not in k and k.endswith("embed_tokens.weight")}
+    assert frozen and all(torch.equal(v, base["model.embed_tokens.weight"]) for v in frozen.values())
+    out = workdir / "lora-hf"
+    assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
+    assert merged.keys() == base.keys()  # no adapter left: a plain model
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q], base[q])  # the adapters' update is in the weights
