@@ -315,7 +315,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.env or args.policy or args.force:
             raise InputError("--format hf takes no --env, --policy or --force (it never replaces a folder)")
         folder = export_hf(Path(_best(args.checkpoint, args.best)), Path(args.out) if args.out else None)
-        print(f"wrote {folder} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained loads it)")
+        print(
+            f"wrote {folder} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained loads it and "
+            "generates the policy's greedy tokens)"
+        )
         return EXIT_OK
     ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():

@@ -5,7 +5,9 @@ The checkpoint and the run's config are data: the config names the model folder 
 from (its architecture and tokenizer, checked as `model.path` is at train time); the weights come
 from the checkpoint. The folder is written beside its destination and renamed into place, so a
 crash or a signal leaves either nothing or the whole folder, and an existing folder is never
-replaced.
+replaced. Before it is renamed into place, transformers loads it back and decodes random prompts
+greedily with `generate`: every token must be the trained policy's own greedy token (as ONNX
+exports are checked against onnxruntime).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
 from ...contracts.checkpoint import Checkpoint, CheckpointError
 from ...contracts.config import LANGUAGE_KIND, LoraConfig
-from ...policy.causal_lm import ModelFolderError, build_language_policy
+from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy
 from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
 from ...services.files import OutputError
 
@@ -55,6 +59,47 @@ def check_folder_output(out: Path) -> None:
         raise OutputError(f"--out {out}: {parent} is not a writable folder")
 
 
+class ExportMismatchError(RuntimeError):
+    """The exported folder does not generate what the trained policy generates (exit 1)."""
+
+
+def greedy_mismatch(
+    policy: CausalLMPolicy, folder: Path, rows: int = 4, length: int = 8, new: int = 16
+) -> str | None:
+    """Why the folder, loaded by `AutoModelForCausalLM.from_pretrained` and decoded greedily by
+    `generate`, does not give the policy's own greedy tokens on `rows` random prompts; None when
+    every token agrees."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), local_files_only=True, trust_remote_code=False, use_safetensors=True, dtype=torch.float32
+    ).eval()
+    g = torch.Generator().manual_seed(0)
+    special = {policy.pad_id, *policy.eos_ids.tolist()}
+    pool = torch.tensor([i for i in range(min(policy.vocab_size, 4096)) if i not in special])
+    ids = pool[torch.randint(len(pool), (rows, length), generator=g)]
+    ones = torch.ones_like(ids)
+    policy.eval()
+    with torch.no_grad():
+        ours = policy.generate(ids, ones, new, temperature=1.0, top_k=1, generator=g)
+        theirs = model.generate(
+            ids,
+            attention_mask=ones,
+            max_new_tokens=new,
+            do_sample=False,
+            pad_token_id=policy.pad_id,
+            eos_token_id=policy.eos_ids.tolist(),
+        )[:, length:]
+    mine = torch.where(ours.mask > 0, ours.tokens, torch.full_like(ours.tokens, policy.pad_id))
+    theirs = torch.nn.functional.pad(theirs, (0, new - theirs.shape[1]), value=policy.pad_id)
+    differ = (mine != theirs).nonzero()
+    if len(differ) == 0:
+        return None
+    row, col = (int(x) for x in differ[0])
+    said = f"the policy gives {int(mine[row, col])}, the folder {int(theirs[row, col])}"
+    return f"greedy token {col} of prompt {row}: {said}"
+
+
 def export_hf(path: Path, out: Path | None) -> Path:
     """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>)."""
     file, ckpt = language_checkpoint(path)
@@ -84,6 +129,11 @@ def export_hf(path: Path, out: Path | None) -> Path:
     try:
         policy.save_pretrained(tmp)
         tokenizer.save_pretrained(str(tmp))
+        problem = greedy_mismatch(policy, tmp)
+        if problem:
+            raise ExportMismatchError(
+                f"the export does not generate what {file} does ({problem}); nothing written"
+            )
         if out.exists():
             out.rmdir()  # empty (checked above); rename cannot replace a folder
         os.rename(tmp, out)

@@ -322,3 +322,47 @@ def test_clip_higher_and_kl_estimators():
         torch.tensor([[0.0, 0.0]]), torch.tensor([[-5.0, 0.0]]), torch.ones(1, 2), "token", 2.0
     )
     assert w.tolist() == [[2.0, 1.0]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_two_grpo_steps_change_every_trained_parameter(arch, tmp_path, monkeypatch):
+    """Every architecture the tests build: generation, rewards given by hand, two updates; every
+    parameter moves (none is cut off from the loss, tied embeddings included)."""
+    from relay_rl.learner.lm_learner import LanguageLearner
+
+    tiny_model_folder(tmp_path / "m", arch)
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}+{i}="} for i in range(8)])
+    monkeypatch.chdir(tmp_path)
+    cfg = RelayConfig.model_validate(
+        {
+            "model": {"kind": "causal_lm", "path": "m"},
+            "prompts": {"train": "p.jsonl", "rewards": ["regex:7"], "batch_size": 2, "max_prompt_tokens": 8},
+            "generation": {"max_new_tokens": 5},
+            "learner": {"group_size": 4, "lr": 0.01, "device": "cpu", "kl_coef": 0.1, "epochs": 2},
+        }
+    )
+    learner = LanguageLearner(cfg)
+    before = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    for _ in range(2):
+        learner.generate_round()
+        metrics = learner.train([1.0, 0.0, 0.5, None, 0.0, 1.0, 1.0, 0.25])
+    assert metrics["kl_ref"] > 0 and metrics["weights_version"] == 2
+    still = [n for n, p in learner.policy.named_parameters() if torch.equal(before[n], p.detach())]
+    assert still == []
+
+
+def test_the_export_check_catches_a_folder_that_generates_otherwise(policy, folder, tmp_path):
+    from relay_rl.services.tools.export_hf import greedy_mismatch
+
+    same = tmp_path / "same"
+    policy.save_pretrained(same)
+    assert greedy_mismatch(policy, same) is None
+    # Random tied-embedding models greedily repeat the last prompt token whatever their seed: a
+    # sign flip of the final norm (logits -> -logits) makes a folder that must disagree.
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(str(same))
+    with torch.no_grad():
+        other.base_model.norm.weight.neg_()
+    other.save_pretrained(str(tmp_path / "other"))
+    assert "greedy token 0 of prompt 0" in (greedy_mismatch(policy, tmp_path / "other") or "")
