@@ -77,6 +77,8 @@ class RoundResult:
     phases: dict[str, float] = field(default_factory=dict)
     # The weights this round's update published (rank 0's; given to `merge`).
     published: Publication | None = None
+    # A language run's samples people read: {"prompt", "completion", "reward"} (RUN/samples.jsonl).
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
     @staticmethod
     def merge(

@@ -77,8 +77,9 @@ def clipped_token_loss(
     clip_low: float,
     clip_high: float,
     is_weight: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """(per-token loss [b, C], per-token clipped indicator [b, C]) of PPO's clipped surrogate with
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(per-token loss [b, C], clipped-low and clipped-high indicators [b, C]) of PPO's clipped
+    surrogate with
     an asymmetric range [1 - clip_low, 1 + clip_high] (clip-higher); advantages [b] are the
     completion's; `is_weight` [b, C] multiplies the loss (truncated importance sampling between
     the generator and the learner)."""
@@ -89,8 +90,9 @@ def clipped_token_loss(
     loss = -torch.minimum(unclipped, clipped)
     if is_weight is not None:
         loss = loss * is_weight
-    was_clipped = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
-    return loss, was_clipped.float()
+    low = (ratio < 1.0 - clip_low) & (adv < 0)
+    high = (ratio > 1.0 + clip_high) & (adv > 0)
+    return loss, low.float(), high.float()
 
 
 def truncated_is_weight(

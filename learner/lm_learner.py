@@ -268,7 +268,7 @@ class LanguageLearner:
         logp = logp.float()
         # One epoch on fresh samples: the old policy is the current one (ratio 1, gradient intact).
         old = old_logp[s] if old_logp is not None else logp.detach()
-        per_token, clipped = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi, is_weight)
+        per_token, clip_low, clip_high = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi, is_weight)
         stats = {}
         if ref_logp is not None:
             kl = lm_grpo.kl_per_token(logp, ref_logp[s], gc.kl_estimator)
@@ -280,7 +280,9 @@ class LanguageLearner:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         d = old - logp.detach()
         stats["policy_loss"] = float(loss.detach())
-        stats["clip_fraction"] = float((clipped * w).sum())
+        stats["clip_low_fraction"] = float((clip_low * w).sum())
+        stats["clip_high_fraction"] = float((clip_high * w).sum())
+        stats["clip_fraction"] = stats["clip_low_fraction"] + stats["clip_high_fraction"]
         stats["approx_kl"] = float(((d.exp() - 1 - d) * w).sum())
         if entropy is not None:
             stats["entropy"] = float((entropy.detach().float() * w).sum())
@@ -309,8 +311,10 @@ class LanguageLearner:
         # The learner generated this round with these weights: its own log-probs are the old
         # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
         external = self._generated_by is not None
+        t0 = time.perf_counter()
         old_logp = self._frozen_logp(self.policy, r, parts) if lc.epochs > 1 or external else None
-        is_weight, gap = None, {}
+        self.dev.synchronize()
+        is_weight, gap = None, {"logprob_s": time.perf_counter() - t0}
         if external and old_logp is not None:
             level = gc.importance_correction
             diff = (old_logp - r["gen_logp"]).abs() * mask
@@ -324,11 +328,15 @@ class LanguageLearner:
                 )
                 gap["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp(min=1))
         ref_logp = None
+        t0 = time.perf_counter()
         if self.reference is not None:
             ref_logp = self._frozen_logp(self.reference, r, parts)
         elif self.kl:  # LoRA: the base model with its adapters off
             with self.policy.reference_mode():
                 ref_logp = self._frozen_logp(self.policy, r, parts)
+        if ref_logp is not None:
+            self.dev.synchronize()
+            gap["reference_s"] = time.perf_counter() - t0
         return old_logp, ref_logp, is_weight, gap
 
     def train(self, rewards: list[float | None]) -> dict[str, Any]:

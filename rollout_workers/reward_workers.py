@@ -14,10 +14,8 @@ import ray
 import torch
 
 from ..contracts.config import RelayConfig
-from .rewards import REWARD_FAULT_KINDS, resolve_rewards, score_batch
+from .rewards import Scored, faulted, resolve_rewards, score_batch
 from .worker import adopt_workdir
-
-Scored = tuple[list[float | None], dict[str, int], list[str]]
 
 
 class RewardScorer:
@@ -35,12 +33,6 @@ class RewardScorer:
         self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], ids: list[list[int]]
     ) -> Scored:
         return score_batch(self.fns, self.weights, prompts, completions, columns, ids)
-
-
-def _timed_out(n: int) -> Scored:
-    faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
-    faults["timeout"] = n
-    return [None] * n, faults, []
 
 
 class RewardPool:
@@ -64,8 +56,8 @@ class RewardPool:
     def score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], ids: list[list[int]]
     ) -> Scored:
-        """(reward or None per completion, fault counts by kind, fault lines); `ids`: each
-        completion's token ids (TRL's `completion_ids`)."""
+        """The batch's scores (rollout_workers.rewards.Scored); `ids`: each completion's token ids
+        (TRL's `completion_ids`)."""
         if self.local is not None:
             return self._score_here(prompts, completions, columns, ids)
         n, k = len(completions), len(self.actors)
@@ -77,26 +69,22 @@ class RewardPool:
             for a, (lo, hi) in zip(self.actors, bounds, strict=True)
         ]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
-        out: Scored = ([], dict.fromkeys(REWARD_FAULT_KINDS, 0), [])
+        parts: list[Scored] = []
+        n_fns = len(self.cfg.prompts.rewards)
         for i, (ref, (lo, hi)) in enumerate(zip(refs, bounds, strict=True)):
-            part: Scored
             if ref in ready:
                 try:
-                    part = ray.get(ref)
+                    parts.append(ray.get(ref))
+                    continue
                 except ray.exceptions.RayError as err:  # the actor died inside the user's code
-                    part = _timed_out(hi - lo)
-                    part[1]["timeout"], part[1]["raised"] = 0, hi - lo
-                    part[2].append(f"reward worker died: {type(err).__name__}")
-                    self._replace(i)
+                    parts.append(
+                        faulted(hi - lo, "raised", f"reward worker died: {type(err).__name__}", n_fns)
+                    )
             else:
-                part = _timed_out(hi - lo)
-                part[2].append(f"rewards ran past prompts.reward_timeout_s={self.timeout_s}")
-                self._replace(i)
-            out[0].extend(part[0])
-            for kind, count in part[1].items():
-                out[1][kind] += count
-            out[2].extend(part[2])
-        return out
+                line = f"rewards ran past prompts.reward_timeout_s={self.timeout_s}"
+                parts.append(faulted(hi - lo, "timeout", line, n_fns))
+            self._replace(i)
+        return Scored.concat(parts)
 
     def _score_here(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], ids: list[list[int]]
@@ -117,8 +105,7 @@ class RewardPool:
         line = f"rewards ran past prompts.reward_timeout_s={self.timeout_s}"
         if thread.is_alive():
             line += " (local mode leaves the thread running: rollout.num_workers >= 1 ends hung rewards)"
-        out = _timed_out(len(completions))
-        return out[0], out[1], [line]
+        return faulted(len(completions), "timeout", line, len(self.cfg.prompts.rewards))
 
     def _replace(self, i: int) -> None:
         ray.kill(self.actors[i], no_restart=True)

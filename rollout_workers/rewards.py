@@ -18,14 +18,14 @@ import math
 import numbers
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..contracts.config import REWARDS_WITH_ARGUMENT, is_code_reward
+from ..contracts.metrics import REWARD_FAULT_KINDS
 from .user_code import UserCodeError, import_callable, one_line
 
 RewardFn = Callable[..., list[Any]]
 
-REWARD_FAULT_KINDS = ("raised", "timeout", "nonfinite", "length")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -120,6 +120,39 @@ def resolve_rewards(specs: list[str]) -> list[RewardFn]:
     return [resolve_reward(s) for s in specs]
 
 
+class Scored(NamedTuple):
+    """A batch's scores: the weighted reward of each completion, or None where it has none; fault
+    counts by kind; one line per fault (for a warning); each function's own values by completion
+    (None where it did not apply or faulted)."""
+
+    rewards: list[float | None]
+    faults: dict[str, int]
+    notes: list[str]
+    per_reward: list[list[float | None]]
+
+    @staticmethod
+    def concat(parts: list[Scored], kinds: tuple[str, ...] = REWARD_FAULT_KINDS) -> Scored:
+        """The scores of consecutive slices of a batch, as one."""
+        faults = {k: sum(p.faults.get(k, 0) for p in parts) for k in kinds}
+        n_fns = max((len(p.per_reward) for p in parts), default=0)
+        per = [
+            [
+                v
+                for p in parts
+                for v in (p.per_reward[i] if i < len(p.per_reward) else [None] * len(p.rewards))
+            ]
+            for i in range(n_fns)
+        ]
+        return Scored([r for p in parts for r in p.rewards], faults, [x for p in parts for x in p.notes], per)
+
+
+def faulted(n: int, kind: str, note: str, n_fns: int) -> Scored:
+    """Scores of n completions that all got no reward, by a fault of `kind`."""
+    faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
+    faults[kind] = n
+    return Scored([None] * n, faults, [note], [[None] * n for _ in range(n_fns)])
+
+
 def score_batch(
     fns: list[RewardFn],
     weights: list[float],
@@ -127,16 +160,18 @@ def score_batch(
     completions: list[Any],
     columns: dict[str, list[Any]],
     completion_ids: list[list[int]] | None = None,
-) -> tuple[list[float | None], dict[str, int], list[str]]:
-    """(the weighted reward of each completion, or None where it has none; fault counts by kind;
-    one line per fault, for a warning). A function's fault leaves the completions it should have
+) -> Scored:
+    """The batch's scores (`Scored`). A function's fault leaves the completions it should have
     scored with no reward."""
     n = len(completions)
     total: list[float | None] = [0.0] * n
     applied = [False] * n
     faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
     notes: list[str] = []
+    per_reward: list[list[float | None]] = []
     for fn, w in zip(fns, weights, strict=True):
+        own: list[float | None] = [None] * n
+        per_reward.append(own)
         name = getattr(fn, "__name__", "reward")
         try:
             values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
@@ -159,7 +194,8 @@ def score_batch(
                 notes.append(f"reward {name} returned {v!r}")
                 total[i] = None
                 continue
+            own[i] = float(v)
             if total[i] is not None:
                 total[i] = float(total[i]) + w * float(v)  # type: ignore[arg-type]
                 applied[i] = True
-    return [t if a else None for t, a in zip(total, applied, strict=True)], faults, notes
+    return Scored([t if a else None for t, a in zip(total, applied, strict=True)], faults, notes, per_reward)

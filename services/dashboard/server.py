@@ -8,6 +8,7 @@ charts without reloading:
     GET /api/metrics?run=NAME&since=K      complete metrics.jsonl lines from line K on
     GET /api/videos?run=NAME               the run's evaluation videos, oldest first
     GET /api/sweep                         a sweep folder's trials: values, status, PBT exploits
+    GET /api/samples?run=NAME              a language run's newest samples (prompt, completion, reward)
     GET /video?run=NAME&name=FILE          one of them (video/mp4, with HTTP range requests)
 
 A missing run, an empty or torn metrics file, or a run directory that disappears gets a clear
@@ -47,6 +48,8 @@ from ...services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_ex
 STATIC = Path(__file__).with_name("static")
 MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB
 MAX_RESPONSE_BYTES = 4 << 20
+SAMPLES_SHOWN = 12  # a language run's newest samples on the page
+SAMPLES_TAIL_BYTES = 256 << 10  # 12 lines of at most ~4 KB each (run_dir.SAMPLE_CHARS), with room
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html; charset=utf-8"}
 # What relay writes into RUN/videos (services/driver/evaluations.py): iteration, return, and a
@@ -159,6 +162,24 @@ class RunStore:
                     )
         found.sort(key=lambda v: (v["iteration"], v["name"]))
         return {"run": name, "videos": found}
+
+    def samples(self, name: str) -> dict[str, Any]:
+        """The newest SAMPLES_SHOWN lines of the run's samples.jsonl (read from its tail, at most
+        SAMPLES_TAIL_BYTES: the file only grows), newest first."""
+        path = self.run_dir(name) / "samples.jsonl"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        except (FileNotFoundError, OSError):
+            return {"run": name, "samples": []}
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                return {"run": name, "samples": []}
+            f.seek(max(0, st.st_size - SAMPLES_TAIL_BYTES))
+            raw = f.read(SAMPLES_TAIL_BYTES)
+        lines = raw.split(b"\n")[1 if st.st_size > SAMPLES_TAIL_BYTES else 0 : -1]  # whole lines only
+        parsed = [p for p in (parse_line(x) for x in lines[-SAMPLES_SHOWN:]) if p is not None]
+        return {"run": name, "samples": parsed[::-1]}
 
     def open_video(self, name: str, video: str) -> tuple[int, int]:
         """(descriptor, size) of a video of the run: a regular file in its videos/ folder, named as
@@ -328,6 +349,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
         elif path == "/api/sweep":
             self._json(HTTPStatus.OK, self.store.sweep())
+        elif path == "/api/samples":
+            self._json(HTTPStatus.OK, self.store.samples(query.get("run", "")))
         elif path == "/api/videos":
             self._json(HTTPStatus.OK, self.store.videos(query.get("run", ".")))
         elif path == "/video":

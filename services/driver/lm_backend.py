@@ -19,6 +19,7 @@ import numpy as np
 import ray
 
 from ...contracts.config import RelayConfig
+from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.rounds import RoundResult
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
@@ -27,7 +28,7 @@ from ...learner.lm_learner import LanguageLearner
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators
 from ...rollout_workers.reward_workers import RewardPool
-from ...rollout_workers.rewards import REWARD_FAULT_KINDS
+from ...rollout_workers.rewards import completion_text
 from ...rollout_workers.worker import adopt_workdir
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
@@ -43,6 +44,18 @@ def language_spec(cfg: RelayConfig, vocab_size: int) -> EnvSpec:
         obs_low=0.0,
         obs_high=float(vocab_size - 1),
     )
+
+
+SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
+
+
+def reward_means(per_reward: list[list[float | None]]) -> dict[str, float | None]:
+    """reward_<i>_mean: each reward function's mean over the completions it scored."""
+    out: dict[str, float | None] = {}
+    for i, values in enumerate(per_reward):
+        got = [v for v in values if v is not None]
+        out[f"reward_{i}_mean"] = sum(got) / len(got) if got else None
+    return out
 
 
 class LanguageLearnerActor:
@@ -171,7 +184,7 @@ class LanguageBackend:
         t0 = time.perf_counter()
         gen = self._generate_on_workers() if self.generators else self._call("generate_round")
         t1 = time.perf_counter()
-        rewards, faults, notes = self.rewards.score(
+        rewards, faults, notes, per_reward = self.rewards.score(
             gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
         )
         t2 = time.perf_counter()
@@ -206,6 +219,7 @@ class LanguageBackend:
             "reward_s": t2 - t1,
             "gen_tokens_per_s": gen["gen_tokens"] / max(gen["gen_s"], 1e-9),
             "prompt_width": gen["prompt_width"],
+            **reward_means(per_reward),
             "reward_faults": sum(self.reward_faults.values()),
             **{f"reward_faults_{k}": v for k, v in self.reward_faults.items()},
         }
@@ -215,9 +229,23 @@ class LanguageBackend:
             episode_lengths=[int(length) for _, length in scored],
             metrics=line,
             amp_skipped_steps=skipped,
+            samples=self._samples(gen, rewards),
             # The learner computes while it generates and while it updates; it waits for rewards.
             phases={"update_s": (t1 - t0) + (t3 - t2), "wait_s": t2 - t1},
         )
+
+    def _samples(self, gen: dict[str, Any], rewards: list[float | None]) -> list[dict[str, Any]]:
+        """The first member of each of the round's first SAMPLES prompts, for people to read."""
+        g = self.cfg.learner.group_size
+        rows = range(0, min(len(rewards), SAMPLES * g), g)
+        return [
+            {
+                "prompt": gen["prompts"][i],
+                "completion": completion_text(gen["completions"][i]),
+                "reward": rewards[i],
+            }
+            for i in rows
+        ]
 
     def stop_sampling(self) -> None:
         pass  # generation runs inside step(): a stop already interrupted it
@@ -284,9 +312,9 @@ class LanguageEvalRunner:
         assert b.rewards is not None
         t0 = time.perf_counter()
         out = b._call("evaluate", ev.episodes, ev.deterministic)
-        rewards, _, _ = b.rewards.score(
+        rewards = b.rewards.score(
             out["prompts"], out["completions"], out["columns"], out["completion_ids"]
-        )
+        ).rewards
         scored = [r for r in rewards if r is not None]
         arr = np.asarray(scored if scored else [np.nan])
         summary = {

@@ -316,6 +316,7 @@ class TrainingLoop:
             {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
         )
         writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
+        self.run.append_samples(self.c.iteration, out.samples)
         progress.update(rec)
         if self.fleet is not None:
             target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)

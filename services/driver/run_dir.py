@@ -24,12 +24,15 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ...contracts.config import RelayConfig, dump_config
 from ...services.driver.checkpoints import BEST_NAME, list_checkpoints
-from ...services.files import NOFOLLOW, atomic_write, fsync_dir
+from ...services.files import NOFOLLOW, atomic_write, fsync_dir, open_no_follow
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log", "samples.jsonl")
+# A sample's prompt or completion is cut to this many characters in samples.jsonl.
+SAMPLE_CHARS = 2000
 # Who holds the run's lock (pid, host, command, since): written by the holder, read by the refused.
 HOLDER_FILE = ".relay-lock"
 
@@ -67,6 +70,7 @@ class RunDir:
         self.config_path = root / "config.yaml"
         self.metrics_path = root / "metrics.jsonl"
         self.error_log = root / "error.log"
+        self.samples_path = root / "samples.jsonl"
 
         self._lock_fd: int | None = None
 
@@ -191,7 +195,7 @@ class RunDir:
             if folder.exists() and not folder.is_dir():
                 raise RunDirError(f"{folder} is not a folder")
         # A FIFO or a device where a file belongs would hang or feed a reader without end.
-        for file in (self.config_path, self.metrics_path, self.error_log):
+        for file in (self.config_path, self.metrics_path, self.error_log, self.samples_path):
             if file.exists() and not file.is_file():
                 raise RunDirError(f"{file} is not a regular file")
 
@@ -204,6 +208,29 @@ class RunDir:
         files += [(p, "checkpoints") for p in sorted(self.checkpoints.glob("*.onnx"))]
         files += [(p, "videos") for p in sorted((self.root / "videos").glob("*.mp4"))]
         return [(p, folder) for p, folder in files if p.is_file() and not p.is_symlink()]
+
+    def append_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
+        """One line per sample (a language run's prompts, completions and rewards) to samples.jsonl,
+        appended, never through a link; texts cut to SAMPLE_CHARS."""
+        if not samples:
+            return
+
+        def text(v: Any) -> str:
+            return (v if isinstance(v, str) else json.dumps(v, ensure_ascii=False))[:SAMPLE_CHARS]
+
+        lines = [
+            json.dumps(
+                {"iteration": iteration, **{k: text(v) if k != "reward" else v for k, v in s.items()}},
+                ensure_ascii=False,
+                allow_nan=False,
+            )
+            for s in samples
+        ]
+        fd = open_no_follow(self.samples_path)
+        try:
+            os.write(fd, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
 
     def write_error_log(self, text: str) -> None:
         """error.log, replaced (never written through a link)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relay_rl.contracts.metrics import METRICS
 from relay_rl.services.cli import main
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
@@ -47,6 +48,9 @@ def test_a_language_run_learns_resumes_and_exports(workdir, monkeypatch):
     assert [x["completions"] for x in lines[:3]] == [32, 64, 96]  # cumulative: 4 prompts x 8
     assert lines[-1]["env_steps"] >= 8000 and lines[-1]["reward_faults"] == 0
     assert {"kl_ref", "value_loss"}.isdisjoint(lines[-1])  # kl_coef 0 loads no reference; no critic
+    assert set(lines[-1]) <= set(METRICS) and lines[-1]["reward_0_mean"] == lines[-1]["reward_mean"]
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * len(lines) and samples[-1]["iteration"] == len(lines)
 
     assert main(["resume", str(run), "--set", "stop.env_steps=9000"]) == 0
     more = _lines(run)

@@ -163,12 +163,13 @@ def test_every_reward_fault_is_counted_and_leaves_no_reward():
     def boom(prompts, completions, **_):
         raise RuntimeError("reward server down")
 
-    rewards, faults, notes = score_batch([ok, nan_second], [1.0, 2.0], ["p"] * 3, ["a", "b", "c"], {})
+    rewards, faults, notes, per = score_batch([ok, nan_second], [1.0, 2.0], ["p"] * 3, ["a", "b", "c"], {})
     assert rewards == [2.0, None, 1.0]  # None: that function does not apply to the third (TRL)
+    assert per == [[1.0, 1.0, 1.0], [0.5, None, None]]
     assert faults["nonfinite"] == 1 and notes == ["reward nan_second returned nan"]
-    rewards, faults, _ = score_batch([ok, short], [1.0, 1.0], ["p"] * 3, ["a", "b", "c"], {})
+    rewards, faults, _, _ = score_batch([ok, short], [1.0, 1.0], ["p"] * 3, ["a", "b", "c"], {})
     assert rewards == [None, None, None] and faults["length"] == 3
-    rewards, faults, notes = score_batch([boom], [1.0], ["p"] * 2, ["a", "b"], {})
+    rewards, faults, notes, _ = score_batch([boom], [1.0], ["p"] * 2, ["a", "b"], {})
     assert rewards == [None, None] and faults["raised"] == 2 and "reward server down" in notes[0]
 
 
@@ -180,7 +181,7 @@ def test_trl_reward_function_runs_unchanged():
         [{"role": "assistant", "content": "<think>\nhm\n</think>\n7"}],
         [{"role": "assistant", "content": "7"}],
     ]
-    rewards, faults, _ = score_batch([fn], [1.0], ["p", "p"], chat, {"answer": ["7", "7"]})
+    rewards, faults, _, _ = score_batch([fn], [1.0], ["p", "p"], chat, {"answer": ["7", "7"]})
     assert rewards == [1.0, 0.0] and not any(faults.values())
 
 
@@ -311,8 +312,11 @@ def test_group_advantages_scaling_and_faulted_members():
 
 def test_clip_higher_and_kl_estimators():
     logp, old = torch.log(torch.tensor([[1.5, 0.5]])), torch.zeros(1, 2)
-    loss, clipped = lm_grpo.clipped_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.28)
-    assert torch.allclose(loss, -torch.tensor([[1.28, 0.5]])) and clipped.tolist() == [[1.0, 0.0]]
+    loss, low, high = lm_grpo.clipped_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.28)
+    assert torch.allclose(loss, -torch.tensor([[1.28, 0.5]])) and high.tolist() == [[1.0, 0.0]]
+    assert low.tolist() == [[0.0, 0.0]]  # a positive advantage is never clipped below
+    loss, low, high = lm_grpo.clipped_token_loss(logp, old, torch.tensor([-1.0]), 0.2, 0.28)
+    assert torch.allclose(loss, torch.tensor([[1.5, 0.8]])) and low.tolist() == [[0.0, 1.0]]
     a, b = torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -1.5])
     for est in ("k1", "k2", "k3"):
         kl = lm_grpo.kl_per_token(a, b, est)
