@@ -19,15 +19,15 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from ..contracts.checkpoint import CheckpointError
-from ..contracts.config import ConfigError, config_help, dump_config, load_config
+from ..contracts.checkpoint import Checkpoint, CheckpointError
+from ..contracts.config import LANGUAGE_KIND, ConfigError, config_help, dump_config, load_config
 from ..contracts.spaces import POLICY_NAME
 from ..learner.device import DeviceError, check_device
 from ..rollout_workers.envs import allow_env_module
 from ..rollout_workers.user_code import allow_user_code
 from ..rollout_workers.video import VideoError
 from ..services.driver import run as driver
-from ..services.driver.checkpoints import ResumeError
+from ..services.driver.checkpoints import ResumeError, load_checkpoint
 from ..services.driver.cluster import ClusterError
 from ..services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
 from ..services.driver.run_dir import RunDirError
@@ -42,6 +42,7 @@ from ..services.tools.evaluate import (
     policy_file,
     save_video,
 )
+from ..services.tools.evaluate_lm import LanguageEvalError, evaluate_language
 from ..services.tools.export import export_onnx
 from ..services.tools.export_hf import export_hf
 from ..services.tools.handle import PolicyLoadError
@@ -63,6 +64,7 @@ BAD_INPUT = (
     OutputError,
     VideoError,
     SweepError,
+    LanguageEvalError,
 )
 
 
@@ -250,6 +252,20 @@ def _add_eval_parser(sub: Any) -> None:
         metavar="NAME",
         help="a run of policy groups: score this group's agents, the other groups playing theirs",
     )
+    ev.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="a language run: the prompts to complete (default: the run's prompts.eval, else prompts.train)",
+    )
+    ev.add_argument(
+        "--reward",
+        dest="rewards",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a language run: score with this reward instead of the run's (repeatable; a stored "
+        "module:fn reward runs only when named here)",
+    )
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -361,10 +377,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(f"--episodes {args.episodes}: must be 1 to {MAX_EPISODES}")
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise InputError(f"--seed {args.seed}: must be 0 or more")
+    path = policy_file(Path(args.model), args.best)
+    language = _language_checkpoint(path)
+    if language is not None:
+        return _eval_language(args, path, language)
+    return _eval_policy(args, path)
+
+
+def _eval_policy(args: argparse.Namespace, path: Path) -> int:
+    """`relay eval` of an env policy: episodes in its env, a video where asked."""
     video_dir = Path(args.video) if args.video else None
     if video_dir is not None:
         _check_video_dir(video_dir)
-    path = policy_file(Path(args.model), args.best)
+    if args.prompts or args.rewards:
+        raise InputError("--prompts and --reward are for a language run's checkpoint (model.kind=causal_lm)")
     if path.suffix == ".onnx" and not args.env:
         raise InputError(f"{path}: an ONNX file names no env relay may build; name one with --env ENV_ID")
     if args.env:
@@ -383,6 +409,37 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     elif written is not None:
         print(f"wrote {written}")
     return code
+
+
+def _language_checkpoint(path: Path) -> Checkpoint | None:
+    """The checkpoint of a language run at `path`, or None for anything else (an env policy, an
+    ONNX file: their own loaders judge them)."""
+    if path.suffix != ".pt" or not path.is_file():
+        return None
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError:
+        return None
+    return ckpt if (ckpt.config.get("model") or {}).get("kind") == LANGUAGE_KIND else None
+
+
+def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint) -> int:
+    if args.video or args.env or args.policy:
+        raise InputError("a language run's evaluation takes no --video, --env or --policy")
+    result = evaluate_language(path, ckpt, args.episodes, args.stochastic, args.prompts, args.rewards)
+    s = result.summary()
+    if args.json:
+        print(json.dumps({"source": str(path), "deterministic": not args.stochastic, **s}))
+    else:
+        how = "sampled" if args.stochastic else "greedy"
+        unscored = f", {s['unscored']} unscored (a reward fault)" if s["unscored"] else ""
+        print(
+            f"{path}: reward {s['return_mean']:.3f} ± {s['return_std']:.3f} over {s['episodes']} {how} "
+            f"completions (min {s['return_min']:.3f}, max {s['return_max']:.3f}, "
+            f"{s['len_mean']:.1f} tokens{unscored})",
+            flush=True,
+        )
+    return EXIT_OK
 
 
 def _write_video(

@@ -36,7 +36,7 @@ def workdir(tmp_path_factory) -> Path:
     return root
 
 
-def test_a_language_run_learns_resumes_and_exports(workdir, monkeypatch):
+def test_a_language_run_learns_resumes_evaluates_and_exports(workdir, monkeypatch, capsys):
     monkeypatch.chdir(workdir)
     run = workdir / "runs" / "sevens"
     assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
@@ -56,6 +56,14 @@ def test_a_language_run_learns_resumes_and_exports(workdir, monkeypatch):
     more = _lines(run)
     assert more[len(lines)]["iteration"] == lines[-1]["iteration"] + 1
     assert more[len(lines)]["completions"] == lines[-1]["completions"] + 32
+
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "12", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["episodes"] == 12 and scored["return_mean"] > first  # greedy completions with a 7
+    assert main(["eval", str(run), "--reward", "regex:^$", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["return_mean"] == 0.0  # no completion is empty
+    assert main(["eval", str(run), "--video", str(workdir / "v")]) == 2
 
     out = workdir / "exported"
     assert main(["export", str(run), "--format", "hf", "--out", str(out)]) == 0
