@@ -249,7 +249,7 @@ class CausalLMPolicy(nn.Module):
         else:
             self.lm.gradient_checkpointing_disable()
 
-    @torch.no_grad()
+    @torch.no_grad()  # not inference_mode: the completions are the update's inputs, saved for backward
     def generate(
         self,
         prompt_ids: Tensor,

@@ -14,10 +14,11 @@ PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; pynvml and acl read a
 # CUDA or Ascend device's health where one is; services.serving brings Ray Serve, the serve extra,
 # for `relay serve` alone; services.sweep.runner brings Ray Tune and Optuna, the sweep extra, for
-# `relay sweep` alone; transformers and pyarrow are the llm extra, for a language run alone).
+# `relay sweep` alone; transformers, peft and pyarrow are the llm extra, for a language run alone).
 LAZY_OK = (
     "transformers",
     "pyarrow",
+    "peft",
     "services.serving",
     "services.sweep.runner",
     "ray",
@@ -186,3 +187,52 @@ def test_relay_is_one_namespace():
 
     assert config.__name__ == "relay_rl.contracts.config"
     assert {p.name for p in (ROOT / "relay_rl").iterdir() if p.is_symlink()} == set(PACKAGES)
+
+
+# services/ on floors: run storage at the bottom (files, run directories, checkpoints, metric sinks
+# and readers, sweep records, trackers, signal handling), policy artifacts above it (tools/: load,
+# export, verify), orchestration above that (driver/: preflight, cluster, backends, the loop), the
+# applications on top (the commands, the dashboard, serving, sweeps). A floor imports its own and
+# the ones below, never one above. The longest prefix decides a module's floor.
+SERVICE_FLOORS: dict[str, int] = {
+    "services": 3,  # services/__init__.py
+    "services.files": 0,
+    "services.driver.run_dir": 0,
+    "services.driver.checkpoints": 0,
+    "services.driver.sinks": 0,
+    "services.driver.signals": 0,
+    "services.sweep.records": 0,
+    "services.tracking": 0,
+    "services.tools": 1,
+    "services.driver": 2,
+    "services.driver.run": 3,  # `relay train` / `relay resume`: a command
+    "services.cli": 3,
+    "services.train": 3,
+    "services.validate": 3,
+    "services.dashboard": 3,
+    "services.serving": 3,
+    "services.sweep": 3,
+}
+
+
+def floor_of(module: str) -> int:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in SERVICE_FLOORS:
+            return SERVICE_FLOORS[prefix]
+    raise KeyError(module)
+
+
+def test_services_stand_on_floors():
+    """Every import inside services/ goes to the same floor or one below (function-level ones
+    included), so storage never reaches up into the loop and the loop never into a command."""
+    upward = [
+        (name, floor_of(name), dep, floor_of(dep))
+        for name, deps in _graph().items()
+        if _layer(name) == "services"
+        for dep in deps
+        if _layer(dep) == "services" and floor_of(dep) > floor_of(name)
+    ]
+    assert upward == [], upward
+    assert floor_of("services.driver.loop") == 2 and floor_of("services.driver.run_dir") == 0

@@ -1,0 +1,268 @@
+"""GRPO on a causal language model: relay beside TRL's GRPOTrainer, and the memory levers.
+
+    python benchmarks/llm_grpo.py side-by-side [--seconds 90]
+    python benchmarks/llm_grpo.py memory [--layers 10]
+
+side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
+(configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
+(16 completions for each of 8 prompts a step, 3 new tokens, lr 1e-3, no KL, token-mean loss, group
+std scaling, one update per generation, float32 on both sides), each in this process's machine for
+the same wall budget, relay in local mode (no Ray: TRL has none either). Reported: the best reward
+TRL reached (mean of 5 consecutive logged steps), the wall each took to first reach it, and
+completions per second.
+
+memory: one GRPO update of a Llama-shaped model of ~60M parameters (hidden 512, vocab 32,000) on
+16 completions of 256 tokens after 64-token prompts, each variant in a fresh process (peak RSS is
+what the CPU has for "device memory"): plain (the head's logits for all 256 positions at once, no
+checkpointing), chunked log-probs, and chunked log-probs with gradient checkpointing; generation
+and training tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import machine_header, table, train_relay
+from tiny_lm import sums_rows, tiny_model_folder, write_jsonl
+
+ROOT = Path(__file__).parents[1]
+PROMPTS, GROUP, NEW, LR = 8, 16, 3, 1e-3
+FORMAT = "regex:^[0-9]{1,2}$"
+
+
+def smoothed_best(points: list[tuple[float, float]], n: int = 5) -> float:
+    """The best mean of n consecutive rewards."""
+    rewards = [r for _, r in points]
+    return max(sum(rewards[i : i + n]) / n for i in range(max(1, len(rewards) - n + 1)))
+
+
+def first_reach(points: list[tuple[float, float]], target: float, n: int = 5) -> float | None:
+    """The wall at which the mean of n consecutive rewards first reaches `target`."""
+    rewards = [r for _, r in points]
+    for i in range(len(rewards) - n + 1):
+        if sum(rewards[i : i + n]) / n >= target - 1e-9:
+            return points[i + n - 1][0]
+    return None
+
+
+def run_relay(model: Path, prompts: Path, seconds: float) -> tuple[list[tuple[float, float]], float]:
+    lines = train_relay(
+        "configs/tiny_lm_grpo.yaml",
+        [
+            f"model.path={model}",
+            f"prompts.train={prompts}",
+            "rollout.num_workers=0",
+            "learner.use_amp=false",
+            "learner.device=cpu",
+            f"learner.lr={LR}",
+            f"learner.group_size={GROUP}",
+            f"prompts.batch_size={PROMPTS}",
+            f"generation.max_new_tokens={NEW}",
+            f"stop.wall_s={seconds}",
+            "checkpoint.interval=100000",
+        ],
+    )
+    points = [(x["wall_s"], x["reward_mean"]) for x in lines if x.get("reward_mean") is not None]
+    return points, lines[-1]["completions"] / lines[-1]["wall_s"]
+
+
+def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, float]], float]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from relay_rl.rollout_workers.rewards import resolve_reward
+
+    fmt, numeric = resolve_reward(FORMAT), resolve_reward("numeric_match")
+    fmt.__name__, numeric.__name__ = "format", "numeric"  # type: ignore[attr-defined]
+    points: list[tuple[float, float]] = []
+    steps = [0]
+
+    class Clock(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.t0: float | None = None
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.t0 is None:
+                self.t0 = time.perf_counter()  # from the first step, as relay's wall_s
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "reward" in logs and self.t0 is not None:
+                points.append((time.perf_counter() - self.t0, float(logs["reward"])))
+                steps[0] = state.global_step
+                if time.perf_counter() - self.t0 >= seconds:
+                    control.should_training_stop = True
+
+    cfg = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP,
+        max_completion_length=NEW,
+        learning_rate=LR,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        num_iterations=1,
+        temperature=1.0,
+        reward_weights=[0.5, 1.0],
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        max_steps=100_000,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+    )
+    clock = Clock()
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=[fmt, numeric],
+        args=cfg,
+        train_dataset=Dataset.from_list(sums_rows()),
+        callbacks=[clock],
+    )
+    trainer.train()
+    wall = points[-1][0] if points else seconds
+    return points, steps[0] * PROMPTS * GROUP / wall
+
+
+def side_by_side(seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model_folder(Path(tmp) / "model")
+        prompts = write_jsonl(Path(tmp) / "sums.jsonl", sums_rows())
+        trl_points, trl_rate = run_trl(model, seconds, Path(tmp) / "trl")
+        relay_points, relay_rate = run_relay(model, prompts, seconds)
+    target = smoothed_best(trl_points)
+    trl_t, relay_t = first_reach(trl_points, target), first_reach(relay_points, target)
+    print(machine_header(f"GRPO on a tiny Llama: relay vs TRL {trl_version()} GRPOTrainer, {seconds:.0f} s each"))
+    print(
+        table(
+            ["", "steps", "best reward (5-step mean)", f"wall to {target:.2f} (s)", "completions/s"],
+            [
+                ["TRL GRPOTrainer", len(trl_points), smoothed_best(trl_points), trl_t, trl_rate],
+                ["relay (local mode)", len(relay_points), smoothed_best(relay_points), relay_t, relay_rate],
+            ],
+        )
+    )
+    if trl_t and relay_t:
+        print(f"\nrelay / TRL wall to TRL's best: {relay_t / trl_t:.2f}x; completions/s: {relay_rate / trl_rate:.1f}x")
+
+
+def trl_version() -> str:
+    import trl
+
+    return str(trl.__version__)
+
+
+# ---- memory ------------------------------------------------------------------------------------
+def _measure(variant: str, layers: int, folder: str) -> None:
+    """One update of the ~60M model in this (fresh) process; prints one JSON line."""
+    import torch
+
+    from relay_rl.contracts.config import RelayConfig
+    from relay_rl.learner.lm_learner import LanguageLearner
+
+    checkpointing, chunk = {"plain": (False, 256), "chunked": (False, 32), "chunked+ckpt": (True, 32)}[variant]
+    cfg = RelayConfig.model_validate(
+        {
+            "model": {"kind": "causal_lm", "path": folder},
+            "prompts": {"train": f"{folder}/prompts.jsonl", "rewards": ["exact_match"], "batch_size": 2, "max_prompt_tokens": 64},
+            "generation": {"max_new_tokens": 256, "prompt_buckets": [64]},
+            "learner": {
+                "group_size": 8,
+                "device": "cpu",
+                "use_amp": False,
+                "grad_checkpointing": checkpointing,
+                "grpo": {"logprob_chunk": chunk, "micro_batch_tokens": 16 * 320},
+            },
+        }
+    )
+    torch.manual_seed(0)
+    learner = LanguageLearner(cfg)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gen = learner.generate_round()
+    rss_gen = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rewards = [float(i % 3 == 0) for i in range(16)]
+    metrics = learner.train(rewards)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "parameters": sum(p.numel() for p in learner.policy.parameters()),
+                "peak_after_load_mb": rss0 / 1024,
+                "peak_generate_mb": rss_gen / 1024,
+                "peak_update_mb": rss / 1024,
+                "gen_tokens_per_s": gen["gen_tokens"] / gen["gen_s"],
+                "trained_tokens_per_s": metrics["trained_tokens_per_s"],
+            }
+        )
+    )
+
+
+def memory(layers: int) -> None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tiny_lm import write_tokenizer
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "m"
+        cfg = LlamaConfig(
+            vocab_size=32_000, hidden_size=512, intermediate_size=1408, num_hidden_layers=layers,
+            num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
+            tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        )
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(str(folder))
+        write_tokenizer(folder)
+        # Prompts of 40-60 characters (one token each): every row pads into the 64 bucket.
+        write_jsonl(folder / "prompts.jsonl", [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)])
+        for variant in ("plain", "chunked", "chunked+ckpt"):
+            out = subprocess.run(
+                [sys.executable, __file__, "_measure", variant, str(layers), str(folder)],
+                cwd=ROOT, check=True, capture_output=True, text=True,
+            ).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    params = rows[0]["parameters"]
+    print(machine_header(f"GRPO update memory: a Llama-shaped model of {params / 1e6:.0f}M parameters, 16 x (64 + 256) tokens, vocab 32,000, float32"))
+    print(
+        table(
+            ["variant", "peak RSS after load (MB)", "after generation (MB)", "after the update (MB)", "update - load (MB)", "generated tok/s", "trained tok/s"],
+            [
+                [r["variant"], r["peak_after_load_mb"], r["peak_generate_mb"], r["peak_update_mb"],
+                 r["peak_update_mb"] - r["peak_after_load_mb"], r["gen_tokens_per_s"], r["trained_tokens_per_s"]]
+                for r in rows
+            ],
+        )
+    )
+    print("\nplain: logprob_chunk=256 (one [16, 256, 32000] logits block); chunked: logprob_chunk=32; +ckpt: learner.grad_checkpointing=true")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_measure":
+        _measure(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("side-by-side")
+    s.add_argument("--seconds", type=float, default=90.0)
+    m = sub.add_parser("memory")
+    m.add_argument("--layers", type=int, default=10)
+    args = parser.parse_args()
+    if args.what == "side-by-side":
+        side_by_side(args.seconds)
+    else:
+        memory(args.layers)
+
+
+if __name__ == "__main__":
+    main()
