@@ -2,6 +2,8 @@
 
     python benchmarks/llm_grpo.py side-by-side [--seconds 90]
     python benchmarks/llm_grpo.py memory [--layers 10]
+    python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128]
+    python benchmarks/llm_grpo.py weight-sync
 
 side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
 (configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
@@ -144,7 +146,11 @@ def side_by_side(seconds: float) -> None:
         relay_points, relay_rate = run_relay(model, prompts, seconds)
     target = smoothed_best(trl_points)
     trl_t, relay_t = first_reach(trl_points, target), first_reach(relay_points, target)
-    print(machine_header(f"GRPO on a tiny Llama: relay vs TRL {trl_version()} GRPOTrainer, {seconds:.0f} s each"))
+    print(
+        machine_header(
+            f"GRPO on a tiny Llama: relay vs TRL {trl_version()} GRPOTrainer, {seconds:.0f} s each"
+        )
+    )
     print(
         table(
             ["", "steps", "best reward (5-step mean)", f"wall to {target:.2f} (s)", "completions/s"],
@@ -155,7 +161,10 @@ def side_by_side(seconds: float) -> None:
         )
     )
     if trl_t and relay_t:
-        print(f"\nrelay / TRL wall to TRL's best: {relay_t / trl_t:.2f}x; completions/s: {relay_rate / trl_rate:.1f}x")
+        print(
+            f"\nrelay / TRL wall to TRL's best: {relay_t / trl_t:.2f}x; "
+            f"completions/s: {relay_rate / trl_rate:.1f}x"
+        )
 
 
 def trl_version() -> str:
@@ -172,11 +181,18 @@ def _measure(variant: str, layers: int, folder: str) -> None:
     from relay_rl.contracts.config import RelayConfig
     from relay_rl.learner.lm_learner import LanguageLearner
 
-    checkpointing, chunk = {"plain": (False, 256), "chunked": (False, 32), "chunked+ckpt": (True, 32)}[variant]
+    checkpointing, chunk = {"plain": (False, 256), "chunked": (False, 32), "chunked+ckpt": (True, 32)}[
+        variant
+    ]
     cfg = RelayConfig.model_validate(
         {
             "model": {"kind": "causal_lm", "path": folder},
-            "prompts": {"train": f"{folder}/prompts.jsonl", "rewards": ["exact_match"], "batch_size": 2, "max_prompt_tokens": 64},
+            "prompts": {
+                "train": f"{folder}/prompts.jsonl",
+                "rewards": ["exact_match"],
+                "batch_size": 2,
+                "max_prompt_tokens": 64,
+            },
             "generation": {"max_new_tokens": 256, "prompt_buckets": [64]},
             "learner": {
                 "group_size": 8,
@@ -211,40 +227,195 @@ def _measure(variant: str, layers: int, folder: str) -> None:
 
 
 def memory(layers: int) -> None:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-    from tiny_lm import write_tokenizer
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "m"
-        cfg = LlamaConfig(
-            vocab_size=32_000, hidden_size=512, intermediate_size=1408, num_hidden_layers=layers,
-            num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
-            tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2,
-        )
-        AutoModelForCausalLM.from_config(cfg).save_pretrained(str(folder))
-        write_tokenizer(folder)
+        folder = _llama_folder(Path(tmp) / "m", layers)
         # Prompts of 40-60 characters (one token each): every row pads into the 64 bucket.
-        write_jsonl(folder / "prompts.jsonl", [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)])
+        write_jsonl(
+            folder / "prompts.jsonl",
+            [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)],
+        )
         for variant in ("plain", "chunked", "chunked+ckpt"):
             out = subprocess.run(
                 [sys.executable, __file__, "_measure", variant, str(layers), str(folder)],
-                cwd=ROOT, check=True, capture_output=True, text=True,
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
             ).stdout
             rows.append(json.loads(out.strip().splitlines()[-1]))
     params = rows[0]["parameters"]
-    print(machine_header(f"GRPO update memory: a Llama-shaped model of {params / 1e6:.0f}M parameters, 16 x (64 + 256) tokens, vocab 32,000, float32"))
+    print(
+        machine_header(
+            f"GRPO update memory: a Llama-shaped model of {params / 1e6:.0f}M parameters, "
+            "16 x (64 + 256) tokens, vocab 32,000, float32"
+        )
+    )
     print(
         table(
-            ["variant", "peak RSS after load (MB)", "after generation (MB)", "after the update (MB)", "update - load (MB)", "generated tok/s", "trained tok/s"],
             [
-                [r["variant"], r["peak_after_load_mb"], r["peak_generate_mb"], r["peak_update_mb"],
-                 r["peak_update_mb"] - r["peak_after_load_mb"], r["gen_tokens_per_s"], r["trained_tokens_per_s"]]
+                "variant",
+                "peak RSS after load (MB)",
+                "after generation (MB)",
+                "after the update (MB)",
+                "update - load (MB)",
+                "generated tok/s",
+                "trained tok/s",
+            ],
+            [
+                [
+                    r["variant"],
+                    r["peak_after_load_mb"],
+                    r["peak_generate_mb"],
+                    r["peak_update_mb"],
+                    r["peak_update_mb"] - r["peak_after_load_mb"],
+                    r["gen_tokens_per_s"],
+                    r["trained_tokens_per_s"],
+                ]
                 for r in rows
             ],
         )
     )
-    print("\nplain: logprob_chunk=256 (one [16, 256, 32000] logits block); chunked: logprob_chunk=32; +ckpt: learner.grad_checkpointing=true")
+    print(
+        "\nplain: logprob_chunk=256 (one [16, 256, 32000] logits block); chunked: logprob_chunk=32; "
+        "+ckpt: learner.grad_checkpointing=true"
+    )
+
+
+def _llama_folder(folder: Path, layers: int) -> Path:
+    """A Llama-shaped random model (hidden 512, vocab 32,000, `layers` blocks) with the tiny
+    tokenizer, written as a model folder."""
+    from tiny_lm import write_tokenizer
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(
+        vocab_size=32_000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(folder))
+    write_tokenizer(folder)
+    return folder
+
+
+def generate(layers: int, rows: int, new: int) -> None:
+    """relay's KV-cache sampler vs transformers' `generate` (TRL's default) on one model, batch and
+    lengths: every row runs `new` tokens (no end token), best of 3 after a warm-up."""
+    import torch
+
+    from relay_rl.policy.causal_lm import CausalLMPolicy, load_causal_lm
+
+    torch.manual_seed(0)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _llama_folder(Path(tmp) / "m", layers)
+        model = load_causal_lm(folder).eval()
+        policy = CausalLMPolicy(model, 0, []).eval()  # no end token: every row decodes `new` tokens
+        ids = torch.randint(3, 32_000, (rows, 64), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+
+        def relay_gen() -> None:
+            policy.generate(ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
+
+        def hf_gen() -> None:
+            with torch.no_grad():
+                model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=True,
+                    top_k=0,
+                    top_p=1.0,
+                    temperature=1.0,
+                    pad_token_id=0,
+                )
+
+        for precision, autocast in (("float32", False), ("bf16 autocast", True)):
+            for name, fn in (("transformers generate", hf_gen), ("relay (KV cache, fixed shape)", relay_gen)):
+                with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                    fn()  # warm-up
+                    best = min(_timed(fn) for _ in range(3))
+                out.append([precision, name, rows, new, rows * new / best])
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        machine_header(
+            f"Generation: a {params / 1e6:.0f}M Llama-shaped model, {rows} rows x 64-token prompts, "
+            f"{new} new tokens"
+        )
+    )
+    print(table(["precision", "sampler", "rows", "new tokens", "tokens/s"], out))
+    for i in (0, 2):
+        print(f"\n{out[i][0]}: relay / transformers = {out[i + 1][4] / out[i][4]:.2f}x", end="")
+    print()
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def weight_sync() -> None:
+    """Seconds to move a Qwen2.5-0.5B-shaped model's weights (random, bf16 on the wire) from one
+    process to another by version: ray.put in the learner, ray.get in a generator actor."""
+    import ray
+    from tiny_lm import qwen_05b_config
+    from transformers import AutoModelForCausalLM
+
+    from relay_rl.policy.causal_lm import wire_weights
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+
+        @ray.remote
+        class Receiver:
+            """A generator's side: its own copy of the model, the weights copied into it."""
+
+            def __init__(self) -> None:
+                self.model = AutoModelForCausalLM.from_config(qwen_05b_config())
+
+            def take(self, weights: list[Any]) -> int:
+                from relay_rl.policy.causal_lm import load_wire
+
+                packed = ray.get(weights[0])
+                load_wire(self.model, packed)
+                return len(packed.index)
+
+        model = AutoModelForCausalLM.from_config(qwen_05b_config())
+        state = model.state_dict()
+        receiver = Receiver.remote()
+        ray.get(receiver.__ray_ready__.remote())
+        params = sum(p.numel() for p in model.parameters())  # tied weights once
+        rows: list[list[Any]] = []
+        previous = None
+        for _ in range(6):
+            t0 = time.perf_counter()
+            wire = wire_weights(state, previous)
+            previous = wire.data
+            t1 = time.perf_counter()
+            ref = ray.put(wire)
+            n = ray.get(receiver.take.remote([ref]))
+            t2 = time.perf_counter()
+            assert n == len(wire.index)
+            rows.append([params, wire.nbytes / 2**20, t1 - t0, t2 - t1, t2 - t0])
+            del ref
+    finally:
+        ray.shutdown()
+    print(machine_header("Weight sync: a Qwen2.5-0.5B-shaped model, learner process -> generator actor"))
+    print(
+        table(
+            ["parameters", "MiB on the wire (bf16)", "pack (s)", "put, get, copy in (s)", "total (s)"], rows
+        )
+    )
 
 
 def main() -> None:
@@ -257,11 +428,20 @@ def main() -> None:
     s.add_argument("--seconds", type=float, default=90.0)
     m = sub.add_parser("memory")
     m.add_argument("--layers", type=int, default=10)
+    g = sub.add_parser("generate")
+    g.add_argument("--layers", type=int, default=10)
+    g.add_argument("--rows", type=int, default=16)
+    g.add_argument("--new", type=int, default=128)
+    sub.add_parser("weight-sync")
     args = parser.parse_args()
     if args.what == "side-by-side":
         side_by_side(args.seconds)
-    else:
+    elif args.what == "memory":
         memory(args.layers)
+    elif args.what == "generate":
+        generate(args.layers, args.rows, args.new)
+    else:
+        weight_sync()
 
 
 if __name__ == "__main__":

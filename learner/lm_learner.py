@@ -22,7 +22,7 @@ from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, load_prompts, pad_left
 from ..learner import lm_grpo
 from ..learner.device import DeviceContext, resolve_device
-from ..policy.causal_lm import CausalLMPolicy, build_language_policy, wire_weights
+from ..policy.causal_lm import CausalLMPolicy, PackedWeights, build_language_policy, wire_weights
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -71,6 +71,7 @@ class LanguageLearner:
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
         self._eval_prompts: PromptSet | None = None
+        self._wire: np.ndarray | None = None  # the weights' wire buffer, reused version to version
         self._generated_by: int | None = None  # the generators' weights version, or None: here
 
     # ---- generation ---------------------------------------------------------------------------
@@ -218,9 +219,12 @@ class LanguageLearner:
         """The current weights in float32 on the CPU (what a best.pt keeps)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights as they travel to generators (bf16, CPU)."""
-        return wire_weights(self.policy.acting_weights())
+    def weights(self) -> PackedWeights:
+        """The current weights as they travel to generators (bf16, one buffer; the previous
+        version's buffer is reused: Ray's put copied it into the object store)."""
+        packed = wire_weights(self.policy.acting_weights(), self._wire)
+        self._wire = packed.data
+        return packed
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from ..contracts.config import RelayConfig
-from ..policy.causal_lm import build_language_policy
+from ..policy.causal_lm import build_language_policy, load_wire
 from .worker import adopt_workdir
 
 
@@ -41,14 +41,11 @@ class Generator:
 
     def set_weights(self, version: int, weights: list[Any]) -> int:
         """Load weights `version` ([object ref] or [state dict]); returns the version held."""
-        state = weights[0]
-        if isinstance(state, ray.ObjectRef):
-            state = ray.get(state)
+        packed = weights[0]
+        if isinstance(packed, ray.ObjectRef):
+            packed = ray.get(packed)
         # With LoRA only the adapters come: the base is the one model.path holds.
-        strict = not self.policy.lora
-        self.policy.load_state_dict(
-            {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=strict
-        )
+        load_wire(self.policy, packed, strict=not self.policy.lora)
         self.version = version
         return version
 

@@ -25,6 +25,7 @@ from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
 from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
+from ...policy.causal_lm import PackedWeights
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators
 from ...rollout_workers.reward_workers import RewardPool
@@ -78,7 +79,7 @@ class LanguageLearnerActor:
     def accept_generated(self, parts: list[dict[str, Any]], gen_s: float) -> dict[str, Any]:
         return self.learner.accept_generated(parts, gen_s)
 
-    def weights(self) -> dict[str, Any]:
+    def weights(self) -> PackedWeights:
         return self.learner.weights()
 
     def acting_weights(self) -> dict[str, Any]:

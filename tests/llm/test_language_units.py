@@ -4,6 +4,7 @@ the GRPO token objective."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -370,3 +371,29 @@ def test_the_export_check_catches_a_folder_that_generates_otherwise(policy, fold
         other.base_model.norm.weight.neg_()
     other.save_pretrained(str(tmp_path / "other"))
     assert "greedy token 0 of prompt 0" in (greedy_mismatch(policy, tmp_path / "other") or "")
+
+
+def test_weights_on_the_wire_are_one_bf16_buffer_tied_weights_once(policy):
+    """wire_weights/load_wire: every tensor back in place (bf16-rounded), the tied head sent once,
+    a reused buffer gives the same bytes; weights of another model are refused."""
+    from relay_rl.policy.causal_lm import load_wire, unwire_weights, wire_weights
+
+    state = policy.state_dict()
+    packed = wire_weights(state)
+    assert set(packed.index) | set(packed.alias) == set(state)
+    assert packed.alias == {"model.lm_head.weight": "model.model.embed_tokens.weight"}
+    distinct = sum(v.numel() for k, v in state.items() if k not in packed.alias)
+    assert packed.nbytes == 2 * distinct  # bf16
+    again = wire_weights(state, packed.data.copy())
+    assert (again.data == packed.data).all()
+    back = unwire_weights(packed)
+    for k, v in state.items():
+        assert torch.equal(back[k], v.to(torch.bfloat16).float()), k
+    target = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.zero_()
+    load_wire(target, packed)
+    assert all(torch.equal(target.state_dict()[k], back[k]) for k in state)
+    with pytest.raises(ValueError, match="do not fit"):
+        load_wire(torch.nn.Linear(2, 2), packed)
