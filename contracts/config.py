@@ -212,6 +212,14 @@ class GrpoLMConfig(_Section):
         description="Leave groups whose rewards are all equal out of the loss and its normalizer "
         "(they carry no signal and would dilute the token mean).",
     )
+    refill_rounds: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="With drop_equal_groups: generate up to this many extra rounds to replace groups "
+        "whose rewards are all equal (DAPO's dynamic sampling); the batch keeps prompts.batch_size "
+        "groups.",
+    )
     micro_batch_tokens: int = Field(
         4096,
         ge=1,
@@ -876,6 +884,10 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
     if cfg.eval.video_every:
         problems.append("eval.video_every: a causal_lm run has no frames to film (set it to 0)")
+    if lrn.grpo.refill_rounds and not lrn.grpo.drop_equal_groups:
+        problems.append(
+            "learner.grpo.refill_rounds replaces dropped groups: set learner.grpo.drop_equal_groups=true"
+        )
     if lrn.compile:
         problems.append(
             "learner.compile compiles an env policy's update; a causal_lm run's generation and update "

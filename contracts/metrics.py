@@ -123,6 +123,8 @@ METRICS: dict[str, str] = {
         for i in range(MAX_REWARDS)
     },
     "completions": "completions generated so far",
+    "refill_rounds": "extra generations the iteration took to replace all-equal groups "
+    "(learner.grpo.refill_rounds)",
     "completion_len_mean": "mean tokens of the iteration's completions (their end token included)",
     "truncated_fraction": "fraction of the iteration's completions cut at generation.max_new_tokens",
     "prompt_width": "the prompt bucket (tokens) the iteration's prompts were padded to",

@@ -70,6 +70,7 @@ class LanguageLearner:
         self.skipped_steps = 0
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
+        self._kept: list[dict[str, torch.Tensor]] = []  # groups set aside for the update (refills)
         self._eval_prompts: PromptSet | None = None
         self._wire: np.ndarray | None = None  # the weights' wire buffer, reused version to version
         self._generated_by: int | None = None  # the generators' weights version, or None: here
@@ -219,6 +220,32 @@ class LanguageLearner:
         """The current weights in float32 on the CPU (what a best.pt keeps)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
+    def keep(self, groups: list[int]) -> None:
+        """Set these groups of the round just generated aside for the next update and drop the
+        rest (learner.grpo.refill_rounds); `train` then trains on every group set aside."""
+        if self._round is None:
+            raise RuntimeError("keep() before a round was generated")
+        g = self.cfg.learner.group_size
+        rows = torch.tensor(
+            [k * g + j for k in groups for j in range(g)], dtype=torch.long, device=self.dev.device
+        )
+        self._kept.append({k: v[rows] for k, v in self._round.items()})
+        self._round = None
+
+    def _take_kept(self) -> dict[str, torch.Tensor]:
+        """The groups set aside, as one round: prompts left-padded to the widest bucket among them."""
+        parts, self._kept = self._kept, []
+        width = max(p["prompt_ids"].shape[1] for p in parts)
+
+        def widen(t: torch.Tensor, value: int) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        return {
+            "prompt_ids": torch.cat([widen(p["prompt_ids"], self.policy.pad_id) for p in parts]),
+            "prompt_mask": torch.cat([widen(p["prompt_mask"], 0) for p in parts]),
+            **{k: torch.cat([p[k] for p in parts]) for k in ("tokens", "mask", "gen_logp")},
+        }
+
     def weights(self) -> PackedWeights:
         """The current weights as they travel to generators (bf16, one buffer; the previous
         version's buffer is reused: Ray's put copied it into the object store)."""
@@ -346,9 +373,12 @@ class LanguageLearner:
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         """One GRPO update on the round `generate_round` sampled, with one reward (or None: no
         reward, no advantage) per completion. Returns the update's metrics."""
-        if self._round is None:
+        if self._kept:
+            r = self._take_kept()
+        elif self._round is not None:
+            r, self._round = self._round, None
+        else:
             raise RuntimeError("train() before generate_round()")
-        r, self._round = self._round, None
         cfg, lc, gc = self.cfg, self.cfg.learner, self.cfg.learner.grpo
         t0 = time.perf_counter()
         self.dev.reset_peak_memory()

@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,10 @@ def wire_weights(state: dict[str, Tensor], reuse: np.ndarray | None = None) -> P
 
 
 def _views(packed: PackedWeights) -> dict[str, Tensor]:
-    """Each key's tensor as a view into the packed buffer (no copy)."""
-    buf = torch.from_numpy(np.asarray(packed.data).view(np.uint8))
+    """Each key's tensor as a view into the packed buffer (no copy; read, never written)."""
+    with warnings.catch_warnings():  # the object store's buffer is read-only: these views only read
+        warnings.simplefilter("ignore", UserWarning)
+        buf = torch.from_numpy(np.asarray(packed.data).view(np.uint8))
     out: dict[str, Tensor] = {}
     for k, (name, shape, offset) in packed.index.items():
         kind = getattr(torch, name)
@@ -313,12 +316,17 @@ class CausalLMPolicy(nn.Module):
 
     def set_checkpointing(self, enabled: bool) -> None:
         """Gradient checkpointing of the transformer blocks (the tutorial's memory lever)."""
+        # transformers 5 renamed gradient checkpointing "activation checkpointing" (the old names warn).
+        lm, kwargs = self.lm, {"use_reentrant": False}
         if enabled:
-            self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(lm, "activation_checkpointing_enable"):
+                lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
             if self.lora:  # frozen embeddings: the checkpointed blocks' inputs must ask for gradients
-                self.lm.enable_input_require_grads()
+                lm.enable_input_require_grads()
         else:
-            self.lm.gradient_checkpointing_disable()
+            (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
 
     @torch.no_grad()  # not inference_mode: the completions are the update's inputs, saved for backward
     def generate(

@@ -29,7 +29,7 @@ from ...policy.causal_lm import PackedWeights
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators
 from ...rollout_workers.reward_workers import RewardPool
-from ...rollout_workers.rewards import completion_text
+from ...rollout_workers.rewards import Scored, completion_text
 from ...rollout_workers.worker import adopt_workdir
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
@@ -48,6 +48,12 @@ def language_spec(cfg: RelayConfig, vocab_size: int) -> EnvSpec:
 
 
 SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
+
+
+def has_signal(rewards: list[float | None]) -> bool:
+    """Whether a group's rewards differ: at least two scored, not all equal."""
+    got = [r for r in rewards if r is not None]
+    return len(got) >= 2 and max(got) > min(got)
 
 
 def reward_means(per_reward: list[list[float | None]]) -> dict[str, float | None]:
@@ -78,6 +84,9 @@ class LanguageLearnerActor:
 
     def accept_generated(self, parts: list[dict[str, Any]], gen_s: float) -> dict[str, Any]:
         return self.learner.accept_generated(parts, gen_s)
+
+    def keep(self, groups: list[int]) -> None:
+        self.learner.keep(groups)
 
     def weights(self) -> PackedWeights:
         return self.learner.weights()
@@ -180,33 +189,66 @@ class LanguageBackend:
         parts = ray.get(refs)
         return self._call("accept_generated", parts, time.perf_counter() - t0)
 
-    def step(self, progress: float) -> RoundResult:
+    def _collect(self) -> tuple[list[dict[str, Any]], list[Scored], list[float | None], float, float]:
+        """(the round's generations, their scores, the rewards of the completions to train on,
+        generation seconds, reward seconds). With learner.grpo.drop_equal_groups and refill_rounds,
+        groups whose rewards are all equal are replaced by groups of up to refill_rounds more
+        generations (DAPO's dynamic sampling); the batch keeps its prompts.batch_size groups (all-
+        equal ones fill it when no more come, and carry no advantage)."""
         assert self.rewards is not None
-        t0 = time.perf_counter()
-        gen = self._generate_on_workers() if self.generators else self._call("generate_round")
-        t1 = time.perf_counter()
-        rewards, faults, notes, per_reward = self.rewards.score(
-            gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
-        )
+        gc, g, q = self.cfg.learner.grpo, self.cfg.learner.group_size, self.cfg.prompts.batch_size
+        attempts = 1 + (gc.refill_rounds if gc.drop_equal_groups else 0)
+        gens: list[dict[str, Any]] = []
+        scores: list[Scored] = []
+        train_rewards: list[float | None] = []
+        gen_s = reward_s = 0.0
+        for attempt in range(attempts):
+            t0 = time.perf_counter()
+            gen = self._generate_on_workers() if self.generators else self._call("generate_round")
+            t1 = time.perf_counter()
+            sc = self.rewards.score(gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"])
+            gen_s, reward_s = gen_s + t1 - t0, reward_s + time.perf_counter() - t1
+            gens.append(gen)
+            scores.append(sc)
+            if attempts == 1:
+                return gens, scores, sc.rewards, gen_s, reward_s
+            groups = [sc.rewards[k * g : (k + 1) * g] for k in range(q)]
+            signal = [k for k, rs in enumerate(groups) if has_signal(rs)]
+            needed = q - len(train_rewards) // g
+            take = signal[:needed]
+            if attempt == attempts - 1:  # no more tries: all-equal groups fill the batch
+                take += [k for k in range(q) if k not in signal][: needed - len(take)]
+            self._call("keep", take)
+            train_rewards += [r for k in take for r in groups[k]]
+            if len(train_rewards) == q * g:
+                break
+        return gens, scores, train_rewards, gen_s, reward_s
+
+    def step(self, progress: float) -> RoundResult:
+        gens, scores, train_rewards, gen_s, reward_s = self._collect()
         t2 = time.perf_counter()
-        metrics = self._call("train", rewards)
+        metrics = self._call("train", train_rewards)
         skipped = int(metrics.pop("amp_skipped", 0))
         if self.generators:
             self.version = int(metrics["weights_version"])
             metrics["weight_sync_s"] = self._sync_weights()
         t3 = time.perf_counter()
-        for kind, count in faults.items():
+        sc = Scored.concat(scores)
+        for kind, count in sc.faults.items():
             self.reward_faults[kind] += count
-        for note in notes:
+        for note in sc.notes:
             key = " ".join(note.split(" ", 2)[:2])
             if key not in self._warned:  # each kind of fault said once, counted always
                 self._warned.add(key)
                 print(f"relay: {note} (counted in reward_faults; said once)", file=sys.stderr, flush=True)
-        n = len(rewards)
+        lengths = [n for gen in gens for n in gen["lengths"]]
+        ended = [e for gen in gens for e in gen["ended"]]
+        n = len(sc.rewards)
         self.completions += n
-        scored = [(r, length) for r, length in zip(rewards, gen["lengths"], strict=True) if r is not None]
+        scored = [(r, length) for r, length in zip(sc.rewards, lengths, strict=True) if r is not None]
         values = [r for r, _ in scored]
         mean = sum(values) / len(values) if values else None
+        gen_tokens = sum(int(gen["gen_tokens"]) for gen in gens)
         line = {
             **metrics,
             "reward_mean": mean,
@@ -214,25 +256,26 @@ class LanguageBackend:
             if mean is not None
             else None,
             "completions": self.completions,
-            "completion_len_mean": sum(gen["lengths"]) / max(n, 1),
-            "truncated_fraction": 1.0 - sum(gen["ended"]) / max(n, 1),
-            "gen_s": t1 - t0,
-            "reward_s": t2 - t1,
-            "gen_tokens_per_s": gen["gen_tokens"] / max(gen["gen_s"], 1e-9),
-            "prompt_width": gen["prompt_width"],
-            **reward_means(per_reward),
+            "completion_len_mean": sum(lengths) / max(n, 1),
+            "truncated_fraction": 1.0 - sum(ended) / max(n, 1),
+            "gen_s": gen_s,
+            "reward_s": reward_s,
+            "gen_tokens_per_s": gen_tokens / max(sum(gen["gen_s"] for gen in gens), 1e-9),
+            "prompt_width": gens[-1]["prompt_width"],
+            "refill_rounds": len(gens) - 1,
+            **reward_means(sc.per_reward),
             "reward_faults": sum(self.reward_faults.values()),
             **{f"reward_faults_{k}": v for k, v in self.reward_faults.items()},
         }
         return RoundResult(
-            env_steps=int(gen["gen_tokens"]),
+            env_steps=gen_tokens,
             episode_returns=values,
             episode_lengths=[int(length) for _, length in scored],
             metrics=line,
             amp_skipped_steps=skipped,
-            samples=self._samples(gen, rewards),
+            samples=self._samples(gens[0], scores[0].rewards),
             # The learner computes while it generates and while it updates; it waits for rewards.
-            phases={"update_s": (t1 - t0) + (t3 - t2), "wait_s": t2 - t1},
+            phases={"update_s": gen_s + (t3 - t2), "wait_s": reward_s},
         )
 
     def _samples(self, gen: dict[str, Any], rewards: list[float | None]) -> list[dict[str, Any]]:

@@ -140,6 +140,31 @@ def test_remote_code_folder_is_refused_at_train(workdir, monkeypatch, capsys, tm
     assert not (tmp_path / "r").exists()
 
 
+def test_all_equal_groups_are_dropped_and_refilled(workdir, monkeypatch):
+    """learner.grpo.drop_equal_groups + refill_rounds: a rare reward leaves most groups all equal;
+    extra generations replace them, every batch keeps its groups, and each is counted."""
+    monkeypatch.chdir(workdir)
+    run = workdir / "runs" / "refill"
+    sets = [
+        "prompts.rewards=[regex:^9]",
+        "learner.group_size=2",
+        "learner.grpo.drop_equal_groups=true",
+        "learner.grpo.refill_rounds=3",
+        "stop.env_steps=1500",
+    ]
+    args = ["train", "run.yaml", "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    lines = _lines(run)
+    refills = [x["refill_rounds"] for x in lines]
+    assert max(refills) >= 1 and all(0 <= r <= 3 for r in refills)
+    # 4 prompts x 2 members per generation; a refilled iteration generated more
+    done = [4 * 2 * (1 + r) for r in refills]
+    assert [x["completions"] for x in lines] == [sum(done[: i + 1]) for i in range(len(done))]
+    assert [x["weights_version"] for x in lines] == list(range(1, len(lines) + 1))
+
+
 def test_lora_trains_only_adapters_with_the_base_as_reference_and_exports_merged(workdir, monkeypatch):
     """model.lora: peft adapters train, the frozen base (adapters off) is the KL reference, the
     export is a plain folder with the adapters merged in."""
