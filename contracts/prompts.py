@@ -140,7 +140,9 @@ def load_prompts(
             raise PromptError(
                 f"{label}={path}: row {n}: the chat template failed ({type(err).__name__})"
             ) from None
-        tokens = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+        # A chat template writes the special tokens itself (a BOS among them): adding them again
+        # would start the prompt with two.
+        tokens = list(tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"])
         if not tokens:
             raise PromptError(f"{label}={path}: row {n}: the prompt has no tokens")
         if len(tokens) > max_tokens:

@@ -24,7 +24,8 @@ def _floor() -> str:
 def _gymnasium_ids() -> dict[str, str]:
     """{config file: env id} for configs whose env is one of gymnasium's own (not a plugin's)."""
     own = {k for k, spec in gymnasium.registry.items() if str(spec.entry_point).startswith("gymnasium.")}
-    ids = {p.name: yaml.safe_load(p.read_text())["env"]["id"] for p in CONFIGS}
+    # A language run's config (model.kind: causal_lm) names no env.
+    ids = {p.name: (yaml.safe_load(p.read_text()).get("env") or {}).get("id") for p in CONFIGS}
     return {name: env for name, env in ids.items() if env in own}
 
 
