@@ -5,6 +5,7 @@ is counted, said once, and the run goes on."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,24 +41,30 @@ def local_ray():
     ray.shutdown()
 
 
-def test_rewards_on_actors_with_a_hang_and_a_raise(local_ray, tmp_path, monkeypatch, capsys):
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
-    (tmp_path / "my_rewards.py").write_text(USER_REWARDS)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text(
+def _train_on_ray(folder: Path, prompts: str, generation: str, env_steps: int) -> list[dict]:
+    """`relay train` of the tiny model on the sums in `folder` (the working folder) with one
+    worker: its metrics lines."""
+    tiny_model_folder(folder / "model")
+    write_jsonl(folder / "sums.jsonl", sums_rows())
+    (folder / "run.yaml").write_text(
         "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, rewards: ['my_rewards:flaky'], batch_size: 4, max_prompt_tokens: 8,"
-        " reward_timeout_s: 3}\n"
-        "generation: {max_new_tokens: 6}\n"
+        f"prompts: {{train: sums.jsonl, max_prompt_tokens: 8, {prompts}}}\n"
+        f"generation: {generation}\n"
         "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
         "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
-        "stop: {env_steps: 3000}\n"
+        f"stop: {{env_steps: {env_steps}}}\n"
         "metrics: {progress: none}\n"
     )
-    run = tmp_path / "runs" / "r"
+    run = folder / "runs" / "r"
     assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_rewards_on_actors_with_a_hang_and_a_raise(local_ray, tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_rewards.py").write_text(USER_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    prompts = "rewards: ['my_rewards:flaky'], batch_size: 4, reward_timeout_s: 3"
+    lines = _train_on_ray(tmp_path, prompts, "{max_new_tokens: 6}", 3000)
     last = lines[-1]
     # One round's 32 completions timed out (its actor was replaced), another's raised.
     assert last["reward_faults_timeout"] == 32 and last["reward_faults_raised"] == 32
@@ -71,21 +78,10 @@ def test_rewards_on_actors_with_a_hang_and_a_raise(local_ray, tmp_path, monkeypa
 def test_generation_on_worker_actors_with_weights_by_version(local_ray, tmp_path, monkeypatch):
     """generation.placement=workers: generators sample with the published version, the learner
     measures their log-prob gap and corrects by truncated importance weights; the run learns."""
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, rewards: ['regex:7'], batch_size: 8, max_prompt_tokens: 8}\n"
-        "generation: {max_new_tokens: 6, placement: workers}\n"
-        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
-        "rollout: {num_workers: 1}\n"
-        "stop: {env_steps: 9000}\n"
-        "metrics: {progress: none}\n"
+    lines = _train_on_ray(
+        tmp_path, "rewards: ['regex:7'], batch_size: 8", "{max_new_tokens: 6, placement: workers}", 9000
     )
-    run = tmp_path / "runs" / "w"
-    assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     first = sum(x["reward_mean"] for x in lines[:4]) / 4
     last = sum(x["reward_mean"] for x in lines[-4:]) / 4
     assert last > first + 0.3, (first, last)
