@@ -99,6 +99,7 @@ def test_prompts_text_and_chat_with_columns(folder, tmp_path):
         ([{"prompt": "1+1="}, {"prompt": "2", "answer": 1}], "row 2 has columns"),
         ([{"prompt": "9" * 40}], "row 1 is 40 tokens, over prompts.max_prompt_tokens=16"),
         ([{"prompt": [{"role": "user"}]}], "no 'prompt' column"),
+        ([{"prompt": "1+1=", "completions": "2"}], "column 'completions' is the name rewards receive"),
     ],
 )
 def test_bad_prompt_files_are_one_line(folder, tmp_path, rows, match):
