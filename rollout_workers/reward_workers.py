@@ -108,8 +108,11 @@ class RewardPool:
         return faulted(len(completions), "timeout", line, len(self.cfg.prompts.rewards))
 
     def _replace(self, i: int) -> None:
+        """End actor i and start another in its place, waiting until it runs: its start-up
+        (imports, the user's module) is not the next batch's time limit."""
         ray.kill(self.actors[i], no_restart=True)
         self.actors[i] = self._actor()
+        ray.get(self.actors[i].__ray_ready__.remote(), timeout=self.cfg.rollout.placement_timeout_s)
         self.replaced += 1
 
     def close(self) -> None:
