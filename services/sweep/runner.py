@@ -14,6 +14,7 @@ graceful stop (each trial writes its final checkpoint) and exit 130, 143, 129.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -370,7 +371,17 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
                 )
                 tuner.fit()
             code = seen.get("code", 0)
+    except KeyboardInterrupt as err:
+        # The stop's traceback holds Tune's frames and, through them, Ray handles. Freed only after
+        # ray.shutdown(), their destructors call into a Ray that is gone, and its core worker ends
+        # the process with exit 1 (the second Ctrl-C exited 1, not 130). Drop them now, collect
+        # them while Ray is up, and raise the same stop bare after the cleanup.
+        stop = err.with_traceback(None)
+        stop.__context__ = None
+        tuner = None
+        raise stop from None
     finally:
+        gc.collect()
         # A second Ctrl-C lands here, cutting Tune's stop short; a third must not cut this short
         # too: a Ray half shut down leaves agents that ignore SIGTERM, and Tune's exit hook then
         # waits a minute on a GCS that is gone (exit 1). Signals wait until the cleanup is done.
