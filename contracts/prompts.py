@@ -157,6 +157,15 @@ def load_prompts(
     return PromptSet(prompts, ids, columns)
 
 
+def as_completions(prompts: list[Any], texts: list[str]) -> list[Any]:
+    """Completion texts as rewards receive them (TRL's convention): the text after a text prompt,
+    `[{"role": "assistant", "content": text}]` after chat messages."""
+    return [
+        t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+        for p, t in zip(prompts, texts, strict=True)
+    ]
+
+
 class PromptOrder:
     """Which rows each round takes: every row once per epoch, in a seeded random order (or file
     order), `batch` rows at a time; its position is part of the checkpoint."""

@@ -19,10 +19,16 @@ import numpy as np
 import torch
 
 from ..contracts.config import RelayConfig
-from ..contracts.prompts import PromptOrder, PromptSet, load_prompts, pad_left
+from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left
 from ..learner import lm_grpo
 from ..learner.device import DeviceContext, resolve_device
-from ..policy.causal_lm import CausalLMPolicy, PackedWeights, build_language_policy, wire_weights
+from ..policy.causal_lm import (
+    CausalLMPolicy,
+    PackedWeights,
+    build_language_policy,
+    completion_ids,
+    wire_weights,
+)
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -154,22 +160,18 @@ class LanguageLearner:
         # Sampled elsewhere, with weights of this version: the learner's log-probs are the old
         # policy's, and the generator's differ from them (numerics, precision, staleness).
         self._generated_by = generator_version
-        lengths = mask.sum(-1).long().cpu().numpy()
-        ids_list = [row[:n] for row, n in zip(tokens.cpu().tolist(), lengths.tolist(), strict=True)]
-        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
-        completions: list[Any] = [
-            t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-            for p, t in zip(prompts, texts, strict=True)
-        ]
+        ids_list = completion_ids(tokens.cpu(), mask.cpu())
+        lengths = [len(ids) for ids in ids_list]
+        completions = as_completions(prompts, self.tokenizer.batch_decode(ids_list, skip_special_tokens=True))
         return {
             "prompts": prompts,
             "completions": completions,
             "completion_ids": ids_list,
             "columns": pending["columns"],
-            "lengths": lengths.tolist(),
+            "lengths": lengths,
             "ended": ended.cpu().numpy().tolist(),
             "gen_s": gen_s,
-            "gen_tokens": int(lengths.sum()),
+            "gen_tokens": sum(lengths),
             "prompt_width": int(pending["ids"].shape[1]),
         }
 
@@ -186,7 +188,7 @@ class LanguageLearner:
         prompts, token_ids, columns = self._eval_prompts.rows(rows)
         per = cfg.prompts.batch_size * cfg.learner.group_size
         gen = cfg.generation
-        tokens, masks = [], []
+        ids_list: list[list[int]] = []
         self.policy.eval()
         noise = torch.Generator(self.dev.device).manual_seed(cfg.env.seed + 1)  # the same draws each time
         for start in range(0, len(rows), per):
@@ -200,19 +202,14 @@ class LanguageLearner:
                     1 if greedy else gen.top_k,
                     noise,
                 )
-            tokens += out.tokens.cpu().tolist()
-            masks += out.mask.sum(-1).long().cpu().tolist()
-        ids_list = [row[:n] for row, n in zip(tokens, masks, strict=True)]
+            ids_list += completion_ids(out.tokens.cpu(), out.mask.cpu())
         texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
         return {
             "prompts": prompts,
-            "completions": [
-                t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-                for p, t in zip(prompts, texts, strict=True)
-            ],
+            "completions": as_completions(prompts, texts),
             "completion_ids": ids_list,
             "columns": columns,
-            "lengths": masks,
+            "lengths": [len(ids) for ids in ids_list],
             "version": self.version,
         }
 

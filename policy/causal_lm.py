@@ -251,6 +251,12 @@ class Completions:
     ended: Tensor
 
 
+def completion_ids(tokens: Tensor, mask: Tensor) -> list[list[int]]:
+    """Each row's completion token ids through its end token: tokens [B, C] cut by mask [B, C]."""
+    lengths = mask.sum(-1).long().tolist()
+    return [row[:n] for row, n in zip(tokens.tolist(), lengths, strict=True)]
+
+
 def positions(mask: Tensor) -> Tensor:
     """Position ids [B, L] of a left-padded batch: 0 at each row's first real token."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -12,18 +12,18 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...contracts.checkpoint import Checkpoint, CheckpointError
-from ...contracts.config import LoraConfig, is_code_reward
-from ...contracts.prompts import PromptError, load_prompts, pad_left
-from ...policy.causal_lm import ModelFolderError, build_language_policy
+from ...contracts.checkpoint import Checkpoint
+from ...contracts.config import is_code_reward
+from ...contracts.prompts import PromptError, as_completions, load_prompts, pad_left
+from ...policy.causal_lm import completion_ids
 from ...rollout_workers.rewards import resolve_rewards, score_batch
 from ...rollout_workers.user_code import add_finder
+from .export_hf import trained_policy
 
 
 class LanguageEvalError(ValueError):
@@ -74,19 +74,9 @@ def evaluate_language(
 ) -> LanguageEval:
     """Completions of the first `episodes` prompts by the checkpoint's model, scored."""
     cfg = ckpt.config
-    model_cfg, prompt_cfg = cfg.get("model") or {}, cfg.get("prompts") or {}
+    prompt_cfg = cfg.get("prompts") or {}
     gen_cfg = cfg.get("generation") or {}
-    lora = model_cfg.get("lora")
-    trained = SimpleNamespace(
-        model=SimpleNamespace(
-            path=model_cfg.get("path"), lora=None if lora is None else LoraConfig.model_validate(lora)
-        )
-    )
-    try:
-        policy, tokenizer = build_language_policy(trained)
-    except (ModelFolderError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{file}: its model.path cannot be read now ({err})") from None
-    policy.load_state_dict(ckpt.learner["model"])
+    policy, tokenizer = trained_policy(file, ckpt)
     policy.eval()
     source = prompts or prompt_cfg.get("eval") or prompt_cfg.get("train")
     max_tokens = int(prompt_cfg.get("max_prompt_tokens", 256))
@@ -108,12 +98,8 @@ def evaluate_language(
         out = policy.generate(
             torch.from_numpy(ids), torch.from_numpy(mask), new, temperature, 0 if stochastic else 1, g
         )
-        lengths = out.mask.sum(-1).long().tolist()
-        tokens += [row[:n] for row, n in zip(out.tokens.tolist(), lengths, strict=True)]
-    completions: list[Any] = [
-        t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-        for p, t in zip(texts, tokenizer.batch_decode(tokens, skip_special_tokens=True), strict=True)
-    ]
+        tokens += completion_ids(out.tokens, out.mask)
+    completions = as_completions(texts, tokenizer.batch_decode(tokens, skip_special_tokens=True))
     scored = score_batch(fns, weights, texts, completions, columns, tokens).rewards
     got = [r for r in scored if r is not None]
     return LanguageEval(got, len(scored) - len(got), [len(t) for t in tokens], time.perf_counter() - t0)

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -100,16 +101,14 @@ def greedy_mismatch(
     return f"greedy token {col} of prompt {row}: {said}"
 
 
-def export_hf(path: Path, out: Path | None) -> Path:
-    """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>)."""
-    file, ckpt = language_checkpoint(path)
-    run = file.parent.parent if file.parent.name == "checkpoints" else file.parent
-    out = out if out is not None else run / f"hf-{ckpt.counters.iteration}"
-    check_folder_output(out)
-    source = (ckpt.config.get("model") or {}).get("path")
+def trained_policy(file: Path, ckpt: Checkpoint) -> tuple[CausalLMPolicy, Any]:
+    """(the checkpoint's trained policy, its tokenizer): the model folder its config names
+    (model.path, with its LoRA adapters where it had them), the checkpoint's weights loaded in;
+    CheckpointError (one line) where the folder cannot be read now or the weights do not fit it."""
+    model = ckpt.config.get("model") or {}
+    source, lora = model.get("path"), model.get("lora")
     if not isinstance(source, str):
         raise CheckpointError(f"{file}: its config names no model.path")
-    lora = (ckpt.config.get("model") or {}).get("lora")
     trained = SimpleNamespace(
         model=SimpleNamespace(path=source, lora=None if lora is None else LoraConfig.model_validate(lora))
     )
@@ -125,6 +124,16 @@ def export_hf(path: Path, out: Path | None) -> Path:
         raise CheckpointError(
             f"{file}: its weights do not fit {source} ({str(err).splitlines()[0][:200]})"
         ) from None
+    return policy, tokenizer
+
+
+def export_hf(path: Path, out: Path | None) -> Path:
+    """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>)."""
+    file, ckpt = language_checkpoint(path)
+    run = file.parent.parent if file.parent.name == "checkpoints" else file.parent
+    out = out if out is not None else run / f"hf-{ckpt.counters.iteration}"
+    check_folder_output(out)
+    policy, tokenizer = trained_policy(file, ckpt)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         policy.save_pretrained(tmp)
