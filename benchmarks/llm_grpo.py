@@ -2,7 +2,7 @@
 
     python benchmarks/llm_grpo.py side-by-side [--seconds 90]
     python benchmarks/llm_grpo.py memory [--layers 10]
-    python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128]
+    python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128] [--tiny]
     python benchmarks/llm_grpo.py weight-sync
 
 side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
@@ -306,24 +306,37 @@ def _llama_folder(folder: Path, layers: int) -> Path:
     return folder
 
 
-def generate(layers: int, rows: int, new: int) -> None:
-    """relay's KV-cache sampler vs transformers' `generate` (TRL's default) on one model, batch and
-    lengths: every row runs `new` tokens (no end token), best of 3 after a warm-up."""
+def generate(layers: int, rows: int, new: int, tiny: bool = False) -> None:
+    """relay's KV-cache samplers (eager, compiled) vs transformers' `generate` (TRL's default) on
+    one model, batch and lengths: every row runs `new` tokens (no end token), best of 3 after a
+    warm-up. `tiny`: the side-by-side's tiny Llama instead (per-step overhead, not arithmetic)."""
     import torch
 
     from relay_rl.policy.causal_lm import CausalLMPolicy, load_causal_lm
+    from relay_rl.policy.lm_decoding import StaticDecoder
 
     torch.manual_seed(0)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = _llama_folder(Path(tmp) / "m", layers)
+        folder = tiny_model_folder(Path(tmp) / "m") if tiny else _llama_folder(Path(tmp) / "m", layers)
         model = load_causal_lm(folder).eval()
         policy = CausalLMPolicy(model, 0, []).eval()  # no end token: every row decodes `new` tokens
-        ids = torch.randint(3, 32_000, (rows, 64), generator=torch.Generator().manual_seed(0))
+        vocab, width = model.config.vocab_size, 8 if tiny else 64
+        ids = torch.randint(3, vocab, (rows, width), generator=torch.Generator().manual_seed(0))
         mask = torch.ones_like(ids)
 
         def relay_gen() -> None:
             policy.generate(ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
+
+        decoders: dict[bool, StaticDecoder] = {}
+
+        def relay_compiled(autocast: bool) -> Any:
+            def run() -> None:
+                if autocast not in decoders:  # one decoder (one compile) per precision
+                    decoders[autocast] = StaticDecoder(policy, "inductor", width, 1.0, 0)
+                decoders[autocast](ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
+
+            return run
 
         def hf_gen() -> None:
             with torch.no_grad():
@@ -340,22 +353,32 @@ def generate(layers: int, rows: int, new: int) -> None:
                 )
 
         for precision, autocast in (("float32", False), ("bf16 autocast", True)):
-            for name, fn in (("transformers generate", hf_gen), ("relay (KV cache, fixed shape)", relay_gen)):
+            samplers = (
+                ("transformers generate", hf_gen),
+                ("relay eager (KV cache)", relay_gen),
+                ("relay compiled (static cache)", relay_compiled(autocast)),
+            )
+            for name, fn in samplers:
                 with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-                    fn()  # warm-up
+                    fn()  # warm-up (the compiled step compiles here)
                     best = min(_timed(fn) for _ in range(3))
                 out.append([precision, name, rows, new, rows * new / best])
+        compiles = sum(d.compiles for d in decoders.values())
     params = sum(p.numel() for p in model.parameters())
     print(
         machine_header(
-            f"Generation: a {params / 1e6:.0f}M Llama-shaped model, {rows} rows x 64-token prompts, "
+            f"Generation: a {params / 1e6:.2g}M Llama-shaped model, {rows} rows x {width}-token prompts, "
             f"{new} new tokens"
         )
     )
     print(table(["precision", "sampler", "rows", "new tokens", "tokens/s"], out))
-    for i in (0, 2):
-        print(f"\n{out[i][0]}: relay / transformers = {out[i + 1][4] / out[i][4]:.2f}x", end="")
-    print()
+    for i in (0, 3):
+        print(
+            f"\n{out[i][0]}: relay eager / transformers = {out[i + 1][4] / out[i][4]:.2f}x, "
+            f"compiled / transformers = {out[i + 2][4] / out[i][4]:.2f}x",
+            end="",
+        )
+    print(f"\ncompiles: {compiles} (one per precision; none after warm-up)")
 
 
 def _timed(fn: Any) -> float:
@@ -432,6 +455,7 @@ def main() -> None:
     g.add_argument("--layers", type=int, default=10)
     g.add_argument("--rows", type=int, default=16)
     g.add_argument("--new", type=int, default=128)
+    g.add_argument("--tiny", action="store_true", help="the side-by-side's tiny Llama (vocab 48, hidden 32)")
     sub.add_parser("weight-sync")
     args = parser.parse_args()
     if args.what == "side-by-side":
@@ -439,7 +463,7 @@ def main() -> None:
     elif args.what == "memory":
         memory(args.layers)
     elif args.what == "generate":
-        generate(args.layers, args.rows, args.new)
+        generate(args.layers, args.rows, args.new, args.tiny)
     else:
         weight_sync()
 

@@ -284,6 +284,18 @@ class GenerationConfig(_Section):
         "workers: rollout.num_workers generator actors (rollout.num_cpus_per_worker CPUs each, beside "
         "as many reward actors), weights sent by version in bf16.",
     )
+    compile: bool = Field(
+        False,
+        description="Decode with one compiled fixed-shape step over a static KV cache (learner."
+        "compile_backend's backend: inductor on cpu/cuda, torchair's graph mode on npu): compiled "
+        "once, in the first round, never again whatever the prompts' lengths (metric compiles); "
+        "needs transformers >= 5.",
+    )
+    noise: Literal["device", "cpu"] = Field(
+        "device",
+        description="Where sampling noise is drawn: device (fast), or cpu: the same draws on any "
+        "device, for runs that must match bit for bit across hosts.",
+    )
     prompt_buckets: list[int] | None = Field(
         None,
         max_length=64,

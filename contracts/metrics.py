@@ -86,8 +86,9 @@ METRICS: dict[str, str] = {
     "rollout_rss_bytes": "resident memory of the largest rollout worker process on the driver's node",
     "precision": "what the learner computes in: float32, bfloat16 or float16 autocast, +channels_last "
     "(learner.use_amp, learner.channels_last; auto decides by the device's bf16 units)",
-    "compiles": "graphs torch.compile has compiled for the update since the learner started "
-    "(learner.compile; flat after the first update: fixed shapes never recompile)",
+    "compiles": "graphs torch.compile has compiled since the learner started: the update's "
+    "(learner.compile) or a language run's decoding step (generation.compile); flat after the first "
+    "round: fixed shapes never recompile",
     "graph_breaks": "graph breaks dynamo took in the compiled update (learner.compile)",
     "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a diverging "
     "core shows here; recurrent policies)",

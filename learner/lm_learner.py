@@ -24,11 +24,13 @@ from ..learner import lm_grpo
 from ..learner.device import DeviceContext, resolve_device
 from ..policy.causal_lm import (
     CausalLMPolicy,
+    Completions,
     PackedWeights,
     build_language_policy,
     completion_ids,
     wire_weights,
 )
+from ..policy.lm_decoding import StaticDecoder
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -70,7 +72,21 @@ class LanguageLearner:
         )
         self.order = PromptOrder(len(self.prompts), cfg.prompts.batch_size, cfg.env.seed, cfg.prompts.shuffle)
         self.buckets = cfg.generation.buckets(cfg.prompts.max_prompt_tokens)
-        self.generator = torch.Generator(self.dev.device).manual_seed(cfg.env.seed)
+        gen = cfg.generation
+        self.noise_device = torch.device("cpu") if gen.noise == "cpu" else self.dev.device
+        self.generator = torch.Generator(self.noise_device).manual_seed(cfg.env.seed)
+        # generation.compile: the compiled static-cache step; else the eager loop it is tied to.
+        self.decoder = (
+            StaticDecoder(
+                self.policy,
+                self.dev.compile_backend(lc.compile_backend),
+                self.buckets[-1],
+                gen.temperature,
+                gen.top_k,
+            )
+            if gen.compile
+            else None
+        )
         self.version = 0
         self.updates = 0
         self.skipped_steps = 0
@@ -112,11 +128,16 @@ class LanguageLearner:
         self.dev.synchronize()
         t0 = time.perf_counter()
         with self.dev.autocast(self.amp, self.amp_dtype):
-            out = self.policy.generate(
-                ids_t, mask_t, gen.max_new_tokens, gen.temperature, gen.top_k, self.generator
-            )
+            out = self._generate(ids_t, mask_t, gen.top_k, self.generator)
         self.dev.synchronize()
         return self._accept(out.tokens, out.mask, out.logp, out.ended, time.perf_counter() - t0, None)
+
+    def _generate(
+        self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator
+    ) -> Completions:
+        gen = self.cfg.generation
+        decode = self.decoder if self.decoder is not None else self.policy.generate
+        return decode(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
 
     def accept_generated(self, parts: list[dict[str, np.ndarray]], gen_s: float) -> dict[str, Any]:
         """`generation.placement: workers`: the generators' completions of `prepare_round`'s
@@ -190,15 +211,13 @@ class LanguageLearner:
         gen = cfg.generation
         ids_list: list[list[int]] = []
         self.policy.eval()
-        noise = torch.Generator(self.dev.device).manual_seed(cfg.env.seed + 1)  # the same draws each time
+        noise = torch.Generator(self.noise_device).manual_seed(cfg.env.seed + 1)  # the same draws each time
         for start in range(0, len(rows), per):
             ids, mask = pad_left(token_ids[start : start + per], self.buckets, self.policy.pad_id)
             with self.dev.autocast(self.amp, self.amp_dtype):
-                out = self.policy.generate(
+                out = self._generate(
                     torch.from_numpy(ids).to(self.dev.device),
                     torch.from_numpy(mask).to(self.dev.device),
-                    gen.max_new_tokens,
-                    gen.temperature,
                     1 if greedy else gen.top_k,
                     noise,
                 )
@@ -431,6 +450,7 @@ class LanguageLearner:
             "device": str(self.dev),
             "device_memory_bytes": mem["allocated"],
             "device_memory_peak_bytes": mem["peak"],
+            **(self.decoder.counts() if self.decoder is not None else {}),
         }
 
     # ---- weights and state --------------------------------------------------------------------

@@ -262,15 +262,60 @@ def positions(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def capped(logits: Tensor, softcap: float | None) -> Tensor:
+    """Logits [..., V] in float32 with the model's final soft-capping (Gemma 2's) applied."""
+    logits = logits.float()
+    return torch.tanh(logits / softcap) * softcap if softcap is not None else logits
+
+
+def sampling_noise(
+    generator: torch.Generator | None, shape: tuple[int, int], device: torch.device, greedy: bool = False
+) -> Tensor:
+    """One decoding step's noise [B, V]: Exp(1) draws from `generator` on its own device, moved to
+    `device` (a CPU generator: the same draws on any accelerator, the ML-Agents port's bit-exact
+    option); all ones when greedy (the race then picks the likeliest token)."""
+    if greedy:
+        return torch.ones(shape, device=device)
+    where = generator.device if generator is not None else device
+    draws = torch.empty(shape, device=where).exponential_(generator=generator)
+    return draws.to(device, non_blocking=True)
+
+
+def next_token(
+    logits: Tensor,
+    noise: Tensor,
+    temperature: float,
+    top_k: int,
+    done: Tensor,
+    eos_ids: Tensor,
+    pad_id: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One decoding step's sample from float32 logits [B, V] and noise [B, V] (`sampling_noise`).
+
+    The exponential race: argmax of p / E with E ~ Exp(1) draws each token with probability p
+    (the Gumbel-max trick without its two logs), so the step is one fixed-shape graph with its
+    randomness as an input, not a data-dependent `multinomial`. top_k > 0 races only the k
+    likeliest. Returns (token [B] (pad where the row had ended), its log-prob under the full
+    tempered distribution [B] (0 there), live [B] float, done [B] after this token)."""
+    logp_all = F.log_softmax(logits / temperature, dim=-1)
+    weights = logp_all.exp()
+    if top_k and top_k < weights.shape[-1]:
+        kth = weights.topk(top_k, dim=-1).values[:, -1:]
+        weights = torch.where(weights >= kth, weights, torch.zeros_like(weights))
+    tok = (weights / noise).argmax(dim=-1)
+    tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+    live = (~done).float()
+    logp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1) * live
+    done = done | (tok.unsqueeze(-1) == eos_ids).any(-1)
+    return tok, logp, live, done
+
+
 def _chunk_logp(
     head: nn.Module, softcap: float | None, h: Tensor, tokens: Tensor, temperature: float
 ) -> Tensor:
     """[B, c] log-probs and [B, c] entropies of `tokens` under the head's logits of hidden states
     h [B, c, H], in float32 (a bf16 log-softmax over a large vocab loses the small log-probs)."""
-    logits = head(h).float()
-    if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    logp_all = F.log_softmax(logits / temperature, dim=-1)
+    logp_all = F.log_softmax(capped(head(h), softcap) / temperature, dim=-1)
     logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return torch.stack([logp, entropy])
@@ -294,6 +339,14 @@ class CausalLMPolicy(nn.Module):
         inner: Any = getattr(model, "get_base_model", lambda: model)()
         params = inspect.signature(inner.forward).parameters
         self._cache = "cache" if "cache" in params else "past_key_values"
+
+    def train(self, mode: bool = True) -> CausalLMPolicy:
+        """Training or evaluation mode of every module. Set directly: transformers' own `train`
+        also re-registers hub kernel mappings (its `kernels` integration, which relay never uses:
+        kernels from the hub are remote code), about a millisecond a call, twice a round."""
+        for module in self.modules():
+            module.training = mode
+        return self
 
     @property
     def lm(self) -> Any:
@@ -347,7 +400,10 @@ class CausalLMPolicy(nn.Module):
         """Sample a completion for each left-padded prompt [B, P] (mask [B, P]) with a KV cache.
 
         Every row decodes `max_new_tokens` steps' worth of shape: a row that ended keeps emitting
-        pad under mask 0, and the loop stops early only when every row has ended."""
+        pad under mask 0, and the loop stops early only when every row has ended. The noise of
+        each step comes from `generator` (drawn on its device: a CPU generator gives the same
+        draws on every device). This is the plain reference of `policy/lm_decoding.py`'s compiled
+        static-cache decoder, which samples the same tokens from the same draws."""
         batch, device = prompt_ids.shape[0], prompt_ids.device
         attn = prompt_mask.long()
         pos = positions(attn)
@@ -356,27 +412,18 @@ class CausalLMPolicy(nn.Module):
         )
         past = getattr(out, self._cache)
         logits = out.logits[:, -1]
+        vocab = logits.shape[-1]
         tokens = torch.full((batch, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         mask = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         last = pos[:, -1:]
         for t in range(max_new_tokens):
-            logits = logits.float()
-            if self.softcap is not None:
-                logits = torch.tanh(logits / self.softcap) * self.softcap
-            logp_all = F.log_softmax(logits / temperature, dim=-1)
-            weights = logp_all.exp()
-            if top_k and top_k < weights.shape[-1]:
-                kth = weights.topk(top_k, dim=-1).values[:, -1:]
-                weights = torch.where(weights >= kth, weights, torch.zeros_like(weights))
-            tok = torch.multinomial(weights, 1, generator=generator).squeeze(-1)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            live = (~done).float()
-            tokens[:, t] = tok
-            mask[:, t] = live
-            logps[:, t] = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1) * live
-            done = done | torch.isin(tok, self.eos_ids)
+            noise = sampling_noise(generator, (batch, vocab), device, greedy=top_k == 1)
+            tok, logp, live, done = next_token(
+                capped(logits, self.softcap), noise, temperature, top_k, done, self.eos_ids, self.pad_id
+            )
+            tokens[:, t], mask[:, t], logps[:, t] = tok, live, logp
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype, device=device)], dim=1)

@@ -18,6 +18,7 @@ import torch
 
 from ..contracts.config import RelayConfig
 from ..policy.causal_lm import build_language_policy, load_wire
+from ..policy.lm_decoding import StaticDecoder
 from .worker import adopt_workdir
 
 
@@ -38,6 +39,21 @@ class Generator:
         self.cfg = cfg
         self.version = -1
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
+        gen = cfg.generation
+        # generation.compile: the compiled static-cache step on these CPUs (inductor under auto:
+        # the learner's device backend is not this actor's).
+        backend = "inductor" if cfg.learner.compile_backend == "auto" else cfg.learner.compile_backend
+        self.decode = (
+            StaticDecoder(
+                self.policy,
+                backend,
+                gen.buckets(cfg.prompts.max_prompt_tokens)[-1],
+                gen.temperature,
+                gen.top_k,
+            )
+            if gen.compile
+            else self.policy.generate
+        )
 
     def set_weights(self, version: int, weights: list[Any]) -> int:
         """Load weights `version` ([object ref] or [state dict]); returns the version held."""
@@ -56,7 +72,7 @@ class Generator:
                 f"generator holds weights version {self.version}, was asked to sample with {version}"
             )
         gen = self.cfg.generation
-        out = self.policy.generate(
+        out = self.decode(
             torch.from_numpy(np.array(ids)),  # a copy: arrays from the object store are read-only
             torch.from_numpy(np.array(mask)),
             gen.max_new_tokens,

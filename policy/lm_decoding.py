@@ -1,0 +1,183 @@
+"""`generation.compile`: a causal LM's decoding as one compiled fixed-shape step over a static KV
+cache, compiled once and never again, whatever the prompts' lengths.
+
+Why it is fast: the eager loop (`CausalLMPolicy.generate`, the plain reference this is tied to by a
+test) spends most of a small model's step in Python (transformers' forward, a growing cache and
+mask); compiled, a step is one graph. Why it compiles once: every input of the step has one shape
+for the whole run.
+- The KV cache (transformers' `StaticCache`) is sized once, to the widest prompt bucket plus
+  `max_new_tokens`; a prompt of a narrower bucket fills the first slots, the causal mask hides the
+  slots past the step, so every bucket decodes through the same graph (the prefill runs eagerly:
+  once per call, its shape is the bucket's).
+- The attention mask is that width from the start (the prompt's padding 0, every later slot 1);
+  the step's position ids and the cache's write position are tensors, not Python ints.
+- Batches smaller than the first one (an evaluation's last chunk) are padded up to it with copies
+  of their first row and cut after.
+- Sampling is in the graph with its noise as an input (`causal_lm.next_token`'s exponential race);
+  greedy decoding is the same graph with noise of ones.
+`compiles` counts graphs handed to the backend; after the first call it must not move, and the
+decoder says so on stderr once if it does. No Ray and no device layer here: the caller hands in the
+torch.compile backend (the learner's `DeviceContext.compile_backend`: torchair's graph mode on
+npu, inductor elsewhere).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch import Tensor
+
+from .causal_lm import CausalLMPolicy, Completions, capped, next_token, positions, sampling_noise
+
+
+class DecoderError(RuntimeError):
+    """What compiled decoding needs and this model or install lacks, in one line."""
+
+
+def _static_cache(policy: CausalLMPolicy, width: int) -> Any:
+    from transformers import StaticCache
+
+    if "max_batch_size" in StaticCache.__init__.__code__.co_varnames:
+        raise DecoderError(
+            "generation.compile needs transformers >= 5 (its StaticCache that sizes itself); "
+            "upgrade transformers or set generation.compile=false"
+        )
+    if not getattr(policy.lm, "_can_compile_fullgraph", False):
+        raise DecoderError(
+            f"generation.compile: transformers cannot compile {type(policy.lm).__name__}'s forward "
+            "as one graph; set generation.compile=false"
+        )
+    return StaticCache(config=policy.lm.config, max_cache_len=width)
+
+
+class StaticDecoder:
+    """`policy.generate`'s compiled form: called as `decoder(prompt_ids, prompt_mask,
+    max_new_tokens, temperature, top_k, generator)` with left-padded prompts [B, P], it returns the
+    same `Completions` ([B, C] tokens, mask, log-probs; [B] ended).
+
+    `backend`: a torch.compile backend or the name of one torch has; `max_prompt`: the widest
+    prompt bucket; `temperature` and `top_k`: the run's (a graph constant;
+    top_k=1, greedy, is the same graph with noise of ones and may always be asked)."""
+
+    def __init__(
+        self, policy: CausalLMPolicy, backend: Any, max_prompt: int, temperature: float, top_k: int
+    ) -> None:
+        # Dynamo caches compiled frames on the step's code object, shared by every decoder of the
+        # process: a decoder starts from an empty cache so its count is its own.
+        torch._dynamo.reset()
+        if isinstance(backend, str):  # a backend torch names (inductor, aot_eager, eager)
+            backend = torch._dynamo.lookup_backend(backend)
+        self.policy, self.max_prompt = policy, int(max_prompt)
+        self.temperature, self.top_k = float(temperature), int(top_k)
+        self.compiles = 0
+        self.warm_compiles: int | None = None
+        self._warned = False
+        self._rows = 0
+        self._width = 0
+        self._cache: Any = None
+        self._key = policy._cache  # the forward's KV-cache keyword (cache / past_key_values)
+
+        def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+            self.compiles += 1
+            return backend(gm, example_inputs)
+
+        self._step = torch.compile(self._decode_step, backend=counting, fullgraph=True, dynamic=False)
+
+    def counts(self) -> dict[str, int]:
+        """The metrics line's `compiles`."""
+        return {"compiles": self.compiles}
+
+    def _decode_step(
+        self, tok: Tensor, attn: Tensor, pos: Tensor, noise: Tensor, done: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One token for every row: tok [R] at positions pos [R, 1] under mask attn [R, W]."""
+        out = self.policy.model(
+            input_ids=tok.unsqueeze(-1),
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            **{self._key: self._cache},
+        )
+        logits = capped(out.logits[:, -1], self.policy.softcap)
+        return next_token(
+            logits, noise, self.temperature, self.top_k, done, self.policy.eos_ids, self.policy.pad_id
+        )
+
+    def _fit(self, rows: int, width: int) -> None:
+        """A cache for at least `rows` x `width` (a bigger one than the last is a recompile)."""
+        if self._cache is None or rows > self._rows or width > self._width:
+            self._rows, self._width = max(rows, self._rows), max(width, self._width)
+            self._cache = _static_cache(self.policy, self._width)
+        elif self._cache.is_initialized:
+            self._cache.reset()
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int,
+        generator: torch.Generator | None = None,
+    ) -> Completions:
+        greedy = top_k == 1
+        if not greedy and (float(temperature), int(top_k)) != (self.temperature, self.top_k):
+            raise ValueError(
+                f"this decoder samples at temperature {self.temperature}, top_k {self.top_k} "
+                f"(asked {temperature}, {top_k})"
+            )
+        batch, width = prompt_ids.shape
+        self._fit(batch, max(width, self.max_prompt) + max_new_tokens)
+        rows, device, pad = self._rows, prompt_ids.device, self.policy.pad_id
+        if batch < rows:  # an evaluation's last chunk: copies of its first row, cut after
+            fill = rows - batch
+            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(fill, -1)])
+            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(fill, -1)])
+        prompt_mask = prompt_mask.long()
+        attn = torch.ones((rows, self._width), dtype=torch.long, device=device)
+        attn[:, :width] = prompt_mask
+        pos = positions(prompt_mask)
+        out = self.policy.model(
+            input_ids=prompt_ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._key: self._cache},
+        )
+        logits = capped(out.logits[:, -1], self.policy.softcap)
+        vocab = logits.shape[-1]
+        tokens = torch.full((rows, max_new_tokens), pad, dtype=torch.long, device=device)
+        mask = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+        logps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        last = pos[:, -1:]
+        noise = sampling_noise(generator, (rows, vocab), device, greedy)
+        tok, logp, live, done = next_token(
+            logits, noise, self.temperature, self.top_k, done, self.policy.eos_ids, pad
+        )
+        for t in range(max_new_tokens):
+            tokens[:, t], mask[:, t], logps[:, t] = tok, live, logp
+            if t == max_new_tokens - 1 or bool(done[:batch].all()):
+                break
+            last = last + 1
+            noise = sampling_noise(generator, (rows, vocab), device, greedy)
+            tok, logp, live, done = self._step(tok, attn, last, noise, done)
+        self._count_warm()
+        return Completions(tokens[:batch], mask[:batch], logps[:batch], done[:batch])
+
+    def _count_warm(self) -> None:
+        if self.warm_compiles is None:
+            self.warm_compiles = self.compiles
+        elif self.compiles > self.warm_compiles and not self._warned:
+            self._warned = True
+            print(
+                f"relay generation: the compiled decoding step recompiled ({self.compiles} graphs, "
+                f"{self.warm_compiles} after warm-up)",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -1,0 +1,187 @@
+"""`generation.compile`: the compiled static-cache decoder tied to the eager KV-cache loop it
+replaces (same draws, same tokens), compiled once whatever the prompts' widths, and the sampling
+step it shares with that loop drawing tokens by their probabilities."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from relay_rl.contracts.config import RelayConfig
+from relay_rl.contracts.prompts import pad_left
+from relay_rl.policy.causal_lm import (
+    CausalLMPolicy,
+    eos_ids,
+    load_causal_lm,
+    load_tokenizer,
+    next_token,
+    sampling_noise,
+    with_lora,
+)
+from relay_rl.policy.lm_decoding import StaticDecoder
+from tests.lm_helpers import tiny_model_folder, write_jsonl
+
+NEW = 10
+
+
+def _policy(folder: Path, lora: bool = False) -> CausalLMPolicy:
+    tok = load_tokenizer(folder)
+    model = load_causal_lm(folder)
+    if lora:
+        from relay_rl.contracts.config import LoraConfig
+
+        model = with_lora(model, LoraConfig(r=4, alpha=8))
+        with torch.no_grad():  # adapters start as a no-op (B = 0): make them matter
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+    return CausalLMPolicy(model, tok.pad_token_id, eos_ids(tok, model)).eval()
+
+
+def _prompts(folder: Path, texts: list[str], buckets: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    tok = load_tokenizer(folder)
+    ids, mask = pad_left([tok(t)["input_ids"] for t in texts], buckets, tok.pad_token_id)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _same(a, b) -> None:
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask)
+    assert torch.equal(a.ended, b.ended)
+    assert torch.allclose(a.logp, b.logp, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("arch", "lora"), [("llama", False), ("qwen2", False), ("gpt2", False), ("llama", True)]
+)
+def test_the_compiled_decoder_samples_the_eager_loops_tokens_and_compiles_once(arch, lora, tmp_path):
+    """Through dynamo's aot_eager backend (traced as one graph, guarded and counted, no code
+    generated: the recompile check in seconds); every prompt width of every bucket, sampled and
+    greedy, and a smaller batch than the first, through the one graph of the first call."""
+    folder = tiny_model_folder(tmp_path / "m", arch)
+    policy = _policy(folder, lora)
+    decoder = StaticDecoder(policy, "aot_eager", max_prompt=16, temperature=0.8, top_k=0)
+    texts = ["1+2=", "9", "12+34=", "what is 5*6? ", "7-3=", "a", "1+1+1+1=", "zz"]
+    for i, buckets in enumerate(([8, 16], [16], [4, 8, 16])):
+        ids, mask = _prompts(folder, texts, buckets)
+        ours = decoder(ids, mask, NEW, 0.8, 0, torch.Generator().manual_seed(i))
+        plain = policy.generate(ids, mask, NEW, 0.8, 0, torch.Generator().manual_seed(i))
+        _same(ours, plain)
+        assert bool(ours.mask.sum(-1).gt(1).any()), "completions longer than one token were compared"
+    ids, mask = _prompts(folder, texts[:3], [8])
+    _same(decoder(ids, mask, NEW, 0.8, 1), policy.generate(ids, mask, NEW, 0.8, 1))
+    assert decoder.compiles == 1 and decoder.warm_compiles == 1
+
+
+def test_the_inductor_decoder_is_the_eager_loop(tmp_path):
+    """The code the run executes on a CPU host (inductor's generated C++), tied the same way."""
+    folder = tiny_model_folder(tmp_path / "m")
+    policy = _policy(folder)
+    decoder = StaticDecoder(policy, "inductor", max_prompt=8, temperature=1.0, top_k=5)
+    for seed, texts in enumerate((["1+2=", "34+5=", "6"] * 2, ["7+7=", "1"] * 3)):
+        ids, mask = _prompts(folder, texts, [4, 8])
+        got = decoder(ids, mask, NEW, 1.0, 5, torch.Generator().manual_seed(seed))
+        _same(got, policy.generate(ids, mask, NEW, 1.0, 5, torch.Generator().manual_seed(seed)))
+    assert decoder.compiles == 1
+
+
+def test_a_decoder_refuses_another_temperature(tmp_path):
+    folder = tiny_model_folder(tmp_path / "m")
+    decoder = StaticDecoder(_policy(folder), "eager", max_prompt=8, temperature=1.0, top_k=0)
+    ids, mask = _prompts(folder, ["1+2="], [8])
+    with pytest.raises(ValueError, match=r"temperature 1\.0"):
+        decoder(ids, mask, NEW, 0.5, 0)
+
+
+def test_the_exponential_race_draws_tokens_by_their_probabilities():
+    """next_token's sampling (argmax of p / E, E ~ Exp(1)) against the tempered softmax, and
+    top_k racing only the k likeliest: frequencies over 40k draws within 4 standard errors."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    draws = 40_000
+    g = torch.Generator().manual_seed(0)
+    for temperature, top_k in ((1.0, 0), (0.5, 0), (1.0, 3)):
+        rows = logits.expand(draws, -1)
+        noise = sampling_noise(g, (draws, 5), torch.device("cpu"))
+        done = torch.zeros(draws, dtype=torch.bool)
+        tok, logp, live, _ = next_token(rows, noise, temperature, top_k, done, torch.tensor([4]), 0)
+        p = torch.softmax(logits[0] / temperature, -1)
+        assert torch.allclose(logp, p.log()[tok])  # the log-prob under the full tempered softmax
+        if top_k:
+            p = torch.where(p >= p.topk(top_k).values[-1], p, torch.zeros_like(p))
+            p = p / p.sum()
+        freq = np.bincount(tok.numpy(), minlength=5) / draws
+        se = np.sqrt(p.numpy() * (1 - p.numpy()) / draws)
+        assert np.all(np.abs(freq - p.numpy()) <= 4 * se + 1e-9), (temperature, top_k, freq, p)
+        assert bool((live == 1).all())
+
+
+def test_noise_drawn_on_the_cpu_is_the_same_draws_for_any_device():
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    a = sampling_noise(g1, (3, 7), torch.device("cpu"))
+    b = sampling_noise(g2, (3, 7), torch.device("meta"))  # moved to the device after the draw
+    assert b.device.type == "meta" and bool((a > 0).all())
+    assert torch.equal(sampling_noise(None, (2, 3), torch.device("cpu"), greedy=True), torch.ones(2, 3))
+
+
+def test_a_compiled_language_learner_never_recompiles_over_prompts_of_many_lengths(tmp_path, monkeypatch):
+    """The learner with generation.compile: rounds of prompts 1 to 15 tokens long (three buckets),
+    an evaluation of fewer rows than a round, `compiles` flat at the first round's count."""
+    from relay_rl.learner.lm_learner import LanguageLearner
+
+    tiny_model_folder(tmp_path / "m")
+    rows = [{"prompt": "1+" * (n // 2) + "1" * (n % 2 or 1)} for n in range(1, 16)]
+    write_jsonl(tmp_path / "p.jsonl", rows)
+    write_jsonl(tmp_path / "e.jsonl", rows[:3])
+    monkeypatch.chdir(tmp_path)
+    cfg = RelayConfig.model_validate(
+        {
+            "model": {"kind": "causal_lm", "path": "m"},
+            "prompts": {
+                "train": "p.jsonl",
+                "eval": "e.jsonl",
+                "rewards": ["regex:7"],
+                "batch_size": 3,
+                "max_prompt_tokens": 16,
+                "shuffle": False,
+            },
+            "generation": {"max_new_tokens": 6, "compile": True, "prompt_buckets": [4, 8, 16]},
+            "learner": {"group_size": 2, "device": "cpu", "compile_backend": "aot_eager"},
+        }
+    )
+    learner = LanguageLearner(cfg)
+    widths, counts = set(), []
+    for _ in range(5):
+        widths.add(learner.generate_round()["prompt_width"])
+        counts.append(learner.train([1.0, 0.0] * 3)["compiles"])
+        learner.evaluate(limit=3, greedy=True)
+    assert widths == {4, 8, 16}
+    assert counts == [1] * 5
+
+
+def test_a_generator_actor_decodes_compiled_what_it_decodes_eagerly(tmp_path):
+    """generation.placement=workers with generation.compile: the generator (constructed here, out
+    of Ray) samples the same completions as an eager one of the same seed, one compile in all."""
+    from relay_rl.policy.causal_lm import wire_weights
+    from relay_rl.rollout_workers.generator import Generator
+
+    tiny_model_folder(tmp_path / "model")
+    base = {
+        "model": {"kind": "causal_lm", "path": str(tmp_path / "model")},
+        "prompts": {"train": "x", "rewards": ["exact_match"], "max_prompt_tokens": 8},
+        "learner": {"compile_backend": "aot_eager"},
+    }
+    gens = []
+    for compiled in (False, True):
+        data = {**base, "generation": {"max_new_tokens": 6, "placement": "workers", "compile": compiled}}
+        gen = Generator(RelayConfig.model_validate(data).model_dump(mode="json"), 0)
+        gen.set_weights(1, [wire_weights(gen.policy.state_dict())])
+        gens.append(gen)
+    for width in (3, 8, 5):
+        ids = np.tile(np.arange(3, 3 + width), (4, 1))
+        mask = np.ones_like(ids)
+        eager, compiled = (g.generate(1, ids, mask) for g in gens)
+        for key in ("tokens", "mask", "ended"):
+            assert np.array_equal(eager[key], compiled[key]), key
+    assert isinstance(gens[1].decode, StaticDecoder) and gens[1].decode.compiles == 1
