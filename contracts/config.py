@@ -902,8 +902,8 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         )
     if lrn.compile:
         problems.append(
-            "learner.compile compiles an env policy's update; a causal_lm run's generation and update "
-            "run eagerly (set learner.compile=false)"
+            "learner.compile compiles an env policy's update; a causal_lm run's update runs eagerly "
+            "and generation.compile compiles its decoding (set learner.compile=false)"
         )
     return problems + _eval_problems(cfg)
 

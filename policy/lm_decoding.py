@@ -37,19 +37,35 @@ class DecoderError(RuntimeError):
     """What compiled decoding needs and this model or install lacks, in one line."""
 
 
-def _static_cache(policy: CausalLMPolicy, width: int) -> Any:
-    from transformers import StaticCache
+def decoding_problem(model_config: Any) -> str | None:
+    """Why this transformers install or this architecture (a transformers config) cannot decode
+    through one compiled graph, in one line; None when it can. Nothing is instantiated."""
+    from transformers import AutoModelForCausalLM, StaticCache
 
     if "max_batch_size" in StaticCache.__init__.__code__.co_varnames:
-        raise DecoderError(
+        return (
             "generation.compile needs transformers >= 5 (its StaticCache that sizes itself); "
             "upgrade transformers or set generation.compile=false"
         )
-    if not getattr(policy.lm, "_can_compile_fullgraph", False):
-        raise DecoderError(
-            f"generation.compile: transformers cannot compile {type(policy.lm).__name__}'s forward "
-            "as one graph; set generation.compile=false"
+    try:
+        found = AutoModelForCausalLM._model_mapping[type(model_config)]
+    except KeyError:
+        return None  # not an architecture transformers maps: loading the model says so
+    cls: Any = next((c for c in (found if isinstance(found, tuple) else (found,)) if c is not None), None)
+    if not getattr(cls, "_can_compile_fullgraph", False):
+        return (
+            f"generation.compile: transformers cannot compile {cls.__name__}'s forward as one graph; "
+            "set generation.compile=false"
         )
+    return None
+
+
+def _static_cache(policy: CausalLMPolicy, width: int) -> Any:
+    from transformers import StaticCache
+
+    problem = decoding_problem(policy.lm.config)
+    if problem:
+        raise DecoderError(problem)
     return StaticCache(config=policy.lm.config, max_cache_len=width)
 
 

@@ -26,6 +26,7 @@ LAZY_OK = (
     "onnxruntime",
     "tensorboard",
     "torch.utils.tensorboard",
+    "torch._inductor",  # seconds to import; only where generation.compile is checked
     "torch_npu",
     "ale_py",
     "envpool",

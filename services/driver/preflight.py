@@ -29,6 +29,7 @@ from ...learner.precision import is_convolutional, resolve_precision
 from ...policy import cores
 from ...policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ...policy.encoders import ENCODERS, encoder_plan
+from ...policy.lm_decoding import decoding_problem
 from ...policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
 from ...rollout_workers.envs import EnvSpecError, probe_env_spec
 from ...rollout_workers.multi_agent.common import columns_problem
@@ -94,6 +95,29 @@ def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
     return None
 
 
+def _compile_problem(cfg: RelayConfig) -> str | None:
+    """Why generation.compile cannot work here: the model's architecture or transformers' version
+    (lm_decoding.decoding_problem), or inductor on a host without the C++ compiler it builds with."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
+    problem = decoding_problem(config)
+    if problem:
+        return problem
+    npu = cfg.learner.device.startswith("npu") and cfg.generation.placement == "learner"
+    if cfg.learner.compile_backend in ("auto", "inductor") and not npu:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as err:  # torch raises its own error types for a missing compiler
+            return (
+                f"generation.compile: inductor needs a C++ compiler on this host ({type(err).__name__}); "
+                "install g++, or set generation.compile=false"
+            )
+    return None
+
+
 def check_language(cfg: RelayConfig) -> EnvSpec:
     """A language run's inputs, all read as data before anything starts: the model folder, its
     tokenizer, every prompt file (each prompt within prompts.max_prompt_tokens) and the rewards
@@ -107,6 +131,10 @@ def check_language(cfg: RelayConfig) -> EnvSpec:
             if path is not None:
                 load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
         resolve_rewards(cfg.prompts.rewards)
+        if cfg.generation.compile:
+            problem = _compile_problem(cfg)
+            if problem:
+                raise PreflightError(problem)
     except (ModelFolderError, PromptError, ValueError) as err:
         raise PreflightError(str(err)) from None
     except ImportError as err:

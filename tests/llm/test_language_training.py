@@ -113,13 +113,20 @@ def test_evaluations_on_eval_prompts_keep_the_best_model(workdir, monkeypatch):
         (["prompts.max_prompt_tokens=3"], "over prompts.max_prompt_tokens=3"),
         (["prompts.rewards=[nope]"], "'nope' is not a reward"),
         (["prompts.rewards=[nomodule_here:fn]"], "cannot import module 'nomodule_here'"),
-        (["learner.compile=true"], "run eagerly"),
+        (["learner.compile=true"], "runs eagerly and generation.compile compiles its decoding"),
+        (["generation.compile=true", "CXX=/nowhere/g++"], "inductor needs a C++ compiler on this host"),
     ],
 )
 def test_bad_language_inputs_exit_2_with_one_line_and_nothing_created(
     workdir, monkeypatch, capsys, sets, said
 ):
     monkeypatch.chdir(workdir)
+    for s in [s for s in sets if s.startswith("CXX=")]:  # the environment, not a setting
+        import torch._inductor.config as inductor_config
+
+        # Inductor reads CXX when it is imported: a host without a compiler, as inductor sees it.
+        monkeypatch.setattr(inductor_config.cpp, "cxx", (None, s[4:]))
+        sets = [x for x in sets if x != s]
     run = workdir / "runs" / "refused"
     args = ["train", "run.yaml", "--run-dir", str(run)]
     for s in sets:
