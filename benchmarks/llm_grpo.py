@@ -4,6 +4,7 @@
     python benchmarks/llm_grpo.py memory [--layers 10]
     python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128] [--tiny]
     python benchmarks/llm_grpo.py weight-sync
+    python benchmarks/llm_grpo.py overlap [--seconds 60]
 
 side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
 (configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
@@ -164,6 +165,67 @@ def side_by_side(seconds: float) -> None:
         print(
             f"\nrelay / TRL wall to TRL's best: {relay_t / trl_t:.2f}x; "
             f"completions/s: {relay_rate / trl_rate:.1f}x"
+        )
+
+
+def overlap(seconds: float) -> None:
+    """generation.max_staleness 0 vs 1 on Ray: the shipped tiny config with its generation on one
+    generator actor (placement=workers), the same seconds each; the wall each takes to a reward
+    both reach (90% of the lower of their best 5-step means)."""
+    rows, curves = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model_folder(Path(tmp) / "model")
+        prompts = write_jsonl(Path(tmp) / "sums.jsonl", sums_rows())
+        for staleness in (0, 1):
+            lines = train_relay(
+                "configs/tiny_lm_grpo.yaml",
+                [
+                    f"model.path={model}",
+                    f"prompts.train={prompts}",
+                    "rollout.num_workers=1",
+                    "generation.placement=workers",
+                    f"generation.max_staleness={staleness}",
+                    "learner.device=cpu",
+                    f"stop.wall_s={seconds}",
+                    "checkpoint.interval=100000",
+                ],
+            )
+            points = [(x["wall_s"], x["reward_mean"]) for x in lines if x.get("reward_mean") is not None]
+            curves[staleness] = points
+            lag = sum(x["policy_lag_mean"] for x in lines) / len(lines)
+            rows.append(
+                [
+                    staleness,
+                    len(points),
+                    smoothed_best(points),
+                    lines[-1]["completions"] / lines[-1]["wall_s"],
+                    lag,
+                ]
+            )
+    target = 0.9 * min(smoothed_best(c) for c in curves.values())
+    walls = [first_reach(curves[s], target) for s in (0, 1)]
+    print(
+        machine_header(
+            f"One-step off-policy generation: the tiny task on Ray, one generator actor, {seconds:.0f} s each"
+        )
+    )
+    print(
+        table(
+            [
+                "max_staleness",
+                "steps",
+                "best reward (5-step mean)",
+                "completions/s",
+                "policy lag",
+                f"wall to {target:.2f} (s)",
+            ],
+            [[*row, wall] for row, wall in zip(rows, walls, strict=True)],
+        )
+    )
+    if all(walls):
+        print(
+            f"\nwall to {target:.2f}: staleness 0 / staleness 1 = {walls[0] / walls[1]:.2f}x; "
+            f"completions/s: {rows[1][3] / rows[0][3]:.2f}x"
         )
 
 
@@ -457,9 +519,13 @@ def main() -> None:
     g.add_argument("--new", type=int, default=128)
     g.add_argument("--tiny", action="store_true", help="the side-by-side's tiny Llama (vocab 48, hidden 32)")
     sub.add_parser("weight-sync")
+    o = sub.add_parser("overlap")
+    o.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
     if args.what == "side-by-side":
         side_by_side(args.seconds)
+    elif args.what == "overlap":
+        overlap(args.seconds)
     elif args.what == "memory":
         memory(args.layers)
     elif args.what == "generate":

@@ -291,6 +291,15 @@ class GenerationConfig(_Section):
         "once, in the first round, never again whatever the prompts' lengths (metric compiles); "
         "needs transformers >= 5.",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="Versions a round's completions may lag the weights they train: 0 generates each "
+        "round with the newest weights, then trains; 1 (one-step off-policy, placement=workers) "
+        "generates round k+1 on the generators while the learner trains round k, corrected by "
+        "learner.grpo.importance_correction.",
+    )
     noise: Literal["device", "cpu"] = Field(
         "device",
         description="Where sampling noise is drawn: device (fast), or cpu: the same draws on any "
@@ -885,8 +894,6 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         problems.append(
             f"model.kind=causal_lm trains on one learner (learner.num_learners={lrn.num_learners})"
         )
-    if gen.placement == "workers" and cfg.rollout.num_workers < 1:
-        problems.append("generation.placement=workers needs rollout.num_workers >= 1 generator actors")
     if cfg.stop.env_steps is None and cfg.stop.wall_s is None and cfg.stop.episode_return_mean is None:
         problems.append(
             "no stop criterion: set stop.env_steps (completion tokens), stop.wall_s or "
@@ -905,7 +912,20 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
             "learner.compile compiles an env policy's update; a causal_lm run's update runs eagerly "
             "and generation.compile compiles its decoding (set learner.compile=false)"
         )
-    return problems + _eval_problems(cfg)
+    return problems + _generation_problems(gen, cfg.rollout.num_workers) + _eval_problems(cfg)
+
+
+def _generation_problems(gen: GenerationConfig, num_workers: int) -> list[str]:
+    """Where a language run's completions are sampled, and how stale they may be."""
+    problems: list[str] = []
+    if gen.max_staleness and gen.placement != "workers":
+        problems.append(
+            "generation.max_staleness=1 overlaps generator actors with the update: it needs "
+            "generation.placement=workers"
+        )
+    if gen.placement == "workers" and num_workers < 1:
+        problems.append("generation.placement=workers needs rollout.num_workers >= 1 generator actors")
+    return problems
 
 
 def _language_input_problems(cfg: RelayConfig) -> list[str]:

@@ -10,6 +10,7 @@ gap between the generator's log-probs and its own (`learner/lm_grpo.py` truncate
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -55,15 +56,17 @@ class Generator:
             else self.policy.generate
         )
 
-    def set_weights(self, version: int, weights: list[Any]) -> int:
-        """Load weights `version` ([object ref] or [state dict]); returns the version held."""
+    def set_weights(self, version: int, weights: list[Any]) -> float:
+        """Load weights `version` ([object ref] or [state dict]); returns the seconds it took to
+        receive and load them (what `weight_sync_s` reports when the sync overlaps generation)."""
+        t0 = time.perf_counter()
         packed = weights[0]
         if isinstance(packed, ray.ObjectRef):
             packed = ray.get(packed)
         # With LoRA only the adapters come: the base is the one model.path holds.
         load_wire(self.policy, packed, strict=not self.policy.lora)
         self.version = version
-        return version
+        return time.perf_counter() - t0
 
     def generate(self, version: int, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         """Completions of left-padded prompts ids/mask [b, P] with weights `version`."""
@@ -72,6 +75,7 @@ class Generator:
                 f"generator holds weights version {self.version}, was asked to sample with {version}"
             )
         gen = self.cfg.generation
+        t0 = time.perf_counter()
         out = self.decode(
             torch.from_numpy(np.array(ids)),  # a copy: arrays from the object store are read-only
             torch.from_numpy(np.array(mask)),
@@ -86,6 +90,7 @@ class Generator:
             "logp": out.logp.numpy(),
             "ended": out.ended.numpy(),
             "version": np.asarray(version),
+            "seconds": np.asarray(time.perf_counter() - t0),
         }
 
 

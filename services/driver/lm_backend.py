@@ -118,6 +118,11 @@ class LanguageBackend:
         self.rewards: RewardPool | None = None
         self.generators: list[Any] = []
         self.version = 0
+        # generation.max_staleness=1: the next round's generation, dispatched before this round's
+        # update ((refs, dispatched at)), and the weights sync that follows it on the generators.
+        self.overlap = cfg.generation.max_staleness > 0
+        self._inflight: tuple[list[Any], float] | None = None
+        self._syncing: list[Any] = []
         self.completions = 0
         self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
         self._warned: set[str] = set()
@@ -166,16 +171,22 @@ class LanguageBackend:
         info = self._call("describe")
         return {"mode": "language" + ("" if self.remote else " (local)"), "workers": self.num_workers, **info}
 
-    def _sync_weights(self) -> float:
-        """Send the learner's weights to every generator, once per version; the seconds it took."""
+    def _sync_weights(self, wait: bool = True) -> float:
+        """Send the learner's weights to every generator, once per version; the seconds it took.
+        wait=False (overlap): the sync is queued behind each generator's round in flight and the
+        next `_receive` reports the generators' own seconds."""
         t0 = time.perf_counter()
         ref = self.learner.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
-        ray.get([g.set_weights.remote(self.version, [ref]) for g in self.generators])
+        refs = [g.set_weights.remote(self.version, [ref]) for g in self.generators]
+        if not wait:
+            self._syncing = refs
+            return 0.0
+        ray.get(refs)
         return time.perf_counter() - t0
 
-    def _generate_on_workers(self) -> dict[str, Any]:
-        """The learner's prompts sampled by the generators, whole groups each, with the current
-        weights version."""
+    def _dispatch(self) -> tuple[list[Any], float]:
+        """The learner's next prompts handed to the generators, whole groups each, to sample with
+        the weights version they hold; (the parts' refs, when)."""
         t0 = time.perf_counter()
         batch = self._call("prepare_round")
         rows, g = len(batch["ids"]), self.cfg.learner.group_size
@@ -186,8 +197,23 @@ class LanguageBackend:
             for gen, (lo, hi) in zip(self.generators, bounds, strict=True)
             if hi > lo
         ]
+        return refs, t0
+
+    def _receive(self, inflight: tuple[list[Any], float]) -> dict[str, Any]:
+        """A dispatched round's completions, accepted by the learner. Its generation seconds: the
+        wall since dispatch, or under overlap (the update ran meanwhile) the slowest generator's
+        own."""
+        refs, t0 = inflight
         parts = ray.get(refs)
-        return self._call("accept_generated", parts, time.perf_counter() - t0)
+        gen_s = time.perf_counter() - t0
+        if self.overlap:
+            gen_s = max(float(p["seconds"]) for p in parts)
+        return self._call("accept_generated", parts, gen_s)
+
+    def _generate_on_workers(self) -> dict[str, Any]:
+        """The round the generators sample: the one in flight, or one dispatched now."""
+        inflight, self._inflight = self._inflight, None
+        return self._receive(inflight or self._dispatch())
 
     def _collect(self) -> tuple[list[dict[str, Any]], list[Scored], list[float | None], float, float]:
         """(the round's generations, their scores, the rewards of the completions to train on,
@@ -226,12 +252,19 @@ class LanguageBackend:
 
     def step(self, progress: float) -> RoundResult:
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
+        if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
+            self._inflight = self._dispatch()
         t2 = time.perf_counter()
         metrics = self._call("train", train_rewards)
         skipped = int(metrics.pop("amp_skipped", 0))
         if self.generators:
+            # Under overlap the last version's sync is done by now (each generator loads it before
+            # sampling the round just dispatched): its seconds as the generators timed them.
+            synced, self._syncing = [float(x) for x in ray.get(self._syncing)], []
             self.version = int(metrics["weights_version"])
-            metrics["weight_sync_s"] = self._sync_weights()
+            metrics["weight_sync_s"] = self._sync_weights(wait=not self.overlap)
+            if self.overlap:
+                metrics["weight_sync_s"] = max(synced) if synced else None
         t3 = time.perf_counter()
         sc = Scored.concat(scores)
         for kind, count in sc.faults.items():
@@ -274,8 +307,12 @@ class LanguageBackend:
             metrics=line,
             amp_skipped_steps=skipped,
             samples=self._samples(gens[0], scores[0].rewards),
-            # The learner computes while it generates and while it updates; it waits for rewards.
-            phases={"update_s": gen_s + (t3 - t2), "wait_s": reward_s},
+            # The learner computes while it generates (placement=learner) and while it updates; it
+            # waits for rewards, and for generator actors where they sample.
+            phases={
+                "update_s": (0.0 if self.generators else gen_s) + (t3 - t2),
+                "wait_s": reward_s + (gen_s if self.generators else 0.0),
+            },
         )
 
     def _samples(self, gen: dict[str, Any], rewards: list[float | None]) -> list[dict[str, Any]]:
@@ -311,12 +348,14 @@ class LanguageBackend:
         self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
         if self.generators:  # the restored weights are the generators' from now on
             self.version = int(state["version"])
+            self._inflight = None  # sampled with other weights: dropped
             self._sync_weights()
 
     def restart_learner(self) -> None:
         if self.remote:
             ray.kill(self.learner, no_restart=True)
         self.learner = self._make_learner()
+        self._inflight = None  # its prompts were the lost learner's
         if self.generators:  # a fresh learner's weights, until a checkpoint is restored into it
             self.version = 0
             self._sync_weights()

@@ -90,6 +90,26 @@ def test_generation_on_worker_actors_with_weights_by_version(local_ray, tmp_path
     assert all(0 < x["gen_logp_gap"] < 0.05 and abs(x["is_weight_mean"] - 1) < 0.05 for x in lines)
 
 
+def test_one_step_off_policy_generation_overlaps_the_update_and_learns(local_ray, tmp_path, monkeypatch):
+    """generation.max_staleness=1: round k+1 is sampled with the weights round k trains, so every
+    round after the first trains on completions one version old, corrected by importance weights;
+    the weights still reach the generators once per version, and the run learns."""
+    monkeypatch.chdir(tmp_path)
+    lines = _train_on_ray(
+        tmp_path,
+        "rewards: ['regex:7'], batch_size: 8",
+        "{max_new_tokens: 6, placement: workers, max_staleness: 1}",
+        9000,
+    )
+    first = sum(x["reward_mean"] for x in lines[:4]) / 4
+    last = sum(x["reward_mean"] for x in lines[-4:]) / 4
+    assert last > first + 0.3, (first, last)
+    assert lines[0]["policy_lag_mean"] == 0 and all(x["policy_lag_mean"] == 1 for x in lines[1:])
+    assert all(x["weight_sync_s"] > 0 for x in lines[2:])
+    # One version of staleness on top of bf16 weights: still a small gap, weights near 1.
+    assert all(0 < x["gen_logp_gap"] < 0.2 and abs(x["is_weight_mean"] - 1) < 0.2 for x in lines)
+
+
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     from relay_rl.contracts.config import RelayConfig
     from relay_rl.policy.causal_lm import wire_weights
