@@ -216,6 +216,8 @@ def test_language_defaults_and_rules(tmp_path):
         ("learner.algo=ppo", "trains with learner.algo=grpo"),
         ("learner.group_size=1", "group_size >= 2"),
         ("prompts.reward_weights=[1,2]", "2 weights for 1 rewards"),
+        ("generation.max_staleness=1", "needs generation.placement=workers"),
+        ("generation.max_staleness=2", "less than or equal to 1"),
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(path, [bad])
