@@ -1,31 +1,45 @@
 #!/usr/bin/env bash
-# The accelerator check, one script, under 8 minutes: on a host with a CUDA GPU or an Ascend NPU it
+# The accelerator check, one script, under 10 minutes: on a host with a CUDA GPU or an Ascend NPU it
 # runs the device-marked tests there (learner and ring buffer on the device, AMP with and without
 # GradScaler, the compiled update, relay verify --device, serving, data-parallel learners when
 # there are two devices) and prints benchmarks/device_report.py's numbers (the last: a one-minute
 # soak of the learner's device memory, flat after warm-up). On a plain CPU machine
 # it runs the same on the CPU and says what it skipped.
 #
-#   bash benchmarks/device_check.sh [--quick]      # PYTHON=... to pick the interpreter
+#   bash benchmarks/device_check.sh [--quick] [--only 6]   # PYTHON=... to pick the interpreter
+#
+# --only N[,N...] runs only those report sections (no device tests): `--only 6` is the language
+# section alone (GRPO on a Qwen2.5-0.5B-shaped model, TRL beside it), a few minutes of its own.
 #
 # What it needs: the project's own packages come from this folder (PYTHONPATH); Python packages the
-# host lacks are installed from wheels in .whl/ (made on a machine with an index:
-# `bash benchmarks/device_wheels.sh`), else from the package index if one answers, else the parts
-# needing them are skipped. Its log is also written to $OUT/device_check.log when OUT is set.
+# host lacks are installed from wheels in .whl/, .whl-llm/ and .whl-arrow/ (made on a machine with
+# an index: `bash benchmarks/device_wheels.sh 3.12 env|llm|arrow`, one set per call to a device
+# machine), else from the package index if one answers, else the parts needing them are skipped.
+# Its log is also written to $OUT/device_check.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 QUICK=()
-[[ "${1:-}" == "--quick" ]] && QUICK=(--quick)
+ONLY=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --quick) QUICK=(--quick); shift ;;
+        --only) ONLY=(--only "${2:?--only takes section numbers, e.g. 6 or 1,6}"); shift 2 ;;
+        *) echo "device_check: unknown argument $1 (--quick, --only N[,N])" >&2; exit 2 ;;
+    esac
+done
 LOG="${OUT:-$(mktemp -d)}/device_check.log"
 exec > >(tee "$LOG") 2>&1
 START=$SECONDS
 say() { echo "device_check [$((SECONDS - START))s]: $*"; }
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-    say "installing $(ls .whl/*.whl | wc -l) carried wheels into /tmp/relay-site"
+shopt -s nullglob  # a set not carried is no wheel, not a literal pattern
+WHEELS=(.whl/*.whl .whl-llm/*.whl .whl-arrow/*.whl)
+shopt -u nullglob
+if [[ ${#WHEELS[@]} -gt 0 ]]; then
+    say "installing ${#WHEELS[@]} carried wheels into /tmp/relay-site"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/relay-site .whl/*.whl && export PYTHONPATH="/tmp/relay-site${PYTHONPATH:+:$PYTHONPATH}"
+        --target /tmp/relay-site "${WHEELS[@]}" && export PYTHONPATH="/tmp/relay-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -46,13 +60,16 @@ DEVICE=$("$PY" -c "from relay_rl.learner.device import check_device; print(check
 say "device: $DEVICE"
 [[ "$DEVICE" == "cpu" ]] && say "no accelerator here: everything below runs on the CPU (cuda/npu parts are skipped)"
 
-say "device-marked tests on $DEVICE"
-RELAY_TEST_DEVICE="$DEVICE" timeout 240 "$PY" -m pytest -q -m device tests/device -p no:cacheprovider -rs
-TESTS=$?
-say "device tests: exit $TESTS"
+TESTS=0
+if [[ ${#ONLY[@]} -eq 0 ]]; then
+    say "device-marked tests on $DEVICE"
+    RELAY_TEST_DEVICE="$DEVICE" timeout 240 "$PY" -m pytest -q -m device tests/device -p no:cacheprovider -rs
+    TESTS=$?
+    say "device tests: exit $TESTS"
+fi
 
 say "device report"
-timeout $((470 - (SECONDS - START))) "$PY" benchmarks/device_report.py --device "$DEVICE" "${QUICK[@]}"
+timeout $((570 - (SECONDS - START))) "$PY" benchmarks/device_report.py --device "$DEVICE" "${QUICK[@]}" "${ONLY[@]}"
 REPORT=$?
 say "report: exit $REPORT; log: $LOG"
 exit $((TESTS != 0 || REPORT != 0))

@@ -10,7 +10,12 @@ few minutes should bring back, each section skipped with its reason where this h
 3. `relay verify` of a fresh CartPole checkpoint on the device (the precision table's device column);
 4. serving latency on the device: the policy service's answer to 1 and 32 rows, p50 over 200 calls;
 5. a short soak: the CartPole learner alone for `--soak-s` seconds of rounds, its device memory
-   allocated after every round (flat after warm-up: the ring buffer is preallocated) and the peak.
+   allocated after every round (flat after warm-up: the ring buffer is preallocated) and the peak;
+6. GRPO on a Qwen2.5-0.5B-shaped causal LM (benchmarks/device_llm.py): generation against
+   transformers' `generate`, the learner with and without gradient checkpointing, `compiles`,
+   and TRL's GRPOTrainer on the same model and device.
+
+--only N[,N...] runs only those sections.
 
 --quick shrinks every part to seconds (the CPU path CI runs); its numbers are not measurements.
 """
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+import device_llm
 from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
@@ -242,13 +248,22 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true", help="seconds, not measurements (the CPU path in CI)")
     parser.add_argument("--soak-s", type=float, default=60.0, help="section 5's length in seconds")
+    parser.add_argument("--only", default="1,2,3,4,5,6", help="the sections to run, e.g. 6 or 1,6")
     args = parser.parse_args()
+    run = _sections(args.only)
+    if run is None:
+        print(
+            f"device_report.py: --only {args.only!r}: section numbers 1-6, comma-separated", file=sys.stderr
+        )
+        sys.exit(2)
     from relay_rl.learner.device import check_device
 
     device = str(check_device(args.device))
     print(machine_header(f"relay device report: {device}{' (--quick)' if args.quick else ''}"))
-    _section("1. The learner alone on the device", lambda: learner_alone(device, args.quick))
-    _section("2. Breakout end to end, W = 8", lambda: breakout_end_to_end(device, args.quick))
+    if 1 in run:
+        _section("1. The learner alone on the device", lambda: learner_alone(device, args.quick))
+    if 2 in run:
+        _section("2. Breakout end to end, W = 8", lambda: breakout_end_to_end(device, args.quick))
     with tempfile.TemporaryDirectory() as tmp:
         ckpt: list[Path] = []
 
@@ -257,11 +272,25 @@ def main() -> None:
                 ckpt.append(_checkpoint(device, Path(tmp)))
             return ckpt[0]
 
-        _section("3. relay verify on the device", lambda: verify_on_device(device, checkpoint()))
-        latency = lambda: serving_latency(device, checkpoint(), args.quick)  # noqa: E731
-        _section("4. Serving latency on the device", latency)
+        if 3 in run:
+            _section("3. relay verify on the device", lambda: verify_on_device(device, checkpoint()))
+        if 4 in run:
+            latency = lambda: serving_latency(device, checkpoint(), args.quick)  # noqa: E731
+            _section("4. Serving latency on the device", latency)
     soak_s = 3.0 if args.quick else args.soak_s
-    _section("5. A short soak: device memory over learner rounds", lambda: device_soak(device, soak_s))
+    if 5 in run:
+        _section("5. A short soak: device memory over learner rounds", lambda: device_soak(device, soak_s))
+    if 6 in run:
+        _section("6. GRPO on a causal LM on the device", lambda: device_llm.report(device, args.quick))
+
+
+def _sections(text: str) -> set[int] | None:
+    """`--only`'s section numbers (1 to 6), or None where it names something else."""
+    try:
+        got = {int(x) for x in text.split(",")}
+    except ValueError:
+        return None
+    return got if got and got <= set(range(1, 7)) else None
 
 
 if __name__ == "__main__":

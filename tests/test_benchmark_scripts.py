@@ -32,6 +32,7 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
         "3. relay verify",
         "4. Serving latency",
         "5. A short soak",
+        "6. GRPO on a causal LM",
     )
     for section in sections:
         assert f"## {section}" in out
@@ -40,6 +41,11 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     assert "bfloat16 |" in out and "pass" in out  # verify's precision table
     assert "MiB per 1,000 rounds" in out and "(cpu: the device layer keeps no allocator statistics" in out
     assert "## 4. Serving latency" in (tmp_path / "device_check.log").read_text()
+    # The language section's code path: every sampler, both learner rows compiling once over three
+    # prompt widths, TRL beside them.
+    assert " relay compiled (aot_eager) |" in out and " transformers generate |" in out
+    assert out.count("|             1 1 1 |        4 8 16 |") == 2
+    assert "| TRL GRPOTrainer |" in out and "1 1 1 |" in out
 
 
 def test_a_benchmark_flag_a_section_does_not_read_is_refused():
@@ -64,6 +70,16 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
         ("fleet.py", ["wide", "--rounds", "2"], "fleet.py: --rounds does not apply to wide (only to nodes)"),
         ("serve.py", ["--wait-ms", "2,-1"], "serve.py: --wait-ms '2,-1': comma-separated milliseconds >= 0"),
         ("serve.py", ["--wait-ms", "soon"], "serve.py: --wait-ms 'soon': comma-separated milliseconds >= 0"),
+        (
+            "device_report.py",
+            ["--only", "1,7"],
+            "device_report.py: --only '1,7': section numbers 1-6, comma-separated",
+        ),
+        (
+            "device_report.py",
+            ["--only", "six"],
+            "device_report.py: --only 'six': section numbers 1-6, comma-separated",
+        ),
     ],
 )
 def test_bad_benchmark_flags_are_one_line_and_exit_2(script, args, says):
