@@ -4,7 +4,7 @@
     python benchmarks/llm_grpo.py memory [--layers 10]
     python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128] [--tiny]
     python benchmarks/llm_grpo.py weight-sync
-    python benchmarks/llm_grpo.py overlap [--seconds 60]
+    python benchmarks/llm_grpo.py overlap [--seconds 60] [--compile]
 
 side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
 (configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -57,10 +58,15 @@ def first_reach(points: list[tuple[float, float]], target: float, n: int = 5) ->
     return None
 
 
-def run_relay(model: Path, prompts: Path, seconds: float) -> tuple[list[tuple[float, float]], float]:
+def run_relay(
+    model: Path, prompts: Path, seconds: float, compiled: bool
+) -> tuple[list[tuple[float, float]], float, float]:
+    """(reward points, completions/s over the run, completions/s after the first step)."""
     lines = train_relay(
         "configs/tiny_lm_grpo.yaml",
         [
+            f"generation.compile={str(compiled).lower()}",
+            f"learner.compile={str(compiled).lower()}",
             f"model.path={model}",
             f"prompts.train={prompts}",
             "rollout.num_workers=0",
@@ -75,10 +81,13 @@ def run_relay(model: Path, prompts: Path, seconds: float) -> tuple[list[tuple[fl
         ],
     )
     points = [(x["wall_s"], x["reward_mean"]) for x in lines if x.get("reward_mean") is not None]
-    return points, lines[-1]["completions"] / lines[-1]["wall_s"]
+    first, last = lines[0], lines[-1]
+    steady = (last["completions"] - first["completions"]) / (last["wall_s"] - first["wall_s"])
+    return points, last["completions"] / last["wall_s"], steady
 
 
-def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, float]], float]:
+def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, float]], float, float]:
+    """(reward points, completions/s over the run, completions/s after the first step)."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -136,39 +145,60 @@ def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, f
     )
     trainer.train()
     wall = points[-1][0] if points else seconds
-    return points, steps[0] * PROMPTS * GROUP / wall
+    steady = (len(points) - 1) * PROMPTS * GROUP / (points[-1][0] - points[0][0])
+    return points, steps[0] * PROMPTS * GROUP / wall, steady
 
 
 def side_by_side(seconds: float) -> None:
+    """TRL, relay eager (the shipped config) and relay compiled (generation.compile and
+    learner.compile), each for `seconds`; relay compiled twice: from an empty inductor cache (a
+    host's first run) and again with what the first compiled (every later run)."""
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model_folder(Path(tmp) / "model")
         prompts = write_jsonl(Path(tmp) / "sums.jsonl", sums_rows())
-        trl_points, trl_rate = run_trl(model, seconds, Path(tmp) / "trl")
-        relay_points, relay_rate = run_relay(model, prompts, seconds)
-    target = smoothed_best(trl_points)
-    trl_t, relay_t = first_reach(trl_points, target), first_reach(relay_points, target)
+        runs = {"TRL GRPOTrainer": run_trl(model, seconds, Path(tmp) / "trl")}
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")  # a cold compile
+        runs["relay eager (shipped config)"] = run_relay(model, prompts, seconds, False)
+        runs["relay compiled (cold cache)"] = run_relay(model, prompts, seconds, True)
+        # Inductor keeps what it compiled on disk: any later run on the host starts warm.
+        runs["relay compiled (warm cache)"] = run_relay(model, prompts, seconds, True)
+    target = smoothed_best(runs["TRL GRPOTrainer"][0])
+    reach = {name: first_reach(points, target) for name, (points, _, _) in runs.items()}
     print(
         machine_header(
             f"GRPO on a tiny Llama: relay vs TRL {trl_version()} GRPOTrainer, {seconds:.0f} s each"
         )
     )
-    print(
-        table(
-            ["", "steps", "best reward (5-step mean)", f"wall to {target:.2f} (s)", "completions/s"],
-            [
-                ["TRL GRPOTrainer", len(trl_points), smoothed_best(trl_points), trl_t, trl_rate],
-                ["relay (local mode)", len(relay_points), smoothed_best(relay_points), relay_t, relay_rate],
-            ],
+    head = [
+        "",
+        "steps",
+        "best reward (5-step mean)",
+        f"wall to {target:.2f} (s)",
+        "completions/s",
+        "after step 1",
+    ]
+    rows = [
+        [name, len(points), smoothed_best(points), reach[name], rate, steady]
+        for name, (points, rate, steady) in runs.items()
+    ]
+    print(table(head, rows))
+    trl = runs["TRL GRPOTrainer"]
+    for name in list(runs)[1:]:
+        _, rate, steady = runs[name]
+        wall = (
+            f"{reach[name] / reach['TRL GRPOTrainer']:.2f}x"
+            if reach[name] and reach["TRL GRPOTrainer"]
+            else "n/a"
         )
-    )
-    if trl_t and relay_t:
         print(
-            f"\nrelay / TRL wall to TRL's best: {relay_t / trl_t:.2f}x; "
-            f"completions/s: {relay_rate / trl_rate:.1f}x"
+            f"\n{name} / TRL: wall to TRL's best {wall}; completions/s {rate / trl[1]:.2f}x "
+            f"(after step 1: {steady / trl[2]:.2f}x)",
+            end="",
         )
+    print()
 
 
-def overlap(seconds: float) -> None:
+def overlap(seconds: float, compiled: bool) -> None:
     """generation.max_staleness 0 vs 1 on Ray: the shipped tiny config with its generation on one
     generator actor (placement=workers), the same seconds each; the wall each takes to a reward
     both reach (90% of the lower of their best 5-step means)."""
@@ -185,6 +215,7 @@ def overlap(seconds: float) -> None:
                     "rollout.num_workers=1",
                     "generation.placement=workers",
                     f"generation.max_staleness={staleness}",
+                    f"generation.compile={str(compiled).lower()}",
                     "learner.device=cpu",
                     f"stop.wall_s={seconds}",
                     "checkpoint.interval=100000",
@@ -204,9 +235,11 @@ def overlap(seconds: float) -> None:
             )
     target = 0.9 * min(smoothed_best(c) for c in curves.values())
     walls = [first_reach(curves[s], target) for s in (0, 1)]
+    how = "compiled" if compiled else "eager"
     print(
         machine_header(
-            f"One-step off-policy generation: the tiny task on Ray, one generator actor, {seconds:.0f} s each"
+            f"One-step off-policy generation: the tiny task on Ray, one generator actor ({how} "
+            f"decoding), {seconds:.0f} s each"
         )
     )
     print(
@@ -521,11 +554,12 @@ def main() -> None:
     sub.add_parser("weight-sync")
     o = sub.add_parser("overlap")
     o.add_argument("--seconds", type=float, default=60.0)
+    o.add_argument("--compile", action="store_true", help="generation.compile on the generator")
     args = parser.parse_args()
     if args.what == "side-by-side":
         side_by_side(args.seconds)
     elif args.what == "overlap":
-        overlap(args.seconds)
+        overlap(args.seconds, args.compile)
     elif args.what == "memory":
         memory(args.layers)
     elif args.what == "generate":

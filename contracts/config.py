@@ -414,7 +414,8 @@ class LearnerConfig(_Section):
         False,
         description="Compile the update's loss (forward and backward) with torch.compile for the "
         "fixed minibatch shape; the metrics count compiles and graph breaks (after the first "
-        "update no compile may follow).",
+        "update no compile may follow). A causal_lm run compiles its micro-batches' log-probs "
+        "once per prompt bucket and micro-batch size it meets (metric update_compiles).",
     )
     compile_backend: Literal["auto", "inductor", "aot_eager", "eager"] = Field(
         "auto",
@@ -906,11 +907,6 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
     if lrn.grpo.refill_rounds and not lrn.grpo.drop_equal_groups:
         problems.append(
             "learner.grpo.refill_rounds replaces dropped groups: set learner.grpo.drop_equal_groups=true"
-        )
-    if lrn.compile:
-        problems.append(
-            "learner.compile compiles an env policy's update; a causal_lm run's update runs eagerly "
-            "and generation.compile compiles its decoding (set learner.compile=false)"
         )
     return problems + _generation_problems(gen, cfg.rollout.num_workers) + _eval_problems(cfg)
 

@@ -90,6 +90,9 @@ METRICS: dict[str, str] = {
     "(learner.compile) or a language run's decoding step (generation.compile); flat after the first "
     "round: fixed shapes never recompile",
     "graph_breaks": "graph breaks dynamo took in the compiled update (learner.compile)",
+    "update_compiles": "graphs compiled for a language run's update (learner.compile): one per prompt "
+    "bucket and micro-batch size met (more under gradient checkpointing, whose transformers blocks "
+    "break the graph); it stops growing once each has been seen",
     "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a diverging "
     "core shows here; recurrent policies)",
     "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "

@@ -34,6 +34,16 @@ def graph_breaks_so_far() -> int:
     return int(sum(torch._dynamo.utils.counters["graph_break"].values()))
 
 
+def counting_compile(fn: Callable[..., Any], backend: Backend, counter: Callable[[], None]) -> Any:
+    """`fn` under torch.compile (fixed shapes) with a backend that calls `counter` per graph."""
+
+    def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        counter()
+        return backend(gm, example_inputs)
+
+    return torch.compile(fn, backend=counting, dynamic=False)
+
+
 class CompiledLoss:
     """`loss_fn(model, batch)` under torch.compile with a backend that counts its compiles.
 
@@ -52,11 +62,10 @@ class CompiledLoss:
         self._breaks_before = graph_breaks_so_far()
         self._warned = False
 
-        def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            self.compiles += 1
-            return backend(gm, example_inputs)
+        self._fn = counting_compile(loss_fn, backend, self._count)
 
-        self._fn = torch.compile(loss_fn, backend=counting, dynamic=False)
+    def _count(self) -> None:
+        self.compiles += 1
 
     @property
     def graph_breaks(self) -> int:

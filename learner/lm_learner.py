@@ -12,6 +12,7 @@ chunks of positions (`learner.grpo.logprob_chunk`), so `[B, C, vocab]` logits ne
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from typing import Any
 
@@ -21,7 +22,9 @@ import torch
 from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left
 from ..learner import lm_grpo
+from ..learner.compiled import counting_compile
 from ..learner.device import DeviceContext, resolve_device
+from ..learner.device_health import DeviceHealth
 from ..policy.causal_lm import (
     CausalLMPolicy,
     Completions,
@@ -63,6 +66,10 @@ class LanguageLearner:
         )
         self.kl = lc.kl_coef > 0
         self.amp, self.amp_dtype = lm_precision(cfg, self.dev)
+        # Utilization, memory, temperature and power of the device (NVML on cuda, pyACL on npu).
+        self.health = DeviceHealth(self.dev, lc.num_cpus)
+        if self.health.problem:
+            print(f"relay learner: {self.health.problem}", file=sys.stderr, flush=True)
         self.scaler = self.dev.grad_scaler(self.amp, self.amp_dtype)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = self.dev.adam(trainable, lc.lr, eps=1e-8)
@@ -76,6 +83,16 @@ class LanguageLearner:
         self.noise_device = torch.device("cpu") if gen.noise == "cpu" else self.dev.device
         self.generator = torch.Generator(self.noise_device).manual_seed(cfg.env.seed)
         # generation.compile: the compiled static-cache step; else the eager loop it is tied to.
+        # learner.compile: the update's log-probs (forward, and backward through AOTAutograd)
+        # compiled once per prompt bucket and micro-batch size; the frozen passes stay eager.
+        self.update_compiles = 0
+        self._trained_logp = (
+            counting_compile(
+                CausalLMPolicy.completion_logp, self.dev.compile_backend(lc.compile_backend), self._count
+            )
+            if lc.compile
+            else CausalLMPolicy.completion_logp
+        )
         self.decoder = (
             StaticDecoder(
                 self.policy,
@@ -274,12 +291,18 @@ class LanguageLearner:
         per = max(1, self.cfg.learner.grpo.micro_batch_tokens // width)
         return [slice(s, min(s + per, rows)) for s in range(0, rows, per)]
 
+    def _count(self) -> None:
+        self.update_compiles += 1
+
     def _logp(
         self, policy: CausalLMPolicy, r: dict[str, torch.Tensor], rows: slice, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         gen, lc = self.cfg.generation, self.cfg.learner
+        trained = policy is self.policy and torch.is_grad_enabled()
+        logp = self._trained_logp if trained else CausalLMPolicy.completion_logp
         with self.dev.autocast(self.amp, self.amp_dtype):
-            return policy.completion_logp(
+            return logp(
+                policy,
                 r["prompt_ids"][rows],
                 r["prompt_mask"][rows],
                 r["tokens"][rows],
@@ -451,6 +474,8 @@ class LanguageLearner:
             "device_memory_bytes": mem["allocated"],
             "device_memory_peak_bytes": mem["peak"],
             **(self.decoder.counts() if self.decoder is not None else {}),
+            **({"update_compiles": self.update_compiles} if lc.compile else {}),
+            **self.health.sample(),
         }
 
     # ---- weights and state --------------------------------------------------------------------

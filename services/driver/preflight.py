@@ -96,14 +96,19 @@ def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
 
 
 def _compile_problem(cfg: RelayConfig) -> str | None:
-    """Why generation.compile cannot work here: the model's architecture or transformers' version
-    (lm_decoding.decoding_problem), or inductor on a host without the C++ compiler it builds with."""
+    """Why generation.compile or learner.compile cannot work here: the model's architecture or
+    transformers' version (lm_decoding.decoding_problem, for the decoder), or inductor on a host
+    without the C++ compiler it builds with."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
-    problem = decoding_problem(config)
-    if problem:
-        return problem
+    if cfg.generation.compile:
+        config = AutoConfig.from_pretrained(
+            str(cfg.model.path), local_files_only=True, trust_remote_code=False
+        )
+        problem = decoding_problem(config)
+        if problem:
+            return problem
+    setting = "generation.compile" if cfg.generation.compile else "learner.compile"
     npu = cfg.learner.device.startswith("npu") and cfg.generation.placement == "learner"
     if cfg.learner.compile_backend in ("auto", "inductor") and not npu:
         from torch._inductor.cpp_builder import get_cpp_compiler
@@ -112,8 +117,8 @@ def _compile_problem(cfg: RelayConfig) -> str | None:
             get_cpp_compiler()
         except Exception as err:  # torch raises its own error types for a missing compiler
             return (
-                f"generation.compile: inductor needs a C++ compiler on this host ({type(err).__name__}); "
-                "install g++, or set generation.compile=false"
+                f"{setting}: inductor needs a C++ compiler on this host ({type(err).__name__}); "
+                f"install g++, or set {setting}=false"
             )
     return None
 
@@ -131,7 +136,7 @@ def check_language(cfg: RelayConfig) -> EnvSpec:
             if path is not None:
                 load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
         resolve_rewards(cfg.prompts.rewards)
-        if cfg.generation.compile:
+        if cfg.generation.compile or cfg.learner.compile:
             problem = _compile_problem(cfg)
             if problem:
                 raise PreflightError(problem)

@@ -185,3 +185,56 @@ def test_a_generator_actor_decodes_compiled_what_it_decodes_eagerly(tmp_path):
         for key in ("tokens", "mask", "ended"):
             assert np.array_equal(eager[key], compiled[key]), key
     assert isinstance(gens[1].decode, StaticDecoder) and gens[1].decode.compiles == 1
+
+
+def test_a_compiled_update_trains_the_eager_updates_weights(tmp_path, monkeypatch):
+    """learner.compile on a language run: the update's log-probs compiled (aot_eager: dynamo's
+    graph, the same kernels) move every weight as the eager update does, with gradient
+    checkpointing and a KL term on; graphs compiled for each prompt bucket met, none again for a
+    bucket seen before."""
+    from relay_rl.learner.lm_learner import LanguageLearner
+
+    tiny_model_folder(tmp_path / "m")
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in ("1+2=", "12+34+5=", "3=", "45+6=")])
+    monkeypatch.chdir(tmp_path)
+    learners = []
+    for compiled in (False, True):
+        cfg = RelayConfig.model_validate(
+            {
+                "model": {"kind": "causal_lm", "path": "m"},
+                "prompts": {
+                    "train": "p.jsonl",
+                    "rewards": ["regex:7"],
+                    "batch_size": 1,
+                    "max_prompt_tokens": 16,
+                    "shuffle": False,
+                },
+                "generation": {"max_new_tokens": 5, "prompt_buckets": [4, 8, 16]},
+                "learner": {
+                    "group_size": 4,
+                    "device": "cpu",
+                    "use_amp": False,
+                    "lr": 0.01,
+                    "kl_coef": 0.1,
+                    "grad_checkpointing": True,
+                    "compile": compiled,
+                    "compile_backend": "aot_eager",
+                },
+            }
+        )
+        learners.append(LanguageLearner(cfg))
+    counts, seen = [], []
+    for _ in range(4):
+        for learner in learners:
+            width = learner.generate_round()["prompt_width"]
+            metrics = learner.train([1.0, 0.0, 0.5, 0.25])
+        seen.append(width)
+        counts.append(metrics["update_compiles"])
+        eager, compiled = (dict(x.policy.named_parameters()) for x in learners)
+        for name, p in eager.items():
+            assert torch.allclose(p, compiled[name], atol=1e-5), name
+    assert len(set(seen)) == 2  # the prompts span two buckets
+    # Graphs come with a bucket not met before, never for one met before (transformers'
+    # checkpointed blocks break the graph, so a bucket brings several).
+    for i in range(1, 4):
+        assert (counts[i] > counts[i - 1]) == (seen[i] not in seen[:i]), (seen, counts)

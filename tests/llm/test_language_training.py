@@ -113,25 +113,25 @@ def test_evaluations_on_eval_prompts_keep_the_best_model(workdir, monkeypatch):
         (["prompts.max_prompt_tokens=3"], "over prompts.max_prompt_tokens=3"),
         (["prompts.rewards=[nope]"], "'nope' is not a reward"),
         (["prompts.rewards=[nomodule_here:fn]"], "cannot import module 'nomodule_here'"),
-        (["learner.compile=true"], "runs eagerly and generation.compile compiles its decoding"),
         (["generation.compile=true", "CXX=/nowhere/g++"], "inductor needs a C++ compiler on this host"),
+        (["learner.compile=true", "CXX=/nowhere/g++"], "learner.compile: inductor needs a C++ compiler"),
     ],
 )
 def test_bad_language_inputs_exit_2_with_one_line_and_nothing_created(
     workdir, monkeypatch, capsys, sets, said
 ):
-    monkeypatch.chdir(workdir)
-    for s in [s for s in sets if s.startswith("CXX=")]:  # the environment, not a setting
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
-        # Inductor reads CXX when it is imported: a host without a compiler, as inductor sees it.
-        monkeypatch.setattr(inductor_config.cpp, "cxx", (None, s[4:]))
-        sets = [x for x in sets if x != s]
+    monkeypatch.chdir(workdir)
+    # Inductor reads CXX when it is imported: a host without a compiler, as inductor sees it.
+    cxx = [s[4:] for s in sets if s.startswith("CXX=")]
+    patch = {"cpp.cxx": (None, cxx[0])} if cxx else {}
     run = workdir / "runs" / "refused"
     args = ["train", "run.yaml", "--run-dir", str(run)]
     for s in sets:
-        args += ["--set", s]
-    assert main(args) == 2
+        args += [] if s.startswith("CXX=") else ["--set", s]
+    with inductor_config.patch(patch):
+        assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1, err
     assert not run.exists()
