@@ -1,6 +1,6 @@
 """Env steps/s of this tree against an older commit of relay, in one run, alternating.
 
-    python benchmarks/ab_tree.py [--base ac3f926] [--seconds 40] [--rounds 2]
+    python benchmarks/ab_tree.py [--base ac3f926] [--seconds 40] [--rounds 2] [--only cartpole|breakout]
 
 The older commit is checked out into a temporary git worktree and run from there with its own
 module layout (before `relay_rl` it was `services.train`); both run the same shipped configs with
@@ -53,23 +53,28 @@ def main() -> None:
     parser.add_argument("--base", default="ac3f926", help="the older commit (A)")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", choices=["cartpole", "breakout"], help="one workload")
     args = parser.parse_args()
+    workloads = {k: v for k, v in WORKLOADS.items() if args.only is None or args.only in k.lower()}
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True)
         try:
             rows = []
-            for name, (config, sets) in WORKLOADS.items():
+            for name, (config, sets) in workloads.items():
                 got: dict[str, list[float]] = {"base": [], "here": []}
                 for _ in range(args.rounds):
                     got["base"].append(run(base, config, sets, args.seconds))
                     got["here"].append(run(ROOT, config, sets, args.seconds))
                 a, b = max(got["base"]), max(got["here"])
-                rows.append([name, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x"])
+                every = " / ".join(
+                    f"{x:,.0f}-{y:,.0f}" for x, y in zip(got["base"], got["here"], strict=True)
+                )
+                rows.append([name, f"{a:,.0f}", f"{b:,.0f}", f"{b / a:.2f}x", every])
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     print(machine_header(f"env steps/s: {args.base} (A) against this tree (B), {args.seconds:.0f} s a run"))
-    print(table(["workload", f"{args.base}", "this tree", "B / A"], rows))
+    print(table(["workload", f"{args.base}", "this tree", "B / A", "each round (A-B)"], rows))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, table
-from tiny_lm import qwen_05b_config, tiny_model_folder, write_jsonl, write_tokenizer
+from tiny_lm import hf_sample, qwen_05b_config, tiny_model_folder, write_jsonl, write_tokenizer
 
 GROUP = 8
 
@@ -96,22 +96,8 @@ def generation(folder: Path, device: str, rows: int, new: int, quick: bool) -> s
     ids, mask = ids.to(dev.device), torch.ones_like(ids).to(dev.device)
     noise = torch.Generator(dev.device).manual_seed(0)
 
-    def hf() -> None:
-        with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=True,
-                top_k=0,
-                top_p=1.0,
-                temperature=1.0,
-                pad_token_id=0,
-            )
-
     samplers: list[tuple[str, Any, StaticDecoder | None]] = [
-        ("transformers generate", hf, None),
+        ("transformers generate", lambda: hf_sample(model, ids, mask, new), None),
         ("relay eager (KV cache)", lambda: policy.generate(ids, mask, new, 1.0, 0, noise), None),
     ]
     for name, backend in _backends(device, quick).items():

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, table, train_relay
-from tiny_lm import sums_rows, tiny_model_folder, write_jsonl
+from tiny_lm import hf_sample, sums_rows, tiny_model_folder, write_jsonl
 
 ROOT = Path(__file__).parents[1]
 PROMPTS, GROUP, NEW, LR = 8, 16, 3, 1e-3
@@ -434,18 +434,7 @@ def generate(layers: int, rows: int, new: int, tiny: bool = False) -> None:
             return run
 
         def hf_gen() -> None:
-            with torch.no_grad():
-                model.generate(
-                    ids,
-                    attention_mask=mask,
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                    do_sample=True,
-                    top_k=0,
-                    top_p=1.0,
-                    temperature=1.0,
-                    pad_token_id=0,
-                )
+            hf_sample(model, ids, mask, new)
 
         for precision, autocast in (("float32", False), ("bf16 autocast", True)):
             samplers = (

@@ -91,6 +91,25 @@ def tiny_model_folder(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
     return folder
 
 
+def hf_sample(model: object, ids: object, mask: object, new: int) -> None:
+    """transformers' `generate` as TRL calls it, sampling at temperature 1 from the whole
+    vocabulary for exactly `new` tokens a row (the benchmarks' baseline)."""
+    import torch
+
+    with torch.no_grad():
+        model.generate(  # type: ignore[attr-defined]
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            pad_token_id=0,
+        )
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
