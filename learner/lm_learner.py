@@ -30,6 +30,7 @@ from ..policy.causal_lm import (
     Completions,
     PackedWeights,
     build_language_policy,
+    complete,
     completion_ids,
     wire_weights,
 )
@@ -225,20 +226,14 @@ class LanguageLearner:
         rows = list(range(min(limit, len(self._eval_prompts))))
         prompts, token_ids, columns = self._eval_prompts.rows(rows)
         per = cfg.prompts.batch_size * cfg.learner.group_size
-        gen = cfg.generation
-        ids_list: list[list[int]] = []
         self.policy.eval()
         noise = torch.Generator(self.noise_device).manual_seed(cfg.env.seed + 1)  # the same draws each time
-        for start in range(0, len(rows), per):
-            ids, mask = pad_left(token_ids[start : start + per], self.buckets, self.policy.pad_id)
+
+        def decode(ids: torch.Tensor, mask: torch.Tensor) -> Completions:
             with self.dev.autocast(self.amp, self.amp_dtype):
-                out = self._generate(
-                    torch.from_numpy(ids).to(self.dev.device),
-                    torch.from_numpy(mask).to(self.dev.device),
-                    1 if greedy else gen.top_k,
-                    noise,
-                )
-            ids_list += completion_ids(out.tokens.cpu(), out.mask.cpu())
+                return self._generate(ids, mask, 1 if greedy else cfg.generation.top_k, noise)
+
+        ids_list = complete(decode, token_ids, self.buckets, self.policy.pad_id, per, self.dev.device)
         texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
         return {
             "prompts": prompts,

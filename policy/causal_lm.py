@@ -20,6 +20,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
+
+from ..contracts.prompts import pad_left
 
 MAX_JSON_BYTES = 64 << 20  # a config or tokenizer config larger than this is not one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -255,6 +258,29 @@ def completion_ids(tokens: Tensor, mask: Tensor) -> list[list[int]]:
     """Each row's completion token ids through its end token: tokens [B, C] cut by mask [B, C]."""
     lengths = mask.sum(-1).long().tolist()
     return [row[:n] for row, n in zip(tokens.tolist(), lengths, strict=True)]
+
+
+Decode = Callable[[Tensor, Tensor], Completions]
+
+
+def complete(
+    decode: Decode,
+    token_ids: list[list[int]],
+    buckets: list[int],
+    pad_id: int,
+    per: int,
+    device: torch.device | str = "cpu",
+) -> list[list[int]]:
+    """The completions' token ids (through each end token) of prompts `token_ids`, sampled `per`
+    rows at a time: each batch left-padded into `buckets` and handed to `decode(ids [b, P],
+    mask [b, P])` on `device` (a policy's `generate` or its compiled decoder, with the caller's
+    settings, noise and precision bound in)."""
+    out: list[list[int]] = []
+    for start in range(0, len(token_ids), per):
+        ids, mask = pad_left(token_ids[start : start + per], buckets, pad_id)
+        got = decode(torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device))
+        out += completion_ids(got.tokens.cpu(), got.mask.cpu())
+    return out
 
 
 def positions(mask: Tensor) -> Tensor:

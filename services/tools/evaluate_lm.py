@@ -19,8 +19,8 @@ import torch
 
 from ...contracts.checkpoint import Checkpoint
 from ...contracts.config import is_code_reward
-from ...contracts.prompts import PromptError, as_completions, load_prompts, pad_left
-from ...policy.causal_lm import completion_ids
+from ...contracts.prompts import PromptError, as_completions, load_prompts
+from ...policy.causal_lm import complete
 from ...rollout_workers.rewards import resolve_rewards, score_batch
 from ...rollout_workers.user_code import add_finder
 from .export_hf import trained_policy
@@ -92,13 +92,14 @@ def evaluate_language(
     new, temperature = int(gen_cfg.get("max_new_tokens", 64)), float(gen_cfg.get("temperature", 1.0))
     t0 = time.perf_counter()
     g = torch.Generator().manual_seed(int((cfg.get("env") or {}).get("seed", 0)))
-    tokens: list[list[int]] = []
-    for start in range(0, len(take), 32):
-        ids, mask = pad_left(token_ids[start : start + 32], [max_tokens], policy.pad_id)
-        out = policy.generate(
-            torch.from_numpy(ids), torch.from_numpy(mask), new, temperature, 0 if stochastic else 1, g
-        )
-        tokens += completion_ids(out.tokens, out.mask)
+    top_k = 0 if stochastic else 1
+    tokens = complete(
+        lambda ids, mask: policy.generate(ids, mask, new, temperature, top_k, g),
+        token_ids,
+        [max_tokens],
+        policy.pad_id,
+        32,
+    )
     completions = as_completions(texts, tokenizer.batch_decode(tokens, skip_special_tokens=True))
     scored = score_batch(fns, weights, texts, completions, columns, tokens).rewards
     got = [r for r in scored if r is not None]
