@@ -208,11 +208,15 @@ class ActorCritic(nn.Module):
         pi = self.pi_trunk(self._trunk_input(fields))
         state = None
         if self.pi_core is not None:
-            pi, _, state = self._through_cores(fields, pi, None)
+            pi, _, state = self._through_cores(fields, pi, None, final_state=True)
         return self.pi_head(pi), state
 
-    def _features(self, inputs: Inputs) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """(policy features [B, F], value [B] or None, the state after each sequence [k, S] or None)."""
+    def _features(
+        self, inputs: Inputs, final_state: bool = False
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(policy features [B, F], value [B] or None, the state after each sequence [k, S]: None
+        without a core, or unless `final_state` (an update's replay does without it and takes
+        the fused path)."""
         fields = as_fields(inputs)
         x = self._trunk_input(fields)
         pi = self.pi_trunk(x)
@@ -223,7 +227,9 @@ class ActorCritic(nn.Module):
         )
         state = None
         if self.pi_core is not None:
-            pi, v_shared, state = self._through_cores(fields, pi, v_feat if self.v_core is not None else None)
+            pi, v_shared, state = self._through_cores(
+                fields, pi, v_feat if self.v_core is not None else None, final_state
+            )
             v_feat = v_shared if self.v_core is not None else (pi if v_feat is not None else None)
         if self.v_head is None or v_feat is None:
             return pi, None, state
@@ -238,10 +244,11 @@ class ActorCritic(nn.Module):
         return torch.cat([x.reshape(x.shape[0], -1), state], dim=-1)
 
     def _through_cores(
-        self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None
-    ) -> tuple[Tensor, Tensor | None, Tensor]:
+        self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None, final_state: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Trunk features [B = k * T, F] through the core(s) from fields["h_in"] [k, S]:
-        (policy features [B, H], value features [B, H] or None, states after step T-1 [k, S])."""
+        (policy features [B, H], value features [B, H] or None, states after step T-1 [k, S] or
+        None unless `final_state`)."""
         assert self.pi_core is not None
         state = fields[STATE]
         k = state.shape[0]
@@ -260,10 +267,12 @@ class ActorCritic(nn.Module):
             s0 = state[:, offset : offset + core.state_size].to(feat.dtype)
             offset += core.state_size
             seq = feat.reshape(k, steps, -1).transpose(0, 1)  # [T, k, F]
-            out, last = core.sequence(seq, s0, starts_tk, detach_before=self.burn_in if steps > 1 else 0)
+            burn_in = self.burn_in if steps > 1 else 0
+            out, last = core.sequence(seq, s0, starts_tk, burn_in, final_state)
             outs.append(out.transpose(0, 1).reshape(k * steps, -1))
-            states.append(last.float())
-        return outs[0], (outs[1] if len(outs) > 1 else None), torch.cat(states, dim=-1)
+            if last is not None:
+                states.append(last.float())
+        return outs[0], (outs[1] if len(outs) > 1 else None), (torch.cat(states, dim=-1) if states else None)
 
     def _plain_input(self, obs: Tensor) -> Tensor:
         if self.normalizer.enabled:
@@ -309,7 +318,7 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def act_with_state(self, inputs: Inputs, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """`act`, plus the recurrent state after the step [B, S] (None without a core)."""
-        feat, value, state = self._features(inputs)
+        feat, value, state = self._features(inputs, final_state=True)
         params = self.pi_head(feat)
         mask = as_fields(inputs).get("action_mask")
         actions = self.sample_actions(params, noise, mask)

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...policy.cores import fused as fused_rnn
+
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
@@ -35,6 +37,10 @@ class RecurrentCore(nn.Module):
     tests/policy/test_recurrent.py). The optional output layer is this class's, on both sides."""
 
     state_per_unit: ClassVar[int] = 1
+    # A core whose cell is torch's LSTMCell / GRUCell names the fused RNN of the same cell
+    # ("lstm", "gru"): its sequences replay through it (policy/cores/fused.py).
+    fused: ClassVar[str | None] = None
+    cell: nn.Module  # the subclass's torch cell (LSTMCell, GRUCell, ...)
 
     def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:
         super().__init__()
@@ -44,6 +50,8 @@ class RecurrentCore(nn.Module):
         # Only present when asked for, so a core without one keeps its state-dict keys.
         self.out: nn.Linear | None = nn.Linear(size, out_size) if out_size else None
         self.out_dim = out_size or size
+        # Not a submodule: weightless (on the meta device), it lends the fused RNN's forward.
+        self._rnn = [fused_rnn.template(self.fused, in_dim, size)] if self.fused else []
 
     def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, in_dim], state [B, state_size] -> (the cell's output [B, size], next state)."""
@@ -55,11 +63,44 @@ class RecurrentCore(nn.Module):
         return (h if self.out is None else torch.tanh(self.out(h))), state
 
     def sequence(
-        self, x: Tensor, state: Tensor, starts: Tensor, detach_before: int = 0
-    ) -> tuple[Tensor, Tensor]:
+        self, x: Tensor, state: Tensor, starts: Tensor, detach_before: int = 0, final_state: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         """x [T, B, in_dim] from `state` [B, state_size]; starts [T, B] bool: an episode starts at
         step t, so the state entering it is zeroed. Gradients do not reach back past step
-        `detach_before` (burn-in). Returns (features [T, B, out_dim], state after step T-1)."""
+        `detach_before` (burn-in). Returns (features [T, B, out_dim], the state after step T-1, or
+        None where `final_state` is False).
+
+        Without the final state (an update's replay) a core with a fused RNN replays through it
+        (policy/cores/fused.py, exact); otherwise `sequence_reference`'s step loop."""
+        if final_state or not self._rnn or x.shape[0] == 1:
+            return self.sequence_reference(x, state, starts, detach_before)
+        weights = fused_rnn.cell_weights(self.cell)
+        lstm = self.fused == "lstm"
+        cut = detach_before if 0 < detach_before < x.shape[0] else 0
+        parts = []
+        if cut:
+            # Burn-in: its steps (a few) by the step loop, which gives the state after them;
+            # the rest replays from that state, detached, as the loop does at step `cut`.
+            head, state = self.sequence_reference_cells(x[:cut], state, starts[:cut])
+            parts.append(head)
+            state = state.detach()
+        parts.append(fused_rnn.fused_outputs(self._rnn[0], weights, lstm, x[cut:], state, starts[cut:]))
+        seq = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return (seq if self.out is None else torch.tanh(self.out(seq))), None
+
+    def sequence_reference(
+        self, x: Tensor, state: Tensor, starts: Tensor, detach_before: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """`sequence` one cell call at a time: the plain reference of the fused replay."""
+        seq, state = self.sequence_reference_cells(x, state, starts, detach_before)
+        # The output layer once over the whole [T, B, size] sequence: one matmul, not T.
+        return (seq if self.out is None else torch.tanh(self.out(seq))), state
+
+    def sequence_reference_cells(
+        self, x: Tensor, state: Tensor, starts: Tensor, detach_before: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """The cell's outputs [T, B, size] one step at a time (before the output layer), and the
+        state after step T-1."""
         keep = (~starts).unsqueeze(-1).to(state.dtype)  # [T, B, 1]
         outs = []
         for t in range(x.shape[0]):  # T is the segment's fixed length: one graph shape
@@ -67,9 +108,7 @@ class RecurrentCore(nn.Module):
                 state = state.detach()
             h, state = self.cell_step(x[t], state * keep[t])
             outs.append(h)
-        seq = torch.stack(outs)
-        # The output layer once over the whole [T, B, size] sequence: one matmul, not T.
-        return (seq if self.out is None else torch.tanh(self.out(seq))), state
+        return torch.stack(outs), state
 
     @classmethod
     def np_prepare(cls, weights: Mapping[str, np.ndarray]) -> Any:

@@ -12,6 +12,9 @@ from ...policy.cores.base import RecurrentCore, sigmoid
 
 
 class GruCore(RecurrentCore):
+    fused = "gru"
+    cell: nn.GRUCell
+
     def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:
         super().__init__(in_dim, size, out_size)
         self.cell = nn.GRUCell(in_dim, size)

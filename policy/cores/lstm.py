@@ -14,6 +14,8 @@ from ...policy.cores.base import RecurrentCore, sigmoid
 
 class LstmCore(RecurrentCore):
     state_per_unit = 2
+    fused = "lstm"
+    cell: nn.LSTMCell
 
     def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:
         super().__init__(in_dim, size, out_size)

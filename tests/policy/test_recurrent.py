@@ -5,6 +5,8 @@ boundaries and episode ends; config rules; the cores' sequence equals their step
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from relay_rl.contracts.config import ConfigError, load_config
 from relay_rl.learner.algorithms import algorithm_traits
@@ -42,6 +44,44 @@ def test_a_cores_sequence_is_its_steps_with_resets(core, post):
         y, s = cell.step(x[t], s)
         torch.testing.assert_close(out[t], y)
     torch.testing.assert_close(last, s)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    core=st.sampled_from(sorted(CORES)),
+    post=st.sampled_from([0, 6]),
+    steps=st.integers(2, 12),
+    cols=st.integers(1, 5),
+    reset_p=st.sampled_from([0.0, 0.2, 0.6, 1.0]),
+    burn_in=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_the_fused_replay_is_the_step_loop_with_its_gradients(
+    core, post, steps, cols, reset_p, burn_in, seed
+):
+    """`sequence` without the final state (an update's replay: torch's fused LSTM/GRU over the
+    chunks between episode starts) against `sequence_reference` (one cell call a step): the same
+    features and the same gradients for inputs, stored state and every weight, resets anywhere
+    (step 0 included, every step, none) and burn-in cut anywhere."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    cell = CORES[core](4, 6, post)
+    x = torch.randn(steps, cols, 4, generator=gen, requires_grad=True)
+    state = torch.randn(cols, cell.state_size, generator=gen, requires_grad=True)
+    starts = torch.rand(steps, cols, generator=gen) < reset_p
+    fused, none = cell.sequence(x, state, starts, burn_in, final_state=False)
+    plain, _ = cell.sequence_reference(x, state, starts, burn_in)
+    assert none is None
+    torch.testing.assert_close(fused, plain, atol=1e-6, rtol=1e-5)
+    weights = torch.randn(plain.shape, generator=gen)
+    inputs = [x, state, *cell.parameters()]
+    got = torch.autograd.grad((fused * weights).sum(), inputs, allow_unused=True)
+    want = torch.autograd.grad((plain * weights).sum(), inputs, allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None or not g.any()
+        else:
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize(
