@@ -24,6 +24,12 @@ What the core costs a rollout worker: env steps/s of 2 workers alone on CartPole
 without a core and with LSTM and GRU cores (both acting through the numpy mirror), and where it
 goes: one acting call on 8 envs timed in-process for the numpy mirror with and without a core and
 for the torch policy with one (what the workers would run without the mirror).
+
+    python benchmarks/recurrent.py --only replay
+
+The update's sequence replay through torch's fused LSTM (policy/cores/fused.py) against the step
+loop, one round of each recurrent config in-process, and CartPoleNoVel end to end (local mode)
+with the LSTM and without a core at the same 49,152 env steps.
 """
 
 from __future__ import annotations
@@ -210,6 +216,72 @@ def memory_table(env_steps: int) -> str:
     return table(headers, rows) + "\n\n" + table(probe_headers, probe_rows)
 
 
+def replay_table(env_steps: int) -> str:
+    """The update with the fused replay against the step loop (in-process, the same segments,
+    best of 3 rounds after one), then CartPoleNoVel end to end in local mode with the LSTM and
+    without a core at the same env steps."""
+    import time
+
+    import torch
+
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.algorithms import algorithm_traits
+    from relay_rl.learner.learner import Learner
+    from relay_rl.policy.cores.base import RecurrentCore
+    from relay_rl.rollout_workers.sampler import make_sampler
+
+    rows = []
+    for config in (CONFIG, "configs/minigrid_memory_lstm_ppo.yaml"):
+        cfg = load_config(Path(__file__).parents[1] / config, ["rollout.num_workers=0"])
+        torch.set_num_threads(cfg.learner.num_cpus)
+        sampler = make_sampler(cfg, algorithm_traits(cfg))
+        segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
+        times = {}
+        for replay in ("step loop", "fused"):
+            learner = Learner(cfg, sampler.spec)
+            if replay == "step loop":  # a core without its fused RNN replays step by step
+                for module in learner.model.modules():
+                    if isinstance(module, RecurrentCore):
+                        module._rnn = []
+            learner.train_round(segments)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                learner.train_round(segments)
+                best = min(best, time.perf_counter() - t0)
+            times[replay] = best
+        rows.append(
+            [
+                Path(config).stem,
+                f"{times['step loop']:.3f}",
+                f"{times['fused']:.3f}",
+                f"{times['step loop'] / times['fused']:.2f}x",
+            ]
+        )
+    out = table(["config (its update, one round)", "step loop s", "fused s", "speed-up"], rows)
+    walls = {}
+    for name, sets in (("LSTM 64", []), ("no core", ["model.recurrent=none", "learner.minibatch=steps"])):
+        lines = train_relay(
+            CONFIG,
+            [
+                "rollout.num_workers=0",
+                *LOCAL,
+                *sets,
+                f"stop.env_steps={env_steps}",
+                "stop.episode_return_mean=null",
+            ],
+        )
+        walls[name] = (lines[-1]["env_steps"], lines[-1]["wall_s"])
+    wall_rows = [[name, steps, f"{wall:.1f}"] for name, (steps, wall) in walls.items()]
+    ratio = walls["LSTM 64"][1] / walls["no core"][1]
+    return (
+        out
+        + "\n\n"
+        + table(["CartPoleNoVel, local mode", "env steps", "wall s"], wall_rows)
+        + (f"\nLSTM / no core wall: {ratio:.2f}")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-wall", type=float, default=900.0)
@@ -222,6 +294,10 @@ def main() -> None:
         title = f"recurrent: MiniGrid-MemoryS7-v0, LSTM vs no memory, {args.env_steps:,} env steps (seed 0)"
         print(machine_header(title))
         print(memory_table(args.env_steps))
+        return
+    if args.only == "replay":
+        print(machine_header("recurrent: the update's replay, fused against the step loop"))
+        print(replay_table(min(args.env_steps, 49_152)))
         return
     if args.only == "sampling":
         print(machine_header("recurrent: what a core costs the rollout workers (CartPole, W = 2)"))
