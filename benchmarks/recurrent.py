@@ -242,7 +242,7 @@ def replay_table(env_steps: int) -> str:
             if replay == "step loop":  # a core without its fused RNN replays step by step
                 for module in learner.model.modules():
                     if isinstance(module, RecurrentCore):
-                        module._rnn = []
+                        module.fused_replay = False
             learner.train_round(segments)
             best = float("inf")
             for _ in range(3):

@@ -52,6 +52,7 @@ class RecurrentCore(nn.Module):
         self.out_dim = out_size or size
         # Not a submodule: weightless (on the meta device), it lends the fused RNN's forward.
         self._rnn = [fused_rnn.template(self.fused, in_dim, size)] if self.fused else []
+        self.fused_replay = self.fused is not None  # False: replay step by step (benchmarks)
 
     def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, in_dim], state [B, state_size] -> (the cell's output [B, size], next state)."""
@@ -70,9 +71,13 @@ class RecurrentCore(nn.Module):
         `detach_before` (burn-in). Returns (features [T, B, out_dim], the state after step T-1, or
         None where `final_state` is False).
 
-        Without the final state (an update's replay) a core with a fused RNN replays through it
-        (policy/cores/fused.py, exact); otherwise `sequence_reference`'s step loop."""
-        if final_state or not self._rnn or x.shape[0] == 1:
+        Without the final state (an eager update's replay) a core with a fused RNN replays
+        through it (policy/cores/fused.py, exact); otherwise `sequence_reference`'s step loop."""
+        # Under torch.compile (learner.compile) the step loop: the chunks' count and length
+        # depend on where episodes start, a new shape for every minibatch; unrolled in the
+        # graph, the loop's shapes are fixed and it compiles once.
+        # (is_compiling first: dynamo breaks the graph on merely touching the RNN template.)
+        if torch.compiler.is_compiling() or final_state or not self.fused_replay or x.shape[0] == 1:
             return self.sequence_reference(x, state, starts, detach_before)
         weights = fused_rnn.cell_weights(self.cell)
         lstm = self.fused == "lstm"

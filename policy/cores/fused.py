@@ -52,6 +52,10 @@ def chunks(starts: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return chunk.view(B, T).t(), place.view(B, T).t(), column, first % T == 0
 
 
+# Never compiled: its shapes follow where episodes start. Under learner.compile the core traces
+# its step loop instead (RecurrentCore.sequence); where dynamo runs the core's frame eagerly after
+# a graph break, this runs eagerly too rather than compiling a graph per minibatch.
+@torch.compiler.disable
 def fused_outputs(
     rnn: nn.Module, weights: dict[str, Tensor], lstm: bool, x: Tensor, state: Tensor, starts: Tensor
 ) -> Tensor:
