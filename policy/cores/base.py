@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ...policy.cores import fused as fused_rnn
+from ...policy.cores.fused import cell_weights, fused_outputs, template
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -51,7 +51,7 @@ class RecurrentCore(nn.Module):
         self.out: nn.Linear | None = nn.Linear(size, out_size) if out_size else None
         self.out_dim = out_size or size
         # Not a submodule: weightless (on the meta device), it lends the fused RNN's forward.
-        self._rnn = [fused_rnn.template(self.fused, in_dim, size)] if self.fused else []
+        self._rnn = [template(self.fused, in_dim, size)] if self.fused else []
         self.fused_replay = self.fused is not None  # False: replay step by step (benchmarks)
 
     def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
@@ -79,7 +79,7 @@ class RecurrentCore(nn.Module):
         # (is_compiling first: dynamo breaks the graph on merely touching the RNN template.)
         if torch.compiler.is_compiling() or final_state or not self.fused_replay or x.shape[0] == 1:
             return self.sequence_reference(x, state, starts, detach_before)
-        weights = fused_rnn.cell_weights(self.cell)
+        weights = cell_weights(self.cell)
         lstm = self.fused == "lstm"
         cut = detach_before if 0 < detach_before < x.shape[0] else 0
         parts = []
@@ -89,7 +89,7 @@ class RecurrentCore(nn.Module):
             head, state = self.sequence_reference_cells(x[:cut], state, starts[:cut])
             parts.append(head)
             state = state.detach()
-        parts.append(fused_rnn.fused_outputs(self._rnn[0], weights, lstm, x[cut:], state, starts[cut:]))
+        parts.append(fused_outputs(self._rnn[0], weights, lstm, x[cut:], state, starts[cut:]))
         seq = parts[0] if len(parts) == 1 else torch.cat(parts)
         return (seq if self.out is None else torch.tanh(self.out(seq))), None
 
