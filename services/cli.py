@@ -31,7 +31,7 @@ from ..services.driver.checkpoints import ResumeError, load_checkpoint
 from ..services.driver.cluster import ClusterError
 from ..services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
 from ..services.driver.run_dir import RunDirError
-from ..services.driver.signals import exit_code, sigterm_raises, stop_reason
+from ..services.driver.signals import STOP_CODES, exit_code, sigterm_raises, stop_reason
 from ..services.files import OutputError, check_output
 from ..services.sweep.params import SweepError, parse_cli_param
 from ..services.tools.evaluate import (
@@ -577,5 +577,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def run() -> NoReturn:
+    """The `relay` command: `main`, then its exit code. A sweep stopped by a signal leaves
+    through os._exit once its own cleanup is done (`runner.run`'s finally: the records written,
+    ray.shutdown, its child processes ended): what Tune and Ray leave behind after a stop cut
+    short is destroyed at interpreter exit, calling into a Ray that is gone, and Ray's core
+    worker then ended the process with exit 1 instead of 130 (a flaky CI failure of the
+    double Ctrl-C test)."""
+    code = main()
+    if code in STOP_CODES.values() and sys.argv[1:2] == ["sweep"]:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
