@@ -53,15 +53,6 @@ def model_folder(root: Path, quick: bool) -> Path:
     return folder
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    elif device.startswith("npu"):
-        torch.npu.synchronize()  # type: ignore[attr-defined]
-
-
 def _backends(device: str, quick: bool) -> dict[str, Any]:
     """The compile backends the compiled step is measured under, by name."""
     import functools
@@ -110,13 +101,13 @@ def generation(folder: Path, device: str, rows: int, new: int, quick: bool) -> s
         with dev.autocast(bf16, "bfloat16"):
             t0 = time.perf_counter()
             fn()  # warm-up: compiles
-            _sync(device)
+            dev.synchronize()
             first = time.perf_counter() - t0
             times = []
             for _ in range(2 if quick else 3):
                 t0 = time.perf_counter()
                 fn()
-                _sync(device)
+                dev.synchronize()
                 times.append(time.perf_counter() - t0)
         best = min(times)
         compile_s = f"{max(first - best, 0.0):.1f}" if decoder is not None else ""

@@ -205,9 +205,7 @@ class LanguageBackend:
         own."""
         refs, t0 = inflight
         parts = ray.get(refs)
-        gen_s = time.perf_counter() - t0
-        if self.overlap:
-            gen_s = max(float(p["seconds"]) for p in parts)
+        gen_s = max(float(p["seconds"]) for p in parts) if self.overlap else time.perf_counter() - t0
         return self._call("accept_generated", parts, gen_s)
 
     def _generate_on_workers(self) -> dict[str, Any]:
@@ -258,13 +256,15 @@ class LanguageBackend:
         metrics = self._call("train", train_rewards)
         skipped = int(metrics.pop("amp_skipped", 0))
         if self.generators:
-            # Under overlap the last version's sync is done by now (each generator loads it before
-            # sampling the round just dispatched): its seconds as the generators timed them.
-            synced, self._syncing = [float(x) for x in ray.get(self._syncing)], []
             self.version = int(metrics["weights_version"])
-            metrics["weight_sync_s"] = self._sync_weights(wait=not self.overlap)
             if self.overlap:
+                # The last version's sync is done by now (each generator loads it before sampling
+                # the round just dispatched): its seconds as the generators timed them.
+                synced = [float(x) for x in ray.get(self._syncing)]
+                self._sync_weights(wait=False)
                 metrics["weight_sync_s"] = max(synced) if synced else None
+            else:
+                metrics["weight_sync_s"] = self._sync_weights()
         t3 = time.perf_counter()
         sc = Scored.concat(scores)
         for kind, count in sc.faults.items():
