@@ -1,13 +1,19 @@
-"""Metric keys: the one list the driver writes, the sinks export and the dashboards chart.
+"""Metric keys: what the driver writes, the sinks export and the dashboards chart.
 
-Every `metrics.jsonl` line carries the keys of METRICS that apply to its run (algorithm-specific
-ones only for that algorithm). TensorBoard and Prometheus (`ray_relay_<key>`) export exactly these
-keys; the learner dashboard and the Grafana dashboard draw CHARTS, and a test keeps Grafana in step.
+The keys every run may write are RUN_METRICS, drawn by RUN_CHARTS. A registry entry that adds its
+own keys (an algorithm, a model kind, a recurrent core) declares them beside its code as a
+`MetricKeys`, with the charts that draw them; `services/metric_keys.py` assembles the run-wide
+keys and every entry's into one `MetricCatalog`, the catalog the sinks, sweeps and dashboards read.
+Every `metrics.jsonl` line carries catalog keys (an entry's only where that entry runs).
+TensorBoard and Prometheus (`ray_relay_<key>`) export exactly these keys; the learner dashboard
+and the Grafana dashboard draw the catalog's charts, and a test keeps Grafana in step.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..contracts.segment import ENV_FAULT_KINDS
@@ -16,7 +22,7 @@ from ..contracts.segment import ENV_FAULT_KINDS
 MAX_REWARDS = 32
 REWARD_FAULT_KINDS: tuple[str, ...] = ("raised", "timeout", "nonfinite", "length")
 
-METRICS: dict[str, str] = {
+RUN_METRICS: dict[str, str] = {
     # the run (driver)
     "iteration": "learner iterations (updates) so far",
     "env_steps": "valid (unmasked) env steps across all workers",
@@ -44,17 +50,11 @@ METRICS: dict[str, str] = {
     **{f"env_faults_{k}": f"env faults of kind {k}" for k in ENV_FAULT_KINDS},
     # the update (learner)
     "policy_loss": "clipped surrogate loss",
-    "value_loss": "value loss (PPO)",
     "entropy": "policy entropy",
     "approx_kl": "KL(old || new), k3 estimator",
     "clip_fraction": "fraction of samples whose ratio left the clip range",
-    "explained_variance": "1 - Var[returns - values] / Var[returns] (PPO)",
     "grad_norm": "global gradient norm before clipping",
     "lr": "learning rate of the update",
-    "kl_ref": "KL to the frozen reference policy (GRPO)",
-    "group_reward_std": "mean within-group std of episodic returns (GRPO)",
-    "group_reward_mean": "mean episodic return over groups (GRPO)",
-    "zero_std_group_fraction": "groups whose members all scored the same (GRPO)",
     "learner_samples_per_s": "samples the update processed per second",
     "update_s": "seconds the learner updated since the previous line",
     "wait_s": "seconds the learner waited for segments since the previous line",
@@ -90,13 +90,6 @@ METRICS: dict[str, str] = {
     "(learner.compile) or a language run's decoding step (generation.compile); flat after the first "
     "round: fixed shapes never recompile",
     "graph_breaks": "graph breaks dynamo took in the compiled update (learner.compile)",
-    "update_compiles": "graphs compiled for a language run's update (learner.compile): one per prompt "
-    "bucket and micro-batch size met (more under gradient checkpointing, whose transformers blocks "
-    "break the graph); it stops growing once each has been seen",
-    "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a diverging "
-    "core shows here; recurrent policies)",
-    "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
-    "segment (recurrent policies)",
     # the learner's device, where it can tell (learner/device_health.py)
     "device_utilization": "fraction of time the device computed (NVML, pyACL's AI Core use; not "
     "reported on the CPU, where torch's threads fill every core they may: learner_busy says it)",
@@ -119,41 +112,13 @@ METRICS: dict[str, str] = {
     "eval_iteration": "the iteration whose weights the evaluation played",
     "eval_weights_version": "the weights version the evaluation played",
     "eval_s": "seconds the evaluation took (on its own actor or thread)",
-    # language runs (model.kind=causal_lm): an episode is a completion, an env step a completion token
-    "reward_mean": "mean reward of the iteration's completions (those the rewards scored)",
-    "reward_std": "std of the iteration's completions' rewards",
-    **{
-        f"reward_{i}_mean": f"mean of the iteration's values of prompts.rewards[{i}] (before its weight)"
-        for i in range(MAX_REWARDS)
-    },
-    "completions": "completions generated so far",
-    "refill_rounds": "extra generations the iteration took to replace all-equal groups "
-    "(learner.grpo.refill_rounds)",
-    "completion_len_mean": "mean tokens of the iteration's completions (their end token included)",
-    "truncated_fraction": "fraction of the iteration's completions cut at generation.max_new_tokens",
-    "prompt_width": "the prompt bucket (tokens) the iteration's prompts were padded to",
-    "gen_s": "seconds the iteration's completions took to generate",
-    "reward_s": "seconds the rewards took to score them",
-    "logprob_s": "seconds the learner spent on the old policy's log-probs before the update",
-    "reference_s": "seconds the learner spent on the reference's log-probs (learner.kl_coef > 0)",
-    "weight_sync_s": "seconds to send the new weights to the generators (generation.placement=workers)",
-    "gen_tokens_per_s": "completion tokens generated per second of generation",
-    "trained_tokens_per_s": "completion tokens the update trained on per second of update",
-    "gen_logp_gap": "mean |learner log-prob - generator log-prob| over completion tokens "
-    "(generation.placement=workers: precision, numerics and staleness show)",
-    "is_weight_mean": "mean truncated importance weight learner / generator "
-    "(learner.grpo.importance_correction)",
-    "clip_low_fraction": "fraction of completion tokens clipped at 1 - learner.clip_ratio",
-    "clip_high_fraction": "fraction of completion tokens clipped at 1 + the upper clip (clip-higher)",
-    "reward_faults": "completions left without a reward: a reward raised, hung, or returned NaN or the "
-    "wrong length",
-    **{f"reward_faults_{k}": f"reward faults of kind {k}" for k in REWARD_FAULT_KINDS},
 }
 
 # Policy groups (multi_agent.policies): each group's mean episode return (over its agents'
 # episodes) is the episode statistic "policy_return_mean/<group>", and each group's own values of
 # POLICY_KEYS ride on the line as "policy/<group>/<key>" (the plain keys hold the groups' means).
-POLICY_RETURN_PREFIX = "policy_return_mean/"
+GROUP_RETURN = "policy_return_mean"
+POLICY_RETURN_PREFIX = GROUP_RETURN + "/"
 POLICY_PREFIX = "policy/"
 POLICY_KEYS: tuple[str, ...] = (
     "policy_loss",
@@ -176,11 +141,11 @@ STAT_PREFIXES: tuple[str, ...] = ("agent_return_mean/", POLICY_RETURN_PREFIX)
 
 
 def stat_means(stats: dict[str, list[float]]) -> dict[str, float]:
-    """Each episode statistic's mean over its window (names in METRICS or under STAT_PREFIXES)."""
+    """Each episode statistic's mean over its window (names in RUN_METRICS or under STAT_PREFIXES)."""
     return {
         name: float(sum(values) / len(values))
         for name, values in sorted(stats.items())
-        if values and (name in METRICS or name.startswith(STAT_PREFIXES))
+        if values and (name in RUN_METRICS or name.startswith(STAT_PREFIXES))
     }
 
 
@@ -223,7 +188,12 @@ def bottleneck(learner_busy: float) -> str:
     return "learner-bound" if learner_busy >= LEARNER_BOUND else "sampler-bound"
 
 
-CHARTS: list[dict[str, Any]] = [
+# What a dashboard draws: {"id", "title", "keys"} plus optional "band" (min/max keys), "unit",
+# "smooth" (a moving mean over that many lines), "optional" (drawn only where the run wrote its
+# first key) and "per_policy" (one line per policy group).
+Chart = dict[str, Any]
+
+RUN_CHARTS: list[Chart] = [
     {
         "id": "return",
         "title": "Episode return (mean of last 20, min–max band)",
@@ -238,11 +208,10 @@ CHARTS: list[dict[str, Any]] = [
         "optional": True,
     },
     {"id": "length", "title": "Episode length", "keys": ["episode_len_mean"]},
-    {"id": "loss", "title": "Policy / value loss", "keys": ["policy_loss", "value_loss"]},
+    {"id": "loss", "title": "Policy loss", "keys": ["policy_loss"]},
     {"id": "entropy", "title": "Entropy", "keys": ["entropy"]},
     {"id": "kl", "title": "Approx KL (k3)", "keys": ["approx_kl"]},
     {"id": "clip", "title": "Clip fraction", "keys": ["clip_fraction"]},
-    {"id": "ev", "title": "Explained variance", "keys": ["explained_variance"]},
     {"id": "grad", "title": "Grad norm", "keys": ["grad_norm"]},
     {"id": "lr", "title": "Learning rate", "keys": ["lr"]},
     {
@@ -297,11 +266,6 @@ CHARTS: list[dict[str, Any]] = [
         ],
     },
     {
-        "id": "recurrent",
-        "title": "Recurrent state: mean |state| at segment starts, resets per segment",
-        "keys": ["state_abs_mean", "state_resets_per_segment"],
-    },
-    {
         "id": "faults",
         "title": "AMP skipped steps, worker restarts, rejected segments",
         "keys": ["amp_skipped_steps", "worker_restarts", "rejected_segments"],
@@ -339,49 +303,76 @@ CHARTS: list[dict[str, Any]] = [
         "per_policy": True,
         "optional": True,
     },
-    {
-        "id": "grpo",
-        "title": "GRPO: KL to reference, group reward std",
-        "keys": ["kl_ref", "group_reward_std"],
-        "optional": True,
-    },
-    {
-        "id": "language",
-        "title": "Language run: reward, completion length, cut at max_new_tokens",
-        "keys": ["reward_mean", "completion_len_mean", "truncated_fraction"],
-        "optional": True,
-    },
-    {
-        "id": "tokens",
-        "title": "Language run: generated and trained tokens/s",
-        "keys": ["gen_tokens_per_s", "trained_tokens_per_s"],
-        "optional": True,
-    },
 ]
 
 # A "per_policy" chart draws each of its keys once per policy group: "policy_return_mean/<group>"
 # and "policy/<group>/<key>" on the lines; in Prometheus, the gauge "group_<key>" by its policy tag.
 GROUP_GAUGE_PREFIX = "group_"
-CHARTED_KEYS: list[str] = [
-    (GROUP_GAUGE_PREFIX + k if c.get("per_policy") else k)
-    for c in CHARTS
-    for k in [*c["keys"], *c.get("band", [])]
-]
+
+
+def chart_keys(chart: Chart) -> list[str]:
+    """The keys a chart draws (its band's included); "group_<key>" for a per-policy chart's."""
+    keys = [*chart["keys"], *chart.get("band", [])]
+    return [GROUP_GAUGE_PREFIX + k for k in keys] if chart.get("per_policy") else keys
+
+
+@dataclass(frozen=True)
+class MetricKeys:
+    """What one registry entry adds to the metrics lines of the runs it takes part in: its keys
+    with their meaning, and the charts that draw them (keys of its own or RUN_METRICS)."""
+
+    keys: Mapping[str, str]
+    charts: tuple[Chart, ...] = field(default=())
+
+
+RUN = MetricKeys(RUN_METRICS, tuple(RUN_CHARTS))
+
+
+class MetricCatalog:
+    """Every key a run may write: the run-wide ones, then each entry's, in the order given.
+
+    ValueError where two parts give one key different meanings, two charts share an id, or a
+    chart draws a key that neither its own part nor the run-wide keys declare: an entry can add
+    keys, never change one another entry owns."""
+
+    def __init__(self, entries: Iterable[MetricKeys], base: MetricKeys = RUN) -> None:
+        self.keys: dict[str, str] = {}
+        self.charts: list[Chart] = []
+        for part in (base, *entries):
+            for key, meaning in part.keys.items():
+                if self.keys.setdefault(key, meaning) != meaning:
+                    raise ValueError(f"metric {key!r} is declared twice with different meanings")
+            known = {*base.keys, *part.keys}
+            for chart in part.charts:
+                same = [c for c in self.charts if c["id"] == chart["id"]]
+                if same and same[0] != chart:
+                    raise ValueError(f"chart {chart['id']!r} is declared twice, differently")
+                # a per-policy chart draws group keys: POLICY_KEYS and each group's return
+                drawable = {*POLICY_KEYS, GROUP_RETURN} if chart.get("per_policy") else known
+                plain = [*chart["keys"], *chart.get("band", [])]
+                if unknown := [k for k in plain if k not in drawable]:
+                    raise ValueError(f"chart {chart['id']!r} draws undeclared keys: {', '.join(unknown)}")
+                if not same:
+                    self.charts.append(chart)
+
+    @property
+    def charted_keys(self) -> list[str]:
+        """Every key the charts draw, in chart order (per-policy ones as their gauge names)."""
+        return [k for c in self.charts for k in chart_keys(c)]
+
+    def numeric(self, record: dict[str, Any]) -> list[tuple[str, float]]:
+        """(key, value) of the record's finite numeric metrics that the catalog names, for the sinks."""
+        return [(k, float(v)) for k, v in record.items() if k in self.keys and _finite_number(v)]
+
+    def lines(self, record: dict[str, Any]) -> list[tuple[str, float]]:
+        """(name, value) of every finite numeric metric a sink with free-form names (TensorBoard,
+        MLflow, W&B) takes: catalog keys, then each policy group's as "policy/<group>/<key>"."""
+        groups = [(f"{POLICY_PREFIX}{g}/{k}", v) for g, k, v in group_metrics(record)]
+        return self.numeric(record) + groups
 
 
 def _finite_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def numeric_metrics(record: dict[str, Any]) -> list[tuple[str, float]]:
-    """(key, value) of the record's finite numeric metrics that METRICS names, for the sinks."""
-    return [(k, float(v)) for k, v in record.items() if k in METRICS and _finite_number(v)]
-
-
-def metric_lines(record: dict[str, Any]) -> list[tuple[str, float]]:
-    """(name, value) of every finite numeric metric a sink with free-form names (TensorBoard,
-    MLflow, W&B) takes: METRICS keys, then each policy group's as "policy/<group>/<key>"."""
-    return numeric_metrics(record) + [(f"{POLICY_PREFIX}{g}/{k}", v) for g, k, v in group_metrics(record)]
 
 
 def group_metrics(record: dict[str, Any]) -> list[tuple[str, str, float]]:

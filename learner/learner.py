@@ -96,7 +96,8 @@ def recurrent_state_stats(data: dict[str, torch.Tensor], segments: int) -> dict[
 
 @dataclass
 class UpdateOutcome:
-    """An update's metrics line fields (METRICS keys) and its count of skipped optimizer steps."""
+    """An update's metrics line fields (catalog keys, services/metric_keys.py) and its count of
+    skipped optimizer steps."""
 
     metrics: dict[str, Any]
     skipped_steps: int

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..contracts.config import RelayConfig
+from ..contracts.metrics import MetricKeys
 from ..contracts.spaces import EnvSpec
 
 
@@ -38,6 +39,8 @@ class ModelKind:
     reads_global_state = False
     # A language model: the run takes prompts, not an env (contracts/config.py LANGUAGE_KIND).
     language = False
+    # keys the runs of this kind add to the metrics line (services/metric_keys.py)
+    metrics = MetricKeys({})
 
     def config_problems(self, cfg: RelayConfig) -> list[str]:
         """Rules of this kind's settings, each naming fields and numbers (none by default)."""

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ...contracts.algorithm import AlgorithmTraits
 from ...contracts.config import LearnerConfig, RelayConfig
+from ...contracts.metrics import MetricKeys
 from ...contracts.segment import is_policy_input, state_resets
 from ...learner.device import DeviceContext
 from ...learner.precision import amp_enabled
@@ -84,6 +85,8 @@ class Algorithm:
 
     critic: ClassVar[bool] = True
     grouped: ClassVar[bool] = False
+    # the keys its `batch` and `loss` statistics add to the metrics line (services/metric_keys.py)
+    metrics: ClassVar[MetricKeys] = MetricKeys({})
 
     @classmethod
     def traits(cls) -> AlgorithmTraits:

@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from ...contracts.config import LearnerConfig, RelayConfig
+from ...contracts.metrics import MetricKeys
 from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from ...learner.device import DeviceContext
@@ -18,6 +19,23 @@ from ...policy.protocol import EnvPolicy
 class GRPO(Algorithm):
     critic = False
     grouped = True
+    # a language run's GRPO (learner/lm_learner.py) writes the same keys
+    metrics = MetricKeys(
+        {
+            "kl_ref": "KL to the frozen reference policy (GRPO)",
+            "group_reward_std": "mean within-group std of episodic returns (GRPO)",
+            "group_reward_mean": "mean episodic return over groups (GRPO)",
+            "zero_std_group_fraction": "groups whose members all scored the same (GRPO)",
+        },
+        (
+            {
+                "id": "grpo",
+                "title": "GRPO: KL to reference, group reward std",
+                "keys": ["kl_ref", "group_reward_std"],
+                "optional": True,
+            },
+        ),
+    )
 
     @staticmethod
     def config_problems(cfg: RelayConfig) -> list[str]:

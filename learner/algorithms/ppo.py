@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ...contracts.metrics import MetricKeys
 from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
 from ...learner.gae import EpisodeEnds, compute_gae
@@ -27,6 +28,16 @@ MAX_IS_WEIGHT = 2.0  # decoupled PPO: pi_prox / pi_behaviour, capped (lag-1 weig
 class PPO(Algorithm):
     critic = True
     grouped = False
+    metrics = MetricKeys(
+        {
+            "value_loss": "value loss (PPO)",
+            "explained_variance": "1 - Var[returns - values] / Var[returns] (PPO)",
+        },
+        (
+            {"id": "value_loss", "title": "Value loss", "keys": ["value_loss"]},
+            {"id": "ev", "title": "Explained variance", "keys": ["explained_variance"]},
+        ),
+    )
 
     def batch(self, data: dict[str, Tensor]) -> tuple[Batch, dict[str, float]]:
         """Advantages and returns over the round's [T, K*N] steps, flattened: the policy's input

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ...contracts.metrics import MetricKeys
 from ...policy.cores.fused import cell_weights, fused_outputs, template
 
 
@@ -40,6 +41,22 @@ class RecurrentCore(nn.Module):
     # A core whose cell is torch's LSTMCell / GRUCell names the fused RNN of the same cell
     # ("lstm", "gru"): its sequences replay through it (policy/cores/fused.py).
     fused: ClassVar[str | None] = None
+    # what the learner writes of a recurrent policy's rounds (learner/learner.py state_stats)
+    metrics: ClassVar[MetricKeys] = MetricKeys(
+        {
+            "state_abs_mean": "mean |value| of the recurrent state the round's segments start from (a "
+            "diverging core shows here; recurrent policies)",
+            "state_resets_per_segment": "recurrent states zeroed at episode starts inside a segment, per "
+            "segment (recurrent policies)",
+        },
+        (
+            {
+                "id": "recurrent",
+                "title": "Recurrent state: mean |state| at segment starts, resets per segment",
+                "keys": ["state_abs_mean", "state_resets_per_segment"],
+            },
+        ),
+    )
     cell: nn.Module  # the subclass's torch cell (LSTMCell, GRUCell, ...)
 
     def __init__(self, in_dim: int, size: int, out_size: int = 0) -> None:

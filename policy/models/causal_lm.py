@@ -10,12 +10,66 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...contracts.config import RelayConfig
+from ...contracts.metrics import MAX_REWARDS, REWARD_FAULT_KINDS, MetricKeys
 from ...contracts.spaces import EnvSpec
 from ...policy.trunk import ModelKind, TrunkModule
+
+# What a language run adds to the metrics line: an episode is a completion, an env step a
+# completion token (the learner, the generators and the reward actors write these).
+LANGUAGE_METRICS = MetricKeys(
+    {
+        "reward_mean": "mean reward of the iteration's completions (those the rewards scored)",
+        "reward_std": "std of the iteration's completions' rewards",
+        **{
+            f"reward_{i}_mean": f"mean of the iteration's values of prompts.rewards[{i}] (before its weight)"
+            for i in range(MAX_REWARDS)
+        },
+        "completions": "completions generated so far",
+        "refill_rounds": "extra generations the iteration took to replace all-equal groups "
+        "(learner.grpo.refill_rounds)",
+        "completion_len_mean": "mean tokens of the iteration's completions (their end token included)",
+        "truncated_fraction": "fraction of the iteration's completions cut at generation.max_new_tokens",
+        "prompt_width": "the prompt bucket (tokens) the iteration's prompts were padded to",
+        "gen_s": "seconds the iteration's completions took to generate",
+        "reward_s": "seconds the rewards took to score them",
+        "logprob_s": "seconds the learner spent on the old policy's log-probs before the update",
+        "reference_s": "seconds the learner spent on the reference's log-probs (learner.kl_coef > 0)",
+        "weight_sync_s": "seconds to send the new weights to the generators (generation.placement=workers)",
+        "gen_tokens_per_s": "completion tokens generated per second of generation",
+        "trained_tokens_per_s": "completion tokens the update trained on per second of update",
+        "gen_logp_gap": "mean |learner log-prob - generator log-prob| over completion tokens "
+        "(generation.placement=workers: precision, numerics and staleness show)",
+        "is_weight_mean": "mean truncated importance weight learner / generator "
+        "(learner.grpo.importance_correction)",
+        "clip_low_fraction": "fraction of completion tokens clipped at 1 - learner.clip_ratio",
+        "clip_high_fraction": "fraction of completion tokens clipped at 1 + the upper clip (clip-higher)",
+        "reward_faults": "completions left without a reward: a reward raised, hung, or returned NaN or the "
+        "wrong length",
+        **{f"reward_faults_{k}": f"reward faults of kind {k}" for k in REWARD_FAULT_KINDS},
+        "update_compiles": "graphs compiled for a language run's update (learner.compile): one per prompt "
+        "bucket and micro-batch size met (more under gradient checkpointing, whose transformers blocks "
+        "break the graph); it stops growing once each has been seen",
+    },
+    (
+        {
+            "id": "language",
+            "title": "Language run: reward, completion length, cut at max_new_tokens",
+            "keys": ["reward_mean", "completion_len_mean", "truncated_fraction"],
+            "optional": True,
+        },
+        {
+            "id": "tokens",
+            "title": "Language run: generated and trained tokens/s",
+            "keys": ["gen_tokens_per_s", "trained_tokens_per_s"],
+            "optional": True,
+        },
+    ),
+)
 
 
 class CausalLMKind(ModelKind):
     language = True
+    metrics = LANGUAGE_METRICS
 
     def env_problem(self, cfg: RelayConfig, env: EnvSpec) -> str | None:
         return "model.kind=causal_lm trains on prompts (prompts.train), not on an env"

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.config import RelayConfig, SweepConfig, build_config, config_leaves, is_code_value
-from ...contracts.metrics import METRICS
 from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
 from ...rollout_workers.worker import worker_resources
 from ...services.driver.preflight import check_config, preflight
+from ...services.metric_keys import METRICS
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
 
 DEFAULT_SAMPLES = {"random": 8, "optuna": 8, "grid": 1}
@@ -132,7 +132,7 @@ def check_options(options: SweepConfig, params: list[Param]) -> None:
     search, scheduler = options.search, options.scheduler
     if options.metric not in METRICS or options.metric in NOT_METRICS:
         raise SweepError(
-            f"sweep.metric={options.metric}: not a numeric metrics key (see contracts/metrics.py)"
+            f"sweep.metric={options.metric}: not a numeric metrics key (see services/metric_keys.py)"
         )
     if search == "grid":
         ranged = [p.key for p in params if not p.finite]

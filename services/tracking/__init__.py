@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...contracts.config import RelayConfig, redact_text
-from ...contracts.metrics import metric_lines as named_metrics
 from ...rollout_workers.user_code import one_line
+from ...services.metric_keys import CATALOG
 
 # config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -83,7 +83,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
 def metric_lines(record: dict[str, Any]) -> dict[str, Any]:
     """The numeric metrics of one line (what a tracker charts), with its env_steps and iteration."""
     return {
-        **dict(named_metrics(record)),
+        **dict(CATALOG.lines(record)),
         "env_steps": record["env_steps"],
         "iteration": record["iteration"],
     }

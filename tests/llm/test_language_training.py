@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relay_rl.contracts.metrics import METRICS
 from relay_rl.services.cli import main
+from relay_rl.services.metric_keys import METRICS
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 

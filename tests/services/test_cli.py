@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from relay_rl.contracts.metrics import METRICS, REQUIRED_KEYS
+from relay_rl.contracts.metrics import REQUIRED_KEYS
 from relay_rl.services.cli import main
+from relay_rl.services.metric_keys import METRICS
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]

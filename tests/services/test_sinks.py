@@ -8,9 +8,9 @@ import math
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from relay_rl.contracts.config import build_config
-from relay_rl.contracts.metrics import METRICS, numeric_metrics
 from relay_rl.services.driver.run_dir import RunDir
 from relay_rl.services.driver.sinks import MetricsSinks, truncate_metrics
+from relay_rl.services.metric_keys import CATALOG, METRICS
 
 
 def _run(tmp_path) -> RunDir:
@@ -46,8 +46,8 @@ def test_jsonl_is_strict_json_and_tensorboard_gets_the_declared_numeric_keys(tmp
     assert [e.step for e in events.Scalars("entropy")] == [256, 512]
 
 
-def test_numeric_metrics_filters_to_finite_declared_numbers():
-    got = dict(numeric_metrics(RECORD))
+def test_the_catalog_filters_to_finite_declared_numbers():
+    got = dict(CATALOG.numeric(RECORD))
     assert set(got) == {"iteration", "env_steps", "entropy", "worker_restarts"}
     assert all(k in METRICS and math.isfinite(v) for k, v in got.items())
 
