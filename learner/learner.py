@@ -6,8 +6,6 @@ in-process.
 from __future__ import annotations
 
 import copy
-import resource
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,10 +22,9 @@ from ..learner.algorithms import algorithm_class, segment_layout
 from ..learner.buffer import SegmentRingBuffer
 from ..learner.compiled import CompiledLoss
 from ..learner.device import DeviceContext, resolve_device
-from ..learner.device_health import DeviceHealth
 from ..learner.distributed import gather_moments, world_size
-from ..learner.heap import HeapGauge
 from ..learner.precision import is_convolutional, resolve_precision
+from ..learner.telemetry import LearnerTelemetry
 from ..learner.update import run_update
 from ..policy.models import ActorCritic, build_policy, weights_mismatch
 from ..policy.normalizer import Moments
@@ -55,17 +52,6 @@ class Arrivals:
     staged: list[Any]  # Arrival; a policy-grouped learner's GroupArrival (learner/policy_groups.py)
     lost: int = 0
     wait_s: float = 0.0
-
-
-def _peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process now: growth shows here long before an OOM."""
-    with open("/proc/self/statm", "rb") as f:  # one read, no psutil object per line
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def time_major(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -110,10 +96,7 @@ class Learner:
     def __init__(self, cfg: RelayConfig, env: EnvSpec, dev: DeviceContext | None = None) -> None:
         self.env = env
         self.dev = dev or resolve_device(cfg.learner.device, cfg.learner.npu_ids)
-        self.health = DeviceHealth(self.dev, cfg.learner.num_cpus)  # utilization, memory, temperature, power
-        self.heap = HeapGauge()  # live heap vs freed-but-kept: tells a leak from the allocator's swing
-        if self.health.problem:
-            print(f"relay learner: {self.health.problem}", file=sys.stderr, flush=True)
+        self.telemetry = LearnerTelemetry(self.dev, cfg.learner.num_cpus)
         torch.manual_seed(cfg.env.seed)
         algo_cls = algorithm_class(cfg.learner.algo)
         self.model: ActorCritic = build_policy(cfg, env, critic=algo_cls.critic).to(self.dev.device)
@@ -222,7 +205,8 @@ class Learner:
         # in lockstep a replica that lost a segment trains on its newest ones again.
         elif self.ready or (lockstep and self.buffer.size >= self.segments_per_update):
             update = self.update(progress)
-            out.metrics, out.amp_skipped_steps = update.metrics, update.skipped_steps
+            out.metrics = {**update.metrics, **self.telemetry.sample()}
+            out.amp_skipped_steps = update.skipped_steps
         out.phases = {**self.phases, "wait_s": arrivals.wait_s}
         self.phases = dict.fromkeys(LEARNER_PHASES, 0.0)
         return out
@@ -302,7 +286,6 @@ class Learner:
         self.algo.after_update(self.model, self.updates)
         if self.updates % self.cfg.learner.broadcast_interval == 0:
             self.version += 1
-        mem = self.dev.memory_stats()
         metrics = {
             **result.stats,
             **algo_stats,
@@ -316,16 +299,9 @@ class Learner:
             "buffer_fill": self.buffer.fill,
             "buffer_bytes": self.buffer.nbytes(),
             "segment_bytes": self.buffer.layout.nbytes(),
-            "device": str(self.dev),
             "precision": self.precision.name,
-            "device_memory_bytes": mem["allocated"],
-            "device_memory_peak_bytes": mem["peak"],
             "parameters": self.parameter_count,
             "learner_state_bytes": self.state_bytes(),
-            "host_memory_peak_bytes": _peak_rss_bytes(),
-            "learner_rss_bytes": rss_bytes(),
-            **{f"learner_{k}": v for k, v in self.heap.sample().items()},
-            **self.health.sample(),
         }
         return UpdateOutcome(metrics, result.skipped_steps)
 

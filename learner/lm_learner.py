@@ -12,7 +12,6 @@ chunks of positions (`learner.grpo.logprob_chunk`), so `[B, C, vocab]` logits ne
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from typing import Any
 
@@ -24,7 +23,7 @@ from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_pro
 from ..learner import lm_grpo
 from ..learner.compiled import counting_compile
 from ..learner.device import DeviceContext, resolve_device
-from ..learner.device_health import DeviceHealth
+from ..learner.telemetry import LearnerTelemetry
 from ..policy.causal_lm import (
     CausalLMPolicy,
     Completions,
@@ -67,10 +66,7 @@ class LanguageLearner:
         )
         self.kl = lc.kl_coef > 0
         self.amp, self.amp_dtype = lm_precision(cfg, self.dev)
-        # Utilization, memory, temperature and power of the device (NVML on cuda, pyACL on npu).
-        self.health = DeviceHealth(self.dev, lc.num_cpus)
-        if self.health.problem:
-            print(f"relay learner: {self.health.problem}", file=sys.stderr, flush=True)
+        self.telemetry = LearnerTelemetry(self.dev, lc.num_cpus)
         self.scaler = self.dev.grad_scaler(self.amp, self.amp_dtype)
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = self.dev.adam(trainable, lc.lr, eps=1e-8)
@@ -406,7 +402,12 @@ class LanguageLearner:
 
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         """One GRPO update on the round `generate_round` sampled, with one reward (or None: no
-        reward, no advantage) per completion. Returns the update's metrics."""
+        reward, no advantage) per completion. Returns the update's metrics and the learner's
+        telemetry (device and host memory, device health)."""
+        return {**self._update(rewards), **self.telemetry.sample()}
+
+    def _update(self, rewards: list[float | None]) -> dict[str, Any]:
+        """The update's own statistics (`train`)."""
         if self._kept:
             r = self._take_kept()
         elif self._round is not None:
@@ -450,7 +451,6 @@ class LanguageLearner:
         update_s = time.perf_counter() - t0
         n_epochs = max(lc.epochs, 1)
         counted = valid.float()
-        mem = self.dev.memory_stats()
         trained_tokens = int((mask * rows_in.unsqueeze(-1)).sum()) * n_epochs
         return {
             **{k: v / n_epochs for k, v in sums.items()},
@@ -465,12 +465,8 @@ class LanguageLearner:
             "update_s": update_s,
             "trained_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "learner_samples_per_s": mask.shape[0] * n_epochs / max(update_s, 1e-9),
-            "device": str(self.dev),
-            "device_memory_bytes": mem["allocated"],
-            "device_memory_peak_bytes": mem["peak"],
             **(self.decoder.counts() if self.decoder is not None else {}),
             **({"update_compiles": self.update_compiles} if lc.compile else {}),
-            **self.health.sample(),
         }
 
     # ---- weights and state --------------------------------------------------------------------

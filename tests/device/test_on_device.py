@@ -104,7 +104,7 @@ def test_the_learner_reports_what_its_device_says_about_itself():
     stood in for in tests/learner/test_device_health.py; this is the real reading)."""
     sampler, learner = _learner()
     metrics = learner.train_round([sampler.sample()]).metrics
-    assert metrics is not None and learner.health.problem is None, learner.health.problem
+    assert metrics is not None and learner.telemetry.health.problem is None, learner.telemetry.health.problem
     if resolve_device(DEVICE).type == "cpu":  # no utilization on the CPU: learner_busy says it
         assert "device_utilization" not in metrics
     else:
