@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..contracts.algorithm import AlgorithmTraits
+from ..contracts.config import RelayConfig
 from ..contracts.segment import Fields, Segment
 from ..rollout_workers.env_guard import Step
 from ..rollout_workers.multi_agent import ACTIVE_KEY, STATS_KEY
@@ -48,6 +50,11 @@ class ContinuingSampler(SamplerCore):
     their joint env."""
 
     autoreset = True
+
+    @staticmethod
+    def serves(cfg: RelayConfig, traits: AlgorithmTraits) -> bool:
+        """Any run: episodes run on across segments."""
+        return True
 
     @torch.no_grad()
     def sample(self) -> Segment:

@@ -23,6 +23,11 @@ from ..rollout_workers.sampler_core import SamplerCore
 class GroupedSampler(SamplerCore):
     autoreset = False  # members finish at different steps and wait as padding; resets are ours
 
+    @staticmethod
+    def serves(cfg: RelayConfig, traits: AlgorithmTraits) -> bool:
+        """An algorithm that compares whole episodes within groups (its traits say grouped)."""
+        return traits.grouped
+
     def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
         self.group_size = cfg.learner.group_size
         super().__init__(cfg, traits, worker_index)

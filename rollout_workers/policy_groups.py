@@ -33,6 +33,11 @@ GROUP_SALT = 1_000_000  # between groups' seed offsets (worker indices stay far 
 class PolicyGroupsSampler:
     """The samplers of every policy group of one rollout worker, around one joint env."""
 
+    @staticmethod
+    def serves(cfg: RelayConfig, traits: AlgorithmTraits) -> bool:
+        """A multi-agent env whose agents are split into policy groups (multi_agent.policies)."""
+        return cfg.multi_agent.policies is not None
+
     def __init__(self, cfg: RelayConfig, traits: AlgorithmTraits, worker_index: int = 0) -> None:
         if traits.grouped:
             raise ValueError(

@@ -116,3 +116,51 @@ def test_reseed_gives_a_reproducible_fresh_stream():
         assert np.array_equal(sa[k], sb[k]), k
     assert not np.array_equal(first["obs"][0], sa["obs"][0])
     assert a.seed_stream == 7 and fresh.seed_stream == 0
+
+
+# ---- the registry of rollout layouts (rollout_workers/sampler.py) ---------------------------------
+
+
+def test_each_run_gets_the_first_layout_that_serves_it():
+    from relay_rl.rollout_workers.sampler import layout_of
+    from tests.helpers import local_config
+
+    ppo = local_config("CartPole-v1")
+    grpo = local_config("CartPole-v1", "learner.algo=grpo", "learner.group_size=2")
+    groups = local_config(
+        "pettingzoo:mpe2.simple_tag_v3",
+        "multi_agent.policies={predator: [adversary_*], prey: [agent_*]}",
+    )
+    assert [layout_of(c, algorithm_traits(c)) for c in (ppo, grpo, groups)] == [
+        "continuing",
+        "grouped",
+        "policy_groups",
+    ]
+
+
+def test_a_new_layout_is_one_class_and_one_registry_line(monkeypatch):
+    """A layout that serves CartPole runs only, on top of the continuing one: registered, it is
+    the layout those runs sample with, and the others keep theirs."""
+    from relay_rl.rollout_workers import sampler as registry
+    from relay_rl.rollout_workers.continuing import ContinuingSampler
+    from tests.helpers import local_config
+
+    class Counting(ContinuingSampler):
+        calls = 0
+
+        @staticmethod
+        def serves(cfg, traits):
+            return cfg.env.id == "CartPole-v1"
+
+        def sample(self):
+            Counting.calls += 1
+            return super().sample()
+
+    monkeypatch.setattr(registry, "SAMPLERS", {"counting": Counting, **registry.SAMPLERS})
+    cfg = local_config("CartPole-v1", T=8, N=2)
+    sampler = registry.make_sampler(cfg, algorithm_traits(cfg))
+    seg = sampler.sample()
+    assert isinstance(sampler, Counting) and Counting.calls == 1 and seg["obs"].shape == (8, 2, 4)
+    sampler.close()
+    other = local_config("Acrobot-v1")
+    assert registry.layout_of(other, algorithm_traits(other)) == "continuing"
