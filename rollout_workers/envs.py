@@ -18,6 +18,7 @@ import numpy as np
 
 from ..contracts.config import EnvConfig, MultiAgentConfig
 from ..contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
+from ..policy.distributions import DISTRIBUTIONS
 from ..rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
 from ..rollout_workers.pomdp import register_pomdp
 from ..rollout_workers.preprocess import PREPROCESSORS, preprocessor
@@ -193,36 +194,19 @@ def check_env_id(env_id: str) -> None:
         raise EnvSpecError(f"env.id={env_id!r} is not a registered gymnasium env")
 
 
-def _starts(start: np.ndarray) -> tuple[int, ...]:
-    """The spaces' first choices, or () where every one is 0 (the common case reads as before)."""
-    flat = tuple(int(v) for v in np.asarray(start).reshape(-1))
-    return flat if any(flat) else ()
-
-
 def action_spec(space: gym.Space) -> ActionSpec:
-    """The ActionSpec of an env's (single) action space; EnvSpecError for what relay cannot act in."""
-    if isinstance(space, gym.spaces.Discrete):
-        return ActionSpec("discrete", int(space.n), start=_starts(np.asarray([space.start])))
-    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.size:
-        nvec = tuple(int(n) for n in space.nvec.reshape(-1))
-        shape = tuple(space.shape) if len(space.shape) > 1 else ()
-        return ActionSpec("multi_discrete", sum(nvec), nvec, _starts(space.start), shape)
-    if isinstance(space, gym.spaces.MultiBinary) and int(np.prod(space.shape)) > 0:
-        size = int(np.prod(space.shape))
-        return ActionSpec("multi_binary", size, env_shape=tuple(space.shape) if len(space.shape) > 1 else ())
-    if isinstance(space, gym.spaces.Box) and space.shape and int(np.prod(space.shape)) > 0:
-        if not np.issubdtype(space.dtype, np.floating):
-            raise EnvSpecError(f"unsupported action space {space}: a Box of actions must hold floats")
-        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-            raise EnvSpecError(
-                f"unsupported action space {space}: relay clips Gaussian actions to the Box's bounds, "
-                "and these are infinite (wrap the env to rescale its actions to finite bounds)"
-            )
-        size = int(np.prod(space.shape))
-        return ActionSpec("continuous", size, env_shape=tuple(space.shape) if len(space.shape) > 1 else ())
+    """The ActionSpec of an env's (single) action space, from the first action distribution that
+    acts in it (policy/distributions/, in registry order); EnvSpecError for what none can."""
+    for dist in DISTRIBUTIONS.values():
+        try:
+            spec = dist.from_space(space)
+        except ValueError as err:
+            raise EnvSpecError(f"unsupported action space {space}: {err}") from None
+        if spec is not None:
+            return spec
+    kinds = [d.space_name for d in DISTRIBUTIONS.values()]
     raise EnvSpecError(
-        f"unsupported action space {space}: relay handles Discrete, MultiDiscrete, MultiBinary and "
-        "Box (of at least one number)"
+        f"unsupported action space {space}: relay handles {', '.join(kinds[:-1])} and {kinds[-1]}"
     )
 
 

@@ -9,6 +9,8 @@ float32 [B] whatever the autocast dtype: ratios of exp(logp) are what PPO clips.
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -36,8 +38,28 @@ def usable_mask_np(mask: np.ndarray | None) -> np.ndarray | None:
     return mask | ~mask.any(axis=-1, keepdims=True)
 
 
+def env_shape(space: Any) -> tuple[int, ...]:
+    """The env's own shape of a vector action, kept where it is not flat (() where it is)."""
+    return tuple(space.shape) if len(space.shape) > 1 else ()
+
+
+def starts(start: Any) -> tuple[int, ...]:
+    """A space's first choices, or () where every one is 0 (the common case reads as before)."""
+    flat = tuple(int(v) for v in np.asarray(start).reshape(-1))
+    return flat if any(flat) else ()
+
+
 class ActionDistribution:
-    """One family of action distributions over an ActionSpec."""
+    """One family of action distributions over an ActionSpec. `space_name`: the gymnasium action
+    space it acts in, as an error line names it."""
+
+    space_name: ClassVar[str] = ""
+
+    def from_space(self, space: Any) -> ActionSpec | None:
+        """The ActionSpec of an env's (single) gymnasium action space where this family acts in
+        it, None where the space is not its kind; ValueError (one line) where it is its kind but
+        not one it can act in."""
+        raise NotImplementedError
 
     def draw_noise(self, spec: ActionSpec, batch: int, generator: torch.Generator) -> Tensor:
         """Exploration noise on the CPU from a seeded generator (the same bits on any device):

@@ -3,16 +3,26 @@ caller's uniform u_i < sigmoid(logit_i)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from ...contracts.spaces import ActionSpec
-from ...policy.distributions.base import ActionDistribution
+from ...policy.distributions.base import ActionDistribution, env_shape
 
 
 class Bernoulli(ActionDistribution):
+    space_name = "MultiBinary"
+
+    def from_space(self, space: Any) -> ActionSpec | None:
+        if not (isinstance(space, gym.spaces.MultiBinary) and int(np.prod(space.shape)) > 0):
+            return None
+        return ActionSpec("multi_binary", int(np.prod(space.shape)), env_shape=env_shape(space))
+
     def sample(
         self, spec: ActionSpec, params: Tensor, noise: Tensor, mask: Tensor | None, log_std: Tensor | None
     ) -> Tensor:

@@ -8,12 +8,21 @@ choice, and the clamp to it guards that edge.
 
 from __future__ import annotations
 
+from typing import Any
+
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 
 from ...contracts.spaces import ActionSpec
-from ...policy.distributions.base import MASKED_LOGIT, ActionDistribution, usable_mask, usable_mask_np
+from ...policy.distributions.base import (
+    MASKED_LOGIT,
+    ActionDistribution,
+    starts,
+    usable_mask,
+    usable_mask_np,
+)
 
 
 def masked_logits(logits: Tensor, mask: Tensor | None) -> Tensor:
@@ -70,6 +79,13 @@ def np_sample_categorical(
 
 
 class Categorical(ActionDistribution):
+    space_name = "Discrete"
+
+    def from_space(self, space: Any) -> ActionSpec | None:
+        if not isinstance(space, gym.spaces.Discrete):
+            return None
+        return ActionSpec("discrete", int(space.n), start=starts([space.start]))
+
     def sample(
         self, spec: ActionSpec, params: Tensor, noise: Tensor, mask: Tensor | None, log_std: Tensor | None
     ) -> Tensor:

@@ -4,16 +4,32 @@ log-std parameter; actions = mean + std * the caller's standard normals."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 
 from ...contracts.spaces import ActionSpec
-from ...policy.distributions.base import ActionDistribution
+from ...policy.distributions.base import ActionDistribution, env_shape
 
 
 class DiagGaussian(ActionDistribution):
+    space_name = "Box (of at least one number)"
+
+    def from_space(self, space: Any) -> ActionSpec | None:
+        if not (isinstance(space, gym.spaces.Box) and space.shape and int(np.prod(space.shape)) > 0):
+            return None
+        if not np.issubdtype(space.dtype, np.floating):
+            raise ValueError("a Box of actions must hold floats")
+        if not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+            raise ValueError(
+                "relay clips Gaussian actions to the Box's bounds, and these are infinite (wrap the "
+                "env to rescale its actions to finite bounds)"
+            )
+        return ActionSpec("continuous", int(np.prod(space.shape)), env_shape=env_shape(space))
+
     def draw_noise(self, spec: ActionSpec, batch: int, generator: torch.Generator) -> Tensor:
         return torch.randn(spec.noise_shape(batch), generator=generator)
 

@@ -4,13 +4,15 @@ of the mask), log-probs and entropies summed over components."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
 
 from ...contracts.spaces import ActionSpec
-from ...policy.distributions.base import ActionDistribution
+from ...policy.distributions.base import ActionDistribution, env_shape, starts
 from ...policy.distributions.categorical import (
     categorical_logp_entropy,
     greedy_categorical,
@@ -28,6 +30,14 @@ def _parts(spec: ActionSpec, params: Tensor, mask: Tensor | None) -> list[tuple[
 
 
 class MultiCategorical(ActionDistribution):
+    space_name = "MultiDiscrete"
+
+    def from_space(self, space: Any) -> ActionSpec | None:
+        if not (isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.size):
+            return None
+        nvec = tuple(int(n) for n in space.nvec.reshape(-1))
+        return ActionSpec("multi_discrete", sum(nvec), nvec, starts(space.start), env_shape(space))
+
     def sample(
         self, spec: ActionSpec, params: Tensor, noise: Tensor, mask: Tensor | None, log_std: Tensor | None
     ) -> Tensor:
