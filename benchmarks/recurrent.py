@@ -239,10 +239,10 @@ def replay_table(env_steps: int) -> str:
         times = {}
         for replay in ("step loop", "fused"):
             learner = Learner(cfg, sampler.spec)
-            if replay == "step loop":  # a core without its fused RNN replays step by step
+            if replay == "step loop":  # a core without its fused RNN's template replays step by step
                 for module in learner.model.modules():
                     if isinstance(module, RecurrentCore):
-                        module.fused_replay = False
+                        module._rnn = []
             learner.train_round(segments)
             best = float("inf")
             for _ in range(3):

@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch._dynamo
 from torch import Tensor
 
+from ..policy.compiling import Backend, counting_compile
 from ..policy.protocol import EnvPolicy
 
 Batch = dict[str, Tensor]
 LossFn = Callable[[EnvPolicy, Batch], tuple[Tensor, dict[str, Tensor]]]
-Backend = Callable[..., Any]
 
 
 def graph_breaks_so_far() -> int:
     """Graph breaks dynamo has taken in this process (its counters are process-wide)."""
     return int(sum(torch._dynamo.utils.counters["graph_break"].values()))
-
-
-def counting_compile(fn: Callable[..., Any], backend: Backend, counter: Callable[[], None]) -> Any:
-    """`fn` under torch.compile (fixed shapes) with a backend that calls `counter` per graph."""
-
-    def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        counter()
-        return backend(gm, example_inputs)
-
-    return torch.compile(fn, backend=counting, dynamic=False)
 
 
 class CompiledLoss:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch._dynamo
 
+from ..policy.compiling import torch_backend
+
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Ray exports the ids it assigned through these variables, so inside the actor the
@@ -234,7 +236,7 @@ class DeviceContext:
                     "set learner.compile_backend=aot_eager to trace without it"
                 ) from err
             return torchair.get_npu_backend(compiler_config=compiler_config.CompilerConfig())
-        return torch._dynamo.lookup_backend("inductor" if name == "auto" else name)
+        return torch_backend(name)
 
     def distributed_backend(self) -> str:
         """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""

@@ -21,7 +21,6 @@ import torch
 from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left
 from ..learner import lm_grpo
-from ..learner.compiled import counting_compile
 from ..learner.device import DeviceContext, resolve_device
 from ..learner.telemetry import LearnerTelemetry
 from ..policy.causal_lm import (
@@ -33,6 +32,7 @@ from ..policy.causal_lm import (
     completion_ids,
     wire_weights,
 )
+from ..policy.compiling import counting_compile
 from ..policy.lm_decoding import StaticDecoder
 
 
@@ -83,22 +83,16 @@ class LanguageLearner:
         # learner.compile: the update's log-probs (forward, and backward through AOTAutograd)
         # compiled once per prompt bucket and micro-batch size; the frozen passes stay eager.
         self.update_compiles = 0
+        # The device's backend, resolved once for both (on npu it imports torchair: only if asked).
+        backend = self.dev.compile_backend(lc.compile_backend) if lc.compile or gen.compile else None
         self._trained_logp = (
-            counting_compile(
-                CausalLMPolicy.completion_logp, self.dev.compile_backend(lc.compile_backend), self._count
-            )
-            if lc.compile
+            counting_compile(CausalLMPolicy.completion_logp, backend, self._count)
+            if backend is not None and lc.compile
             else CausalLMPolicy.completion_logp
         )
         self.decoder = (
-            StaticDecoder(
-                self.policy,
-                self.dev.compile_backend(lc.compile_backend),
-                self.buckets[-1],
-                gen.temperature,
-                gen.top_k,
-            )
-            if gen.compile
+            StaticDecoder(self.policy, backend, self.buckets[-1], gen.temperature, gen.top_k)
+            if backend is not None and gen.compile
             else None
         )
         self.version = 0

@@ -31,6 +31,7 @@ import torch._dynamo
 from torch import Tensor
 
 from .causal_lm import CausalLMPolicy, Completions, capped, next_token, positions, sampling_noise
+from .compiling import counting_compile, torch_backend
 
 
 class DecoderError(RuntimeError):
@@ -84,8 +85,8 @@ class StaticDecoder:
         # Dynamo caches compiled frames on the step's code object, shared by every decoder of the
         # process: a decoder starts from an empty cache so its count is its own.
         torch._dynamo.reset()
-        if isinstance(backend, str):  # a backend torch names (inductor, aot_eager, eager)
-            backend = torch._dynamo.lookup_backend(backend)
+        if isinstance(backend, str):  # a backend torch names (auto: inductor, aot_eager, eager)
+            backend = torch_backend(backend)
         self.policy, self.max_prompt = policy, int(max_prompt)
         self.temperature, self.top_k = float(temperature), int(top_k)
         self.compiles = 0
@@ -95,12 +96,7 @@ class StaticDecoder:
         self._width = 0
         self._cache: Any = None
         self._key = policy._cache  # the forward's KV-cache keyword (cache / past_key_values)
-
-        def counting(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            self.compiles += 1
-            return backend(gm, example_inputs)
-
-        self._step = torch.compile(self._decode_step, backend=counting, fullgraph=True, dynamic=False)
+        self._step = counting_compile(self._decode_step, backend, self._count, fullgraph=True)
 
     def counts(self) -> dict[str, int]:
         """The metrics line's `compiles`."""
@@ -185,6 +181,9 @@ class StaticDecoder:
             tok, logp, live, done = self._step(tok, attn, last, noise, done)
         self._count_warm()
         return Completions(tokens[:batch], mask[:batch], logps[:batch], done[:batch])
+
+    def _count(self) -> None:
+        self.compiles += 1
 
     def _count_warm(self) -> None:
         if self.warm_compiles is None:

@@ -19,6 +19,7 @@ import torch
 
 from ..contracts.config import RelayConfig
 from ..policy.causal_lm import build_language_policy, load_wire
+from ..policy.compiling import torch_backend
 from ..policy.lm_decoding import StaticDecoder
 from .worker import adopt_workdir
 
@@ -41,9 +42,9 @@ class Generator:
         self.version = -1
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
         gen = cfg.generation
-        # generation.compile: the compiled static-cache step on these CPUs (inductor under auto:
-        # the learner's device backend is not this actor's).
-        backend = "inductor" if cfg.learner.compile_backend == "auto" else cfg.learner.compile_backend
+        # generation.compile: the compiled static-cache step on these CPUs, with torch's backend
+        # of that name (the learner's device graph mode is not this actor's).
+        backend = torch_backend(cfg.learner.compile_backend)
         self.decode = (
             StaticDecoder(
                 self.policy,

@@ -69,7 +69,6 @@ class RecurrentCore(nn.Module):
         self.out_dim = out_size or size
         # Not a submodule: weightless (on the meta device), it lends the fused RNN's forward.
         self._rnn = [template(self.fused, in_dim, size)] if self.fused else []
-        self.fused_replay = self.fused is not None  # False: replay step by step (benchmarks)
 
     def cell_step(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, in_dim], state [B, state_size] -> (the cell's output [B, size], next state)."""
@@ -94,7 +93,7 @@ class RecurrentCore(nn.Module):
         # depend on where episodes start, a new shape for every minibatch; unrolled in the
         # graph, the loop's shapes are fixed and it compiles once.
         # (is_compiling first: dynamo breaks the graph on merely touching the RNN template.)
-        if torch.compiler.is_compiling() or final_state or not self.fused_replay or x.shape[0] == 1:
+        if torch.compiler.is_compiling() or final_state or not self._rnn or x.shape[0] == 1:
             return self.sequence_reference(x, state, starts, detach_before)
         weights = cell_weights(self.cell)
         lstm = self.fused == "lstm"

@@ -26,10 +26,11 @@ from ...rollout_workers.worker import worker_resources
 from ...services.driver.preflight import check_config, preflight
 from ...services.metric_keys import METRICS
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
+from ...services.tracking import TRACKERS
 
 DEFAULT_SAMPLES = {"random": 8, "optuna": 8, "grid": 1}
 # Leaves a sweep sets itself, or that name where its files go: never swept.
-NOT_SWEPT = ("sweep.", "metrics.runs_dir", "metrics.run_name", "metrics.mlflow", "metrics.wandb")
+NOT_SWEPT = ("sweep.", "metrics.runs_dir", "metrics.run_name", *(f"metrics.{name}" for name in TRACKERS))
 # PBT restores one trial's checkpoint into another: these would not fit (model shapes, spaces,
 # the algorithm) or would change what a running trial reserved from the cluster.
 NOT_PERTURBED = (

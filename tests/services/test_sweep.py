@@ -123,6 +123,7 @@ def test_a_plan_draws_checked_trials_and_names_them(tmp_path):
         (["sweep.params={learner.epochs: 'grid(0, 1)'}"], "learner.epochs=0"),
         (["sweep.params={learner.nope: 'choice(1)'}"], "no such config leaf"),
         (["sweep.params={metrics.runs_dir: 'choice(a, b)'}"], "set by the sweep itself"),
+        (["sweep.params={metrics.wandb.mode: 'choice(online, offline)'}"], "set by the sweep itself"),
         (["sweep.params={learner.lr: 'uniform(1e-4,1e-3)'}", "sweep.search=grid"], "is a range"),
         (["sweep.params={learner.lr: 'grid(1e-4,1e-3)'}", "sweep.search=optuna"], "is a grid"),
         (
