@@ -77,9 +77,14 @@ class ActionSpec:
         return (self.size,)
 
     @property
+    def floats(self) -> bool:
+        """Actions are float vectors (an env's Box: clipped to its bounds on the way to the env)."""
+        return self.kind not in INTEGER_ACTIONS
+
+    @property
     def dtype(self) -> np.dtype:
         """int64 choices and bits, float32 vectors."""
-        return np.dtype(np.int64 if self.kind in INTEGER_ACTIONS else np.float32)
+        return np.dtype(np.float32 if self.floats else np.int64)
 
     @property
     def param_size(self) -> int:

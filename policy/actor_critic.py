@@ -150,7 +150,7 @@ class ActorCritic(nn.Module):
         self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
         if self.v_head is not None:
             init_linear(self.v_head, 1.0)
-        if action.kind == "continuous":
+        if distribution(action.kind).learned_log_std:
             self.log_std = nn.Parameter(torch.full((action.size,), float(init_log_std)))
 
     def synthetic_obs(self, batch: int, obs_shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
@@ -291,7 +291,7 @@ class ActorCritic(nn.Module):
 
     @property
     def _log_std(self) -> Tensor | None:
-        return self.log_std if self.action.kind == "continuous" else None
+        return self.log_std if distribution(self.action.kind).learned_log_std else None
 
     def log_prob_entropy(self, params: Tensor, actions: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Log-probs and entropies [B], float32 even under autocast."""

@@ -127,7 +127,7 @@ class NumpyPolicy:
                 if cell:
                     self.cores.append((self.core.np_prepare(cell), cell["cell.weight_hh"].shape[1]))
         self.head = (np.ascontiguousarray(head_w), head_b.copy())
-        self.log_std = arr.get("log_std") if self.action.kind == "continuous" else None
+        self.log_std = arr.get("log_std") if distribution(self.action.kind).learned_log_std else None
         self.mean = arr["normalizer.mean"]
         self.inv_scale = 1.0 / np.sqrt(arr["normalizer.var_sum"] / arr["normalizer.steps"])
 

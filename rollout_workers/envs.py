@@ -386,7 +386,7 @@ def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.n
     clipped to its bounds and in its shape, choices moved to the space's `start`, bits in its
     shape and dtype. (Segments keep the sampled ones, so log-probs match.)"""
     actions = spec.to_env(actions)
-    if spec.kind == "continuous":
+    if spec.floats:
         low, high = getattr(space, "low", None), getattr(space, "high", None)
         return np.clip(actions, low, high) if low is not None else actions
     return actions.astype(space.dtype, copy=False)

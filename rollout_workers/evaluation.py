@@ -95,7 +95,7 @@ def model_act(
         x = fields_to_torch(fields)
         noise = draw_noise(model.action, len(next(iter(x.values()))), gen) if stochastic else None
         actions, state = model.choose(x, noise)
-        if transform is not None and model.action.kind == "continuous":
+        if transform is not None and model.action.floats:
             actions = transform(actions)
         return actions.numpy(), None if state is None else state.numpy()
 

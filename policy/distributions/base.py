@@ -54,6 +54,9 @@ class ActionDistribution:
     space it acts in, as an error line names it."""
 
     space_name: ClassVar[str] = ""
+    # The family has a learned state-independent log std beside its head (the policy's `log_std`
+    # parameter [A], in its state dict and the numpy mirror).
+    learned_log_std: ClassVar[bool] = False
 
     def from_space(self, space: Any) -> ActionSpec | None:
         """The ActionSpec of an env's (single) gymnasium action space where this family acts in

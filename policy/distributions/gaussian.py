@@ -17,6 +17,7 @@ from ...policy.distributions.base import ActionDistribution, env_shape
 
 class DiagGaussian(ActionDistribution):
     space_name = "Box (of at least one number)"
+    learned_log_std = True
 
     def from_space(self, space: Any) -> ActionSpec | None:
         if not (isinstance(space, gym.spaces.Box) and space.shape and int(np.prod(space.shape)) > 0):

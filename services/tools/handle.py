@@ -19,6 +19,7 @@ from ...contracts.config import RelayConfig
 from ...contracts.segment import Fields, as_fields
 from ...contracts.spaces import EnvSpec, ObsLeaf
 from ...policy.actor_critic import STATE
+from ...policy.distributions import distribution
 from ...policy.models import ActorCritic
 
 RELAY_CONFIG_KEY = "relay_config"  # ONNX metadata: the resolved config of the run that trained the graph
@@ -125,7 +126,7 @@ class PolicyHandle:
 
     @property
     def continuous(self) -> bool:
-        return self.model.action.kind == "continuous"
+        return self.model.action.floats
 
 
 def synthetic_leaf(leaf: ObsLeaf, batch: int, generator: torch.Generator) -> Tensor:
@@ -180,7 +181,7 @@ class DeterministicPolicy(nn.Module):
         fields = dict(zip(self.names, inputs, strict=True))
         params, state = self.model.policy_step(fields)
         carried = () if state is None else (state,)
-        if self.model.action.kind == "continuous":
+        if distribution(self.model.action.kind).learned_log_std:  # mean and std, as ML-Agents exports
             std = self.model.log_std.exp().expand_as(params)
             action = self.transform(params)
             if self.env_shape:

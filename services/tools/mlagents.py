@@ -91,7 +91,7 @@ class ImportedMlp:
             first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), "")[:160]
             raise PolicyLoadError(f"{source}: layers whose shapes do not fit together ({first})") from None
         env = EnvSpec((self.obs_dim,), self.action)
-        transform = mlagents_clip if self.action.kind == "continuous" and self.clipped else identity
+        transform = mlagents_clip if self.action.floats and self.clipped else identity
         return PolicyHandle(model.eval(), source, env, None, transform)
 
     def _copy_into(self, model: Any, lstm: tuple[np.ndarray, ...] | None) -> None:
