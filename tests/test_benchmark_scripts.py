@@ -71,6 +71,18 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
         ("serve.py", ["--wait-ms", "2,-1"], "serve.py: --wait-ms '2,-1': comma-separated milliseconds >= 0"),
         ("serve.py", ["--wait-ms", "soon"], "serve.py: --wait-ms 'soon': comma-separated milliseconds >= 0"),
         (
+            "retention.py",
+            ["--configs", "cartpole_ppo,atlantis"],
+            "retention.py: --configs 'cartpole_ppo,atlantis': choose from cartpole_ppo, cartpole_grpo, "
+            "cartpole_novel_lstm_ppo, taxi_ppo, pendulum_ppo, minigrid_doorkey_ppo, pistonball_ppo",
+        ),
+        (
+            "retention.py",
+            ["--seeds", "0,one"],
+            "retention.py: --seeds '0,one' --scale 1.0: whole seeds, comma-separated, "
+            "and a scale in (0, 100]",
+        ),
+        (
             "device_report.py",
             ["--only", "1,7"],
             "device_report.py: --only '1,7': section numbers 1-6, comma-separated",
@@ -132,3 +144,24 @@ def test_the_sweep_benchmark_refuses_no_repeats():
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == ["sweeps.py: --repeats must be at least 1"]
+
+
+def test_retention_is_the_share_of_the_gain_a_run_still_holds():
+    """benchmarks/retention.py's summary of one run's curve, on returns of either sign."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("retention", ROOT / "benchmarks" / "retention.py")
+    retention = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(retention)
+
+    def lines(returns):
+        return [{"env_steps": 1000 * (i + 1), "episode_return_mean": r} for i, r in enumerate(returns)]
+
+    held = retention.curve_summary(lines([None, 10, 200, 500, 480, 500, 490, 500, 495]))
+    assert held["first"] == 10 and held["peak"] == 500 and held["peak_steps"] == 4000
+    assert held["last_third"] == (500 + 490 + 500 + 495) / 4 and held["kept"] > 0.97
+    forgot = retention.curve_summary(lines([-1500, -400, -200, -900, -1300, -1400]))  # Pendulum-like
+    # the last third: the steps from 4,000 of 6,000 on
+    assert forgot["peak"] == -200 and forgot["kept"] == pytest.approx((-1200 + 1500) / 1300)
+    assert retention.curve_summary(lines([None, None])) is None
