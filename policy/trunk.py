@@ -42,6 +42,10 @@ class ModelKind:
     # keys the runs of this kind add to the metrics line (services/metric_keys.py)
     metrics = MetricKeys({})
 
+    def run_source(self, cfg: RelayConfig) -> str:
+        """What a run of this kind trains on, for its default run name: the env id."""
+        return cfg.env.id
+
     def config_problems(self, cfg: RelayConfig) -> list[str]:
         """Rules of this kind's settings, each naming fields and numbers (none by default)."""
         return []

@@ -95,8 +95,14 @@ class Generator:
         }
 
 
+def generator_count(cfg: RelayConfig) -> int:
+    """Generator actors the run has: one beside each reward actor (rollout.num_workers) where a
+    language run generates on workers (generation.placement=workers), else none."""
+    return cfg.rollout.num_workers if cfg.language and cfg.generation.placement == "workers" else 0
+
+
 def create_generators(cfg: RelayConfig) -> list[Any]:
-    """rollout.num_workers generator actors, rollout.num_cpus_per_worker CPUs each."""
+    """`generator_count` generator actors, rollout.num_cpus_per_worker CPUs each."""
     cls = ray.remote(Generator).options(num_cpus=cfg.rollout.num_cpus_per_worker, max_restarts=0)
     data = cfg.model_dump(mode="json")
-    return [cls.remote(data, i, os.getcwd()) for i in range(cfg.rollout.num_workers)]
+    return [cls.remote(data, i, os.getcwd()) for i in range(generator_count(cfg))]

@@ -8,6 +8,7 @@ Not a trunk under relay's heads: the language model, its own head and its KV cac
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from ...contracts.config import RelayConfig
 from ...contracts.metrics import MAX_REWARDS, REWARD_FAULT_KINDS, MetricKeys
@@ -70,6 +71,10 @@ LANGUAGE_METRICS = MetricKeys(
 class CausalLMKind(ModelKind):
     language = True
     metrics = LANGUAGE_METRICS
+
+    def run_source(self, cfg: RelayConfig) -> str:
+        """The model folder's name."""
+        return Path(cfg.model.path).name if cfg.model.path else "model"
 
     def env_problem(self, cfg: RelayConfig, env: EnvSpec) -> str | None:
         return "model.kind=causal_lm trains on prompts (prompts.train), not on an env"

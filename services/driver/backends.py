@@ -33,11 +33,17 @@ from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 class LocalBackend:
     """Sampler and learner in this process: the same code as the actors, for debugging and tests."""
 
-    def __init__(self, cfg: RelayConfig) -> None:
+    def __init__(self, cfg: RelayConfig, env_spec: EnvSpec | None = None) -> None:
+        # (the env spec preflight found: the local sampler reads its own)
         self.sampler = make_sampler(cfg, algorithm_traits(cfg), 0)
         self.env_spec = self.sampler.spec
         self.learner = make_learner(cfg, self.env_spec)
         self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
+
+    @staticmethod
+    def actors_per_worker(cfg: RelayConfig) -> int:
+        """Actors of rollout.num_cpus_per_worker CPUs per rollout worker (none run here)."""
+        return 0
 
     def describe(self) -> dict[str, Any]:
         return {"mode": "local", "device": str(self.learner.dev), "workers": 0}
@@ -93,6 +99,11 @@ class RayBackend:
     async: workers keep up to `max_segments_in_flight` samples outstanding while the learner
     updates; submissions stop while a backlog waits, so object-store use stays bounded.
     """
+
+    @staticmethod
+    def actors_per_worker(cfg: RelayConfig) -> int:
+        """Actors of rollout.num_cpus_per_worker CPUs per rollout worker: the worker."""
+        return 1
 
     def __init__(self, cfg: RelayConfig, env_spec: EnvSpec) -> None:
         self.cfg = cfg
@@ -375,9 +386,14 @@ def check_worker_spec(cfg: RelayConfig, env_spec: EnvSpec, worker: Any) -> None:
         )
 
 
-def make_backend(cfg: RelayConfig, env_spec: EnvSpec) -> Backend:
-    """Local mode without workers, else Ray actors (Ray must be initialized); a language run's
-    own backend (generation on the learner, rewards on CPU actors)."""
+def backend_class(cfg: RelayConfig) -> type[LocalBackend] | type[RayBackend] | type[LanguageBackend]:
+    """Local mode without workers, else Ray actors; a language run's own backend (generation on
+    the learner or generator actors, rewards on CPU actors)."""
     if cfg.language:
-        return LanguageBackend(cfg, env_spec)
-    return LocalBackend(cfg) if cfg.rollout.num_workers == 0 else RayBackend(cfg, env_spec)
+        return LanguageBackend
+    return LocalBackend if cfg.rollout.num_workers == 0 else RayBackend
+
+
+def make_backend(cfg: RelayConfig, env_spec: EnvSpec) -> Backend:
+    """The run's backend (`backend_class`); Ray must be initialized for one with actors."""
+    return backend_class(cfg)(cfg, env_spec)

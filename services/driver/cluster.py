@@ -81,14 +81,14 @@ def end_children() -> None:
     psutil.wait_procs(alive, timeout=3)
 
 
-def init_ray(cfg: RelayConfig, address: str | None) -> bool:
-    """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it."""
+def init_ray(cfg: RelayConfig, address: str | None, actors_per_worker: int = 1) -> bool:
+    """Connect to a cluster (--address or RAY_ADDRESS) or start a local one. True if we started it.
+    `actors_per_worker`: the backend's actors of rollout.num_cpus_per_worker CPUs per rollout
+    worker (a language run's generators beside its reward actors make 2)."""
     # Logical CPUs: a 2-core laptop still runs 2 workers + the learner (they oversubscribe, as
     # processes do).
-    # A language run with generation.placement=workers has a generator beside each reward actor.
-    per_worker = 2 if cfg.language and cfg.generation.placement == "workers" else 1
     needed = (
-        per_worker * cfg.rollout.num_workers * worker_resources(cfg)["CPU"]
+        actors_per_worker * cfg.rollout.num_workers * worker_resources(cfg)["CPU"]
         + cfg.learner.num_learners * learner_resources(cfg)["CPU"]
         + (cfg.eval.num_cpus if cfg.eval.every_iterations else 0.0)
     )

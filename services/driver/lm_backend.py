@@ -27,7 +27,7 @@ from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
 from ...policy.causal_lm import PackedWeights
 from ...rollout_workers.evaluator import EvalReport
-from ...rollout_workers.generator import create_generators
+from ...rollout_workers.generator import create_generators, generator_count
 from ...rollout_workers.reward_workers import RewardPool
 from ...rollout_workers.rewards import Scored, completion_text
 from ...rollout_workers.worker import adopt_workdir
@@ -110,6 +110,12 @@ class LanguageLearnerActor:
 class LanguageBackend:
     """Generation and updates on the learner, rewards on CPU actors (see the module docstring)."""
 
+    @staticmethod
+    def actors_per_worker(cfg: RelayConfig) -> int:
+        """Actors of rollout.num_cpus_per_worker CPUs per rollout worker: the reward actor, and a
+        generator beside it where generation.placement=workers."""
+        return 1 + (generator_count(cfg) > 0)
+
     def __init__(self, cfg: RelayConfig, env_spec: EnvSpec) -> None:
         self.cfg = cfg
         self.env_spec = env_spec
@@ -129,7 +135,7 @@ class LanguageBackend:
         try:
             self.learner = self._make_learner()
             self.rewards = RewardPool(cfg)
-            if cfg.generation.placement == "workers":
+            if generator_count(cfg):
                 self.generators = create_generators(cfg)
             if self.remote:
                 workers = self.rewards.actors + self.generators

@@ -23,7 +23,7 @@ from ...contracts.config import RelayConfig, load_config, unconfirmed_code
 from ...contracts.spaces import EnvSpec
 from ...rollout_workers.user_code import allow_user_code
 from ...services.dashboard.server import Dashboard
-from ...services.driver.backends import make_backend
+from ...services.driver.backends import backend_class, make_backend
 from ...services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
 from ...services.driver.cluster import check_cluster_device, init_ray
 from ...services.driver.loop import TrainingLoop
@@ -114,7 +114,8 @@ def confirm_env_code(run: Path, cfg: RelayConfig, overrides: list[str]) -> None:
 @contextlib.contextmanager
 def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
     """Ray for the run (none in local mode); a Ray this command started is shut down after it."""
-    started = cfg.rollout.num_workers > 0 and init_ray(cfg, address)
+    per_worker = backend_class(cfg).actors_per_worker(cfg)
+    started = cfg.rollout.num_workers > 0 and init_ray(cfg, address, per_worker)
     try:
         if cfg.rollout.num_workers > 0 and not started and ray.is_initialized():
             check_cluster_device(cfg)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.config import RelayConfig, dump_config
+from ...policy.models import model_kind
 from ...services.driver.checkpoints import BEST_NAME, list_checkpoints
 from ...services.files import NOFOLLOW, atomic_write, fsync_dir, open_no_follow
 
@@ -42,8 +43,8 @@ class RunDirError(ValueError):
 
 
 def default_run_name(cfg: RelayConfig) -> str:
-    # What was trained on: the env, or a language run's model folder.
-    source = Path(cfg.model.path).name if cfg.language and cfg.model.path else cfg.env.id
+    # What was trained on: the env, or a language run's model folder (the model kind says).
+    source = model_kind(cfg.model.kind).run_source(cfg)
     env = re.sub(r"[^A-Za-z0-9._-]", "_", source).lstrip("._-") or "model"
     # The random suffix keeps runs started in the same second apart.
     return f"{env}-{cfg.learner.algo}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"

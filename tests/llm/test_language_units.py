@@ -223,6 +223,27 @@ def test_language_defaults_and_rules(tmp_path):
             load_config(path, [bad])
 
 
+def test_a_language_run_is_named_by_its_model_and_sized_with_its_generators(tmp_path):
+    """The model kind names the run's source (the model folder, not env.id); generators beside
+    the reward actors count in the CPUs a local Ray starts with, only with placement=workers."""
+    from relay_rl.rollout_workers.generator import generator_count
+    from relay_rl.services.driver.backends import backend_class
+    from relay_rl.services.driver.run_dir import default_run_name
+
+    path = tmp_path / "lm.yaml"
+    path.write_text(
+        "model: {kind: causal_lm, path: models/Qwen2.5-0.5B}\n"
+        "prompts: {train: p.jsonl, rewards: [exact_match]}\n"
+    )
+    cfg = load_config(path, ["rollout.num_workers=3"])
+    assert default_run_name(cfg).startswith("Qwen2.5-0.5B-grpo-")
+    assert default_run_name(load_config(None)).startswith("CartPole-v1-ppo-")
+    on_workers = load_config(path, ["rollout.num_workers=3", "generation.placement=workers"])
+    env_run = load_config(None, ["rollout.num_workers=3"])
+    assert [generator_count(c) for c in (cfg, on_workers, env_run)] == [0, 3, 0]
+    assert [backend_class(c).actors_per_worker(c) for c in (cfg, on_workers, env_run)] == [1, 2, 1]
+
+
 # ---- generation and log-probs --------------------------------------------------------------------
 def test_generation_log_probs_are_the_full_forward_pass_log_probs(policy, folder):
     tok = load_tokenizer(folder)
