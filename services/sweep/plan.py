@@ -23,6 +23,7 @@ from ...contracts.config import RelayConfig, SweepConfig, build_config, config_l
 from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
 from ...rollout_workers.worker import worker_resources
+from ...services.driver.backends import backend_class
 from ...services.driver.preflight import check_config, preflight
 from ...services.metric_keys import METRICS
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
@@ -176,12 +177,14 @@ def check_resources(cfg: RelayConfig) -> None:
 
 def trial_resources(cfg: RelayConfig) -> list[dict[str, float]]:
     """The trial's placement-group bundles: the trial's driver (nothing: it only paces and writes),
-    the learner(s), each rollout worker, the evaluator. In local mode the learner runs in the trial."""
+    the learner(s), each rollout worker's actors (a language run's reward actor, and its generator
+    where generation.placement=workers), the evaluator. In local mode the learner runs in the trial."""
     if cfg.rollout.num_workers == 0:
         return [{"CPU": float(cfg.learner.num_cpus)}]
+    per_worker = backend_class(cfg).actors_per_worker(cfg)
     bundles: list[dict[str, float]] = [{}]
     bundles += [learner_resources(cfg)] * cfg.learner.num_learners
-    bundles += [worker_resources(cfg)] * cfg.rollout.num_workers
+    bundles += [worker_resources(cfg)] * (cfg.rollout.num_workers * per_worker)
     if cfg.eval.every_iterations:
         bundles.append({"CPU": cfg.eval.num_cpus})
     return [{k: v for k, v in b.items() if v} for b in bundles]

@@ -116,6 +116,17 @@ def test_a_plan_draws_checked_trials_and_names_them(tmp_path):
     assert trial_resources(cfg) == [{}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
 
 
+def test_a_language_trial_reserves_a_bundle_for_each_generator(tmp_path):
+    """A language run with generation.placement=workers brings a generator beside each reward
+    actor; its trial's placement group holds both, or the generators could never be placed."""
+    path = tmp_path / "lm.yaml"
+    path.write_text("model: {kind: causal_lm, path: m}\nprompts: {train: p.jsonl, rewards: [exact_match]}\n")
+    learner_only = load_config(path, ["rollout.num_workers=2"])
+    on_workers = load_config(path, ["rollout.num_workers=2", "generation.placement=workers"])
+    assert len(trial_resources(learner_only)) == 1 + 1 + 2
+    assert len(trial_resources(on_workers)) == 1 + 1 + 2 * 2
+
+
 @pytest.mark.parametrize(
     ("sets", "needle"),
     [
