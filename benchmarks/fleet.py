@@ -1,7 +1,7 @@
 """The rollout fleet, measured: V-trace under policy lag, pipeline efficiency, a wide fleet on one
 object store, several object stores, and Sample Factory side by side.
 
-    pip install -e ".[cpu,bench]"
+    pip install -e ".[cpu,bench]" && pip install "ray[rllib]==2.60.0"    # a venv of its own (gymnasium 1.2.2)
     python benchmarks/fleet.py lag [--seeds 0,1,2] [--lags 1,2,4,8]
     python benchmarks/fleet.py pipeline [--seconds 20]
     python benchmarks/fleet.py wide [--workers 1,2,4,8,16,32,64] [--seconds 20]

@@ -3,7 +3,7 @@
     pip install -e ".[cpu,pettingzoo]"
     python benchmarks/multi_agent.py columns [--seconds 20]
     python benchmarks/multi_agent.py selfplay [--env-steps 600000]
-    pip install -e ".[cpu,bench,pettingzoo]"          # RLlib beside relay (a venv of its own)
+    pip install -e ".[cpu,bench,pettingzoo]" && pip install "ray[rllib]==2.60.0"   # a venv of its own
     python benchmarks/multi_agent.py spread [--wall 300] [--only relay,rllib]
     python benchmarks/multi_agent.py groups [--seconds 20] [--env-steps 400000]
     python benchmarks/multi_agent.py mappo [--env-steps 1500000] [--seeds 0,1]

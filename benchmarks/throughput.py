@@ -1,6 +1,6 @@
 """Env steps/s of relay vs the raw stepping ceiling and RLlib PPO, side by side in one run.
 
-    pip install -e ".[cpu,bench]"
+    pip install -e ".[cpu,bench]" && pip install "ray[rllib]==2.60.0"    # a venv of its own (gymnasium 1.2.2)
     python benchmarks/throughput.py [--seconds 20] [--workers 1,2] [--no-rllib]
 
 For W rollout workers (each a SyncVectorEnv of 8 CartPole-v1 envs, one Ray actor per worker):

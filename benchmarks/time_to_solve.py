@@ -1,6 +1,6 @@
 """Time to solve, side by side in one run: relay vs RLlib PPO vs Stable-Baselines3 PPO.
 
-    pip install -e ".[cpu,bench]"
+    pip install -e ".[cpu,bench]" && pip install "ray[rllib]==2.60.0"    # a venv of its own (gymnasium 1.2.2)
     python benchmarks/time_to_solve.py [--only relay,sb3,rllib] [--envs cartpole,pendulum] [--max-wall 600]
 
 Each system runs one after another on this machine, seed 0, until the mean return of its last 20

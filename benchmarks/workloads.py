@@ -1,7 +1,7 @@
 """Real workloads, side by side in one run each: env stepping ceilings, MuJoCo against SB3 at equal
 wall time, Atari throughput against RLlib and SB3, and Breakout learning.
 
-    pip install -e ".[cpu,bench]"      # bench: RLlib, Stable-Baselines3 (the dev extras bring the envs)
+    pip install -e ".[cpu,dev,bench]" && pip install "ray[rllib]==2.60.0"   # RLlib: gymnasium 1.2.2
     python benchmarks/workloads.py ceilings [--seconds 5]
     python benchmarks/workloads.py mujoco [--envs hopper,halfcheetah] [--seeds 0,1,2] [--steps 1000000]
     python benchmarks/workloads.py atari-throughput [--seconds 30] [--others rllib,sb3]
