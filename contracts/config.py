@@ -5,7 +5,9 @@ Derived values are properties, never fields rewritten after parsing. Names that 
 registry (`learner.algo`, `model.kind`, `env.vectorization`) are plain strings here; the layer that
 owns each registry checks them, with the rules particular to each entry (see
 `services/driver/preflight.py`), so adding an algorithm, a model or an env backend never edits
-this file.
+this file. An entry's own settings (`learner.<algorithm>`, `metrics.<tracker>`) are an
+`EntrySection` declared beside the entry; here they are plain mappings (`_EntrySections`), which
+`services/config_sections.py` validates by the entry's class before a run starts.
 
 Everything read here is data: YAML is parsed with the safe loader (no tags that build objects),
 the expanded size of a document is capped (a YAML alias bomb stops at the cap instead of eating
@@ -16,11 +18,21 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from ..contracts.spaces import MAX_POLICY_GROUPS, POLICY_NAME
 
@@ -40,6 +52,61 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     # A typo must never be silently ignored; NaN or inf is never a setting.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class EntrySection(_Section):
+    """The settings a registry entry declares beside its own code: an algorithm's under
+    `learner.<name>` (`Algorithm.settings`), a tracker's under `metrics.<name>` (its module's
+    `Settings`). Subclass it there; nothing here names the entries."""
+
+
+def _entry_section_data(value: Any) -> Any:
+    if value is None or isinstance(value, dict):
+        return value
+    # a scalar or list where no field of the section is: a misspelt leaf, never a section
+    raise PydanticCustomError("extra_forbidden", "unknown key")
+
+
+# An entry section as this contract carries it: a mapping, or null (off). Only the entry's own
+# class gives it types and rules (`entry_section`), so the config means the same in every process
+# whatever that process imported: a rollout worker, a checkpoint reader or a user's script.
+EntrySectionData = Annotated[dict[str, Any] | None, BeforeValidator(_entry_section_data)]
+
+
+class _EntrySections(_Section):
+    """A section that also holds registry entries' own sections, by entry name. Which names exist
+    and what they hold is checked by the entries' registries before a run starts
+    (`services/config_sections.py`, run by `relay validate`, `train`, `resume` and sweeps)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    __pydantic_extra__: dict[str, EntrySectionData] = Field(init=False)
+
+    def entry_data(self, name: str) -> dict[str, Any] | None:
+        """The raw section of entry `name`, or None where the config has none (or null)."""
+        return (self.model_extra or {}).get(name)
+
+    def set_entry_data(self, name: str, data: dict[str, Any] | None) -> None:
+        """Store entry `name`'s section as its entry resolved it (services/config_sections.py)."""
+        assert self.__pydantic_extra__ is not None
+        self.__pydantic_extra__[name] = data
+
+
+SettingsT = TypeVar("SettingsT", bound=EntrySection)
+
+
+def entry_section(
+    parent: _EntrySections, where: str, name: str, settings: type[SettingsT], *, default: bool
+) -> SettingsT | None:
+    """Entry `name`'s section of `parent` (found at `where`, e.g. "learner") validated by its own
+    class; an absent section is its defaults where `default` (an algorithm's), else None (a tracker
+    is off). ConfigError naming the leaves otherwise."""
+    data = parent.entry_data(name)
+    if data is None and not default:
+        return None
+    try:
+        return settings.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, f"{where}.{name}")) from None
 
 
 class EnvConfig(_Section):
@@ -189,59 +256,6 @@ class LoraConfig(_Section):
     )
 
 
-class GrpoLMConfig(_Section):
-    """The GRPO objective on a language model's completion tokens (model.kind=causal_lm)."""
-
-    clip_ratio_high: float | None = Field(
-        None, gt=0, le=10, description="Upper ratio clip (DAPO's clip-higher); null: learner.clip_ratio."
-    )
-    loss_agg: Literal["token_mean", "seq_mean", "dr_grpo"] = Field(
-        "token_mean",
-        description="token_mean: every completion token of the batch weighs the same (DAPO); seq_mean: "
-        "each completion's mean, averaged (the GRPO paper); dr_grpo: the sum over tokens divided by "
-        "completions x generation.max_new_tokens (Dr. GRPO's constant normalizer).",
-    )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide advantages by the group's reward std, the batch's, or not at all."
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Per-token KL estimator to the reference (learner.kl_coef > 0 loads one)."
-    )
-    drop_equal_groups: bool = Field(
-        False,
-        description="Leave groups whose rewards are all equal out of the loss and its normalizer "
-        "(they carry no signal and would dilute the token mean).",
-    )
-    refill_rounds: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="With drop_equal_groups: generate up to this many extra rounds to replace groups "
-        "whose rewards are all equal (DAPO's dynamic sampling); the batch keeps prompts.batch_size "
-        "groups.",
-    )
-    micro_batch_tokens: int = Field(
-        4096,
-        ge=1,
-        le=2**31,
-        description="Tokens (prompt + completion, padding included) per forward/backward micro-batch; "
-        "gradients accumulate over the update's batch.",
-    )
-    logprob_chunk: int = Field(
-        128,
-        ge=1,
-        le=1_000_000,
-        description="Completion positions whose [rows, chunk, vocab] logits exist at once: log-probs "
-        "and entropy are computed (and recomputed in backward) chunk by chunk.",
-    )
-    importance_correction: Literal["none", "token", "sequence"] = Field(
-        "token",
-        description="generation.placement=workers: truncated importance weights between the "
-        "generator's and the learner's log-probs, per token or per completion.",
-    )
-    importance_cap: float = Field(2.0, ge=1, le=1e6, description="Cap of the truncated importance weight.")
-
-
 class PromptsConfig(_Section):
     train: str | None = Field(
         None,
@@ -326,7 +340,7 @@ class GenerationConfig(_Section):
         return out
 
 
-class LearnerConfig(_Section):
+class LearnerConfig(_EntrySections):
     algo: str = Field(
         "ppo",
         description="Update rule, a name from the algorithm registry: ppo (actor-critic) or grpo "
@@ -452,9 +466,6 @@ class LearnerConfig(_Section):
         0, ge=0, description="GRPO: refresh the reference policy every this many updates (0: never)."
     )
     group_eps: float = Field(1e-6, gt=0, le=1, description="GRPO: epsilon in (r - mean) / (std + eps).")
-    grpo: GrpoLMConfig = Field(
-        default_factory=GrpoLMConfig, description="GRPO on a causal language model's tokens."
-    )
 
 
 class TransformerConfig(_Section):
@@ -578,33 +589,7 @@ class EvalConfig(_Section):
     )
 
 
-class _TrackerSection(_Section):
-    min_interval_s: float = Field(
-        1.0,
-        ge=0,
-        le=86_400,
-        description="Send metrics at most this often, the lines in between batched into one call "
-        "(every line arrives; 0: a call per line).",
-    )
-
-
-class MlflowConfig(_TrackerSection):
-    tracking_uri: str = Field(
-        ...,
-        min_length=1,
-        description="MLflow tracking server (http://host:5000), or a local store (sqlite:///mlflow.db).",
-    )
-    experiment: str = Field("relay", min_length=1, description="MLflow experiment the run is logged in.")
-
-
-class WandbConfig(_TrackerSection):
-    project: str = Field("relay", min_length=1, description="W&B project the run is logged in.")
-    mode: Literal["online", "offline"] = Field(
-        "online", description="online: sent to W&B as it runs; offline: kept under the run's wandb/."
-    )
-
-
-class MetricsConfig(_Section):
+class MetricsConfig(_EntrySections):
     runs_dir: str = Field("runs", min_length=1, description="Folder holding run directories.")
     run_name: str | None = Field(
         None, description="Run directory name (default: <env>-<algo>-<time>-<random suffix>)."
@@ -612,12 +597,6 @@ class MetricsConfig(_Section):
     tensorboard: bool = Field(True, description="Also write TensorBoard event files under events/.")
     progress: Literal["auto", "bar", "lines", "none"] = Field(
         "auto", description="Terminal progress: a bar on a TTY, plain lines otherwise."
-    )
-    mlflow: MlflowConfig | None = Field(
-        None, description="Track the run in MLflow (extra mlflow): {tracking_uri, experiment}; null: off."
-    )
-    wandb: WandbConfig | None = Field(
-        None, description="Track the run in Weights & Biases (extra wandb): {project, mode}; null: off."
     )
 
     @field_validator("run_name")
@@ -904,10 +883,6 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
     if cfg.eval.video_every:
         problems.append("eval.video_every: a causal_lm run has no frames to film (set it to 0)")
-    if lrn.grpo.refill_rounds and not lrn.grpo.drop_equal_groups:
-        problems.append(
-            "learner.grpo.refill_rounds replaces dropped groups: set learner.grpo.drop_equal_groups=true"
-        )
     return problems + _generation_problems(gen, cfg.rollout.num_workers) + _eval_problems(cfg)
 
 
@@ -1063,10 +1038,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _format_validation_error(err: ValidationError) -> str:
+def _format_validation_error(err: ValidationError, where: str = "") -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = ".".join(str(p) for p in ((where,) if where else ()) + tuple(e["loc"]))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling)"
@@ -1146,23 +1121,51 @@ def dump_config(cfg: RelayConfig) -> str:
     return yaml.safe_dump(config_data(cfg), sort_keys=False)
 
 
-def config_leaves(model: type[BaseModel] = RelayConfig, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted path, default, description) of every leaf, in declaration order."""
+def config_leaves(
+    model: type[BaseModel] = RelayConfig,
+    prefix: str = "",
+    sections: Mapping[str, type[BaseModel]] | None = None,
+) -> list[tuple[str, Any, str]]:
+    """(dotted path, default, description) of every leaf, in declaration order; `sections` (dotted
+    path -> the entry's class, e.g. "learner.grpo") adds the leaves of registry entries' sections
+    after those of the section holding them. A leaf with no default has REQUIRED as its default."""
     out: list[tuple[str, Any, str]] = []
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            out += config_leaves(ann, f"{prefix}{name}.")
+            out += config_leaves(ann, f"{prefix}{name}.", sections)
             continue
         default = field.get_default(call_default_factory=True)
-        out.append((f"{prefix}{name}", default, field.description or ""))
+        out.append(
+            (
+                f"{prefix}{name}",
+                REQUIRED if default is PydanticUndefined else default,
+                field.description or "",
+            )
+        )
+    for path, section in (sections or {}).items():
+        if path.rpartition(".")[0] + "." == prefix:
+            out += config_leaves(section, f"{path}.")
     return out
 
 
-def config_help(choices: dict[str, list[str]] | None = None) -> str:
-    """Every leaf with its default and description; `choices` adds registry names per leaf."""
+REQUIRED = "(required)"
+
+
+def config_help(
+    choices: dict[str, list[str]] | None = None, sections: Mapping[str, type[BaseModel]] | None = None
+) -> str:
+    """Every leaf with its default and description; `choices` adds registry names per leaf, and
+    each entry section in `sections` is introduced by its class's first docstring line."""
     lines = []
-    for path, default, description in config_leaves():
+    introduced: set[str] = set()
+    for path, default, description in config_leaves(sections=sections):
+        section = next((s for s in (sections or {}) if path.startswith(f"{s}.")), None)
+        if section is not None and section not in introduced:
+            introduced.add(section)
+            doc = ((sections or {})[section].__doc__ or "").strip().splitlines()
+            lines.append(f"{section}:")
+            lines.append(f"    {doc[0] if doc else ''}")
         extra = f" Choices: {', '.join(choices[path])}." if choices and path in choices else ""
         lines.append(
             f"{path} = {yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}"

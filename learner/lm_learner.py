@@ -21,6 +21,7 @@ import torch
 from ..contracts.config import RelayConfig
 from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left
 from ..learner import lm_grpo
+from ..learner.algorithms.grpo import grpo_settings
 from ..learner.device import DeviceContext, resolve_device
 from ..learner.telemetry import LearnerTelemetry
 from ..policy.causal_lm import (
@@ -49,6 +50,7 @@ class LanguageLearner:
 
     def __init__(self, cfg: RelayConfig) -> None:
         self.cfg = cfg
+        self.grpo = grpo_settings(cfg)
         lc = cfg.learner
         self.dev = resolve_device(lc.device, lc.npu_ids)
         torch.manual_seed(cfg.env.seed)
@@ -273,7 +275,7 @@ class LanguageLearner:
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:
-        per = max(1, self.cfg.learner.grpo.micro_batch_tokens // width)
+        per = max(1, self.grpo.micro_batch_tokens // width)
         return [slice(s, min(s + per, rows)) for s in range(0, rows, per)]
 
     def _count(self) -> None:
@@ -282,7 +284,7 @@ class LanguageLearner:
     def _logp(
         self, policy: CausalLMPolicy, r: dict[str, torch.Tensor], rows: slice, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        gen, lc = self.cfg.generation, self.cfg.learner
+        gen = self.cfg.generation
         trained = policy is self.policy and torch.is_grad_enabled()
         logp = self._trained_logp if trained else CausalLMPolicy.completion_logp
         with self.dev.autocast(self.amp, self.amp_dtype):
@@ -293,7 +295,7 @@ class LanguageLearner:
                 r["tokens"][rows],
                 r["mask"][rows],
                 gen.temperature,
-                lc.grpo.logprob_chunk,
+                self.grpo.logprob_chunk,
                 with_entropy,
             )
 
@@ -316,7 +318,7 @@ class LanguageLearner:
     ) -> dict[str, float]:
         """Backward of one micro-batch's share of the batch loss (`w` [b, C]: its token weights);
         its share of the statistics."""
-        lc, gc = self.cfg.learner, self.cfg.learner.grpo
+        lc, gc = self.cfg.learner, self.grpo
         lo = lc.clip_ratio
         hi = gc.clip_ratio_high if gc.clip_ratio_high is not None else lo
         logp, entropy = self._logp(self.policy, r, s, True)
@@ -362,7 +364,7 @@ class LanguageLearner:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
         """(old log-probs or None: the current ones detached, the reference's or None, truncated
         importance weights or None, the generator-gap metrics), each [B, C], before the update."""
-        lc, gc, mask = self.cfg.learner, self.cfg.learner.grpo, r["mask"]
+        lc, gc, mask = self.cfg.learner, self.grpo, r["mask"]
         # The learner generated this round with these weights: its own log-probs are the old
         # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
         external = self._generated_by is not None
@@ -408,7 +410,7 @@ class LanguageLearner:
             r, self._round = self._round, None
         else:
             raise RuntimeError("train() before generate_round()")
-        cfg, lc, gc = self.cfg, self.cfg.learner, self.cfg.learner.grpo
+        cfg, lc, gc = self.cfg, self.cfg.learner, self.grpo
         t0 = time.perf_counter()
         self.dev.reset_peak_memory()
         dev = self.dev.device

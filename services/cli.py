@@ -26,6 +26,7 @@ from ..learner.device import DeviceError, check_device
 from ..rollout_workers.envs import allow_env_module
 from ..rollout_workers.user_code import allow_user_code
 from ..rollout_workers.video import VideoError
+from ..services.config_sections import entry_sections
 from ..services.driver import run as driver
 from ..services.driver.checkpoints import ResumeError, load_checkpoint
 from ..services.driver.cluster import ClusterError
@@ -291,7 +292,7 @@ def _add_serve_parser(sub: Any) -> None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     if args.help_config:
-        print(config_help(CHOICES))
+        print(config_help(CHOICES, entry_sections()))
         return EXIT_OK
     if args.config is None:
         raise InputError("a config file is required (or --help-config)")

@@ -1,5 +1,6 @@
 """The metric catalog: the run-wide keys (`contracts/metrics.py` RUN) and the keys each registry
-entry declares beside its code (algorithms, model kinds, recurrent cores), assembled once.
+entry declares beside its code (algorithms, model kinds, recurrent cores), assembled from the
+registries as they are when asked (an entry a user's script registers after import counts too).
 
 The sinks export, sweeps rank by, and the dashboards draw exactly these keys. A new entry's keys
 arrive with its registry line; nothing here changes.
@@ -22,5 +23,15 @@ def declared() -> list[MetricKeys]:
     ]
 
 
-CATALOG = MetricCatalog(declared())
-METRICS: dict[str, str] = CATALOG.keys
+_built: tuple[tuple[int, ...], MetricCatalog] | None = None
+
+
+def catalog() -> MetricCatalog:
+    """The catalog of every registered entry; rebuilt only when the registries changed (it is read
+    for every metrics line)."""
+    global _built
+    parts = declared()
+    key = tuple(id(part) for part in parts)
+    if _built is None or _built[0] != key:
+        _built = (key, MetricCatalog(parts))
+    return _built[1]

@@ -203,6 +203,7 @@ SERVICE_FLOORS: dict[str, int] = {
     "services.driver.sinks": 0,
     "services.driver.signals": 0,
     "services.metric_keys": 0,
+    "services.config_sections": 0,
     "services.sweep.records": 0,
     "services.tracking": 0,
     "services.tools": 1,

@@ -59,11 +59,11 @@ def test_kuberay_manifests(name):
 
 
 def test_grafana_dashboard_queries_relays_metrics():
-    from relay_rl.services.metric_keys import CATALOG
+    from relay_rl.services.metric_keys import catalog
 
     dash = json.loads((DEPLOY / "grafana" / "relay-learner.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for key in CATALOG.charted_keys:
+    for key in catalog().charted_keys:
         assert f"ray_relay_{key}{{" in exprs, key
     assert 'run=~"$run"' in exprs and dash["templating"]["list"][1]["name"] == "run"
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ...contracts.algorithm import AlgorithmTraits
-from ...contracts.config import LearnerConfig, RelayConfig
+from ...contracts.config import EntrySection, LearnerConfig, RelayConfig, entry_section
 from ...contracts.metrics import MetricKeys
 from ...contracts.segment import is_policy_input, state_resets
 from ...learner.device import DeviceContext
@@ -87,6 +87,18 @@ class Algorithm:
     grouped: ClassVar[bool] = False
     # the keys its `batch` and `loss` statistics add to the metrics line (services/metric_keys.py)
     metrics: ClassVar[MetricKeys] = MetricKeys({})
+    # its own settings, under `learner.<its registry name>` (None: it has none beyond learner's)
+    settings: ClassVar[type[EntrySection] | None] = None
+
+    @classmethod
+    def settings_of(cls, cfg: LearnerConfig) -> EntrySection:
+        """This algorithm's section of a learner config that runs it (`learner.<learner.algo>`),
+        validated, its defaults filled (ConfigError naming the leaf otherwise)."""
+        name = cfg.algo
+        assert cls.settings is not None, f"learner.algo={name} declares no settings"
+        found = entry_section(cfg, "learner", name, cls.settings, default=True)
+        assert found is not None  # an algorithm's absent section is its defaults
+        return found
 
     @classmethod
     def traits(cls) -> AlgorithmTraits:

@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ...contracts.config import ConfigError, load_config
-from ...services.metric_keys import CATALOG
+from ...services.metric_keys import catalog
 from ...services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")
@@ -344,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path.startswith("/static/"):
             self._static(path.removeprefix("/static/"))
         elif path == "/api/charts":
-            self._json(HTTPStatus.OK, {"charts": CATALOG.charts})
+            self._json(HTTPStatus.OK, {"charts": catalog().charts})
         elif path == "/api/runs":
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
         elif path == "/api/sweep":

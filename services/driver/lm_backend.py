@@ -23,6 +23,7 @@ from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.rounds import RoundResult
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
+from ...learner.algorithms.grpo import grpo_settings
 from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
 from ...policy.causal_lm import PackedWeights
@@ -226,7 +227,7 @@ class LanguageBackend:
         generations (DAPO's dynamic sampling); the batch keeps its prompts.batch_size groups (all-
         equal ones fill it when no more come, and carry no advantage)."""
         assert self.rewards is not None
-        gc, g, q = self.cfg.learner.grpo, self.cfg.learner.group_size, self.cfg.prompts.batch_size
+        gc, g, q = grpo_settings(self.cfg), self.cfg.learner.group_size, self.cfg.prompts.batch_size
         attempts = 1 + (gc.refill_rounds if gc.drop_equal_groups else 0)
         gens: list[dict[str, Any]] = []
         scores: list[Scored] = []

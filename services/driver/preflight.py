@@ -1,8 +1,9 @@
 """Every check a config passes before anything starts: `relay validate` and `relay train` (and
 `relay resume`) run exactly these, so they accept and refuse the same configs with the same line.
 
-1. registry names and each entry's own rules (algorithm, model kind, vector backend), and the
-   packages of the trackers it names (metrics.mlflow, metrics.wandb);
+1. the sections entries declare (learner.grpo, metrics.mlflow, ...), registry names and each
+   entry's own rules (algorithm, model kind, vector backend), and the packages of the trackers it
+   names;
 2. the env: it builds, its spaces are supported, the model kind can read its observations;
 3. the learner device: it parses, and where the learner runs on this machine, it exists here;
 4. memory: what the config implies (ring buffer, segments in flight) fits this machine.
@@ -36,6 +37,7 @@ from ...rollout_workers.multi_agent.common import columns_problem
 from ...rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from ...rollout_workers.rewards import resolve_rewards
 from ...rollout_workers.vector_backends import VECTOR_BACKENDS, vector_backend
+from ...services.config_sections import resolve_sections
 from ...services.driver.lm_backend import language_spec
 from ...services.tracking import missing_tracker
 
@@ -56,7 +58,9 @@ class PreflightError(ValueError):
 
 
 def check_config(cfg: RelayConfig) -> None:
-    """Registry names, then the rules of the chosen entries, all reported together (ConfigError)."""
+    """Registry names, then the rules of the chosen entries, all reported together (ConfigError);
+    the entries' own sections are checked first and stored resolved (services/config_sections.py)."""
+    resolve_sections(cfg)
     problems = []
     for lookup, name in (
         (algorithm_class, cfg.learner.algo),

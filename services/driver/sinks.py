@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from ...contracts.metrics import GROUP_GAUGE_PREFIX, group_metrics
 from ...services.driver.run_dir import RunDir
 from ...services.files import atomic_write, open_no_follow, read_regular
-from ...services.metric_keys import CATALOG
+from ...services.metric_keys import catalog
 
 log = logging.getLogger(__name__)
 # A torn line is shorter than this (relay writes lines of a few KB).
@@ -88,7 +88,7 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         # One event holding every scalar: a tenth of the cost of one add_scalar per metric.
-        values = [self._summary.Value(tag=k, simple_value=v) for k, v in CATALOG.lines(record)]
+        values = [self._summary.Value(tag=k, simple_value=v) for k, v in catalog().lines(record)]
         self.writer.add_summary(self._summary(value=values), int(record["env_steps"]))
         self.writer.flush()
 
@@ -135,7 +135,7 @@ class PrometheusSink:
         return self.gauges[name]
 
     def write(self, record: dict[str, Any]) -> None:
-        for key, value in CATALOG.numeric(record):
+        for key, value in catalog().numeric(record):
             self._gauge(key).set(value, tags=self.tags)
         for group, key, value in group_metrics(record):
             self._group_gauge(key).set(value, tags={**self.tags, "policy": group})

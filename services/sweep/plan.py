@@ -19,19 +19,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...contracts.config import RelayConfig, SweepConfig, build_config, config_leaves, is_code_value
+from ...contracts.config import RelayConfig, SweepConfig, build_config, is_code_value
 from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
 from ...rollout_workers.worker import worker_resources
+from ...services.config_sections import all_leaves
 from ...services.driver.backends import backend_class
 from ...services.driver.preflight import check_config, preflight
-from ...services.metric_keys import METRICS
+from ...services.metric_keys import catalog
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
 from ...services.tracking import TRACKERS
 
 DEFAULT_SAMPLES = {"random": 8, "optuna": 8, "grid": 1}
-# Leaves a sweep sets itself, or that name where its files go: never swept.
-NOT_SWEPT = ("sweep.", "metrics.runs_dir", "metrics.run_name", *(f"metrics.{name}" for name in TRACKERS))
+
+
+def not_swept() -> tuple[str, ...]:
+    """Leaves a sweep sets itself, or that name where its files go (each registered tracker's
+    section, read at call time): never swept."""
+    return ("sweep.", "metrics.runs_dir", "metrics.run_name", *(f"metrics.{name}" for name in TRACKERS))
+
+
 # PBT restores one trial's checkpoint into another: these would not fit (model shapes, spaces,
 # the algorithm) or would change what a running trial reserved from the cluster.
 NOT_PERTURBED = (
@@ -50,7 +57,7 @@ NOT_PERTURBED = (
     "eval.num_cpus",
     "eval.every_iterations",
 )
-NOT_METRICS = ("device", "precision")  # keys of METRICS that are not numbers
+NOT_METRICS = ("device", "precision")  # catalog keys that are not numbers
 
 
 @dataclass(frozen=True)
@@ -103,7 +110,7 @@ def trial_config(base: dict[str, Any], values: dict[str, Any]) -> RelayConfig:
 
 
 def _leaf_keys() -> set[str]:
-    return {path for path, _default, _desc in config_leaves()}
+    return {path for path, _default, _desc in all_leaves()}
 
 
 def parse_params(exprs: dict[str, str]) -> list[Param]:
@@ -111,7 +118,7 @@ def parse_params(exprs: dict[str, str]) -> list[Param]:
     params = []
     for key, expression in exprs.items():
         param = parse_param(key, expression)
-        if param.key.startswith(NOT_SWEPT):
+        if param.key.startswith(not_swept()):
             raise SweepError(f"{param.key}: set by the sweep itself, not a parameter to sweep")
         if param.key not in leaves and not param.key.startswith("env.kwargs."):
             raise SweepError(f"{param.key}: no such config leaf (see relay validate --help-config)")
@@ -132,7 +139,7 @@ def parse_params(exprs: dict[str, str]) -> list[Param]:
 def check_options(options: SweepConfig, params: list[Param]) -> None:
     """The search, the scheduler and the metric against the parameters."""
     search, scheduler = options.search, options.scheduler
-    if options.metric not in METRICS or options.metric in NOT_METRICS:
+    if options.metric not in catalog().keys or options.metric in NOT_METRICS:
         raise SweepError(
             f"sweep.metric={options.metric}: not a numeric metrics key (see services/metric_keys.py)"
         )

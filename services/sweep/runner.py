@@ -52,7 +52,7 @@ from ...services.sweep.records import (
     summarize,
 )
 from ...services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
-from ...services.tracking import PARENT_TAG, SWEEP_TAG
+from ...services.tracking import PARENT_TAG, SWEEP_TAG, tracker_settings
 from ...services.tracking.mlflow_client import finish_parent, start_parent
 
 SIGNAL_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
@@ -292,7 +292,7 @@ def write_outcome(plan: SweepPlan, rows: list[dict[str, Any]]) -> Path | None:
 def _start_mlflow_parent(plan: SweepPlan) -> dict[str, str]:
     """The sweep's MLflow run (its trials are its children); a server that is away costs the
     nesting, not the sweep."""
-    settings = trial_config(plan.base, {}).metrics.mlflow
+    settings = tracker_settings(trial_config(plan.base, {}), "mlflow")
     if settings is None:
         return {}
     params = {p.key: p.describe() for p in plan.params}
@@ -304,7 +304,7 @@ def _start_mlflow_parent(plan: SweepPlan) -> dict[str, str]:
 
 
 def _finish_mlflow_parent(plan: SweepPlan, tags: dict[str, str], status: str) -> None:
-    settings = trial_config(plan.base, {}).metrics.mlflow
+    settings = tracker_settings(trial_config(plan.base, {}), "mlflow")
     if settings is None or PARENT_TAG not in tags:
         return
     with suppress(Exception):

@@ -34,7 +34,7 @@ from ...services.driver.loop import TrainingLoop
 from ...services.driver.preflight import preflight
 from ...services.driver.run_dir import RunDir, RunDirError
 from ...services.files import atomic_write, open_no_follow
-from ...services.metric_keys import CATALOG
+from ...services.metric_keys import catalog
 from ...services.sweep.plan import quiet_tune, trial_config
 from ...services.sweep.records import EXPLOITS_FILE, read_exploits
 from ...services.tracking import TRIAL_TAG
@@ -61,7 +61,7 @@ class SweepContext:
 def report(record: dict[str, Any], metric: str, mode: str) -> dict[str, Any]:
     """A metrics line as Tune's result: its finite numbers, and always the ranked metric (the worst
     value while it is still null, e.g. before the first finished episode)."""
-    out: dict[str, Any] = dict(CATALOG.numeric(record))
+    out: dict[str, Any] = dict(catalog().numeric(record))
     if metric not in out:
         out[metric] = -math.inf if mode == "max" else math.inf
     return out

@@ -8,8 +8,9 @@ counts in `tracking_errors` (on the next metrics line), and the first failure of
 one warning line on stderr, not a traceback per iteration. Closing waits a bounded time for the
 queue to drain, then sends the run's files and its status.
 
-A tracker kind is a module with a `Client` (`start`, `log`, `log_files`, `finish`) listed in
-TRACKERS below; its package is imported only when a config names it (the extras `mlflow`, `wandb`).
+A tracker kind is a module with its `Settings` (a TrackerSettings: its section `metrics.<name>`)
+and a `Client` (`start`, `log`, `log_files`, `finish`), listed in TRACKERS below; its package is
+imported only when a config names it (the extras `mlflow`, `wandb`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ...contracts.config import RelayConfig, redact_text
-from ...rollout_workers.user_code import one_line
-from ...services.metric_keys import CATALOG
+from pydantic import Field
 
-# config attribute under `metrics` -> (module holding its Client, the package it needs = its extra)
+from ...contracts.config import EntrySection, RelayConfig, entry_section, redact_text
+from ...rollout_workers.user_code import one_line
+from ...services.metric_keys import catalog
+
+# its section under `metrics` -> (module holding its Settings and Client, the package it needs = its
+# extra). Modules by name: a client module imports this one, and its package only when it starts.
 TRACKERS: dict[str, tuple[str, str]] = {
     "mlflow": ("relay_rl.services.tracking.mlflow_client", "mlflow"),
     "wandb": ("relay_rl.services.tracking.wandb_client", "wandb"),
@@ -39,6 +43,31 @@ QUEUE_LINES = 10_000  # lines held while a server is away (~hours of a CartPole 
 BATCH_LINES = 50  # lines sent in one call
 RETRY_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # backoff between failed attempts, the last repeated
 CLOSE_WAIT_S = 30.0  # how long closing waits for the queue to drain and the files to go
+
+
+class TrackerSettings(EntrySection):
+    """What every tracker's section holds besides its own settings."""
+
+    min_interval_s: float = Field(
+        1.0,
+        ge=0,
+        le=86_400,
+        description="Send metrics at most this often, the lines in between batched into one call "
+        "(every line arrives; 0: a call per line).",
+    )
+
+
+def tracker_module(name: str) -> Any:
+    """The module of tracker `name` (its Settings and Client); its package is not imported."""
+    return importlib.import_module(TRACKERS[name][0])
+
+
+def tracker_settings(cfg: RelayConfig, name: str) -> Any:
+    """`metrics.<name>` validated by the tracker's own Settings, or None where the run does not
+    track there (ConfigError naming the leaf where the section is wrong)."""
+    if cfg.metrics.entry_data(name) is None:
+        return None
+    return entry_section(cfg.metrics, "metrics", name, tracker_module(name).Settings, default=False)
 
 
 class Client(Protocol):
@@ -83,7 +112,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
 def metric_lines(record: dict[str, Any]) -> dict[str, Any]:
     """The numeric metrics of one line (what a tracker charts), with its env_steps and iteration."""
     return {
-        **dict(CATALOG.lines(record)),
+        **dict(catalog().lines(record)),
         "env_steps": record["env_steps"],
         "iteration": record["iteration"],
     }
@@ -222,10 +251,10 @@ class Tracking:
     ) -> Tracking:
         say = warn or (lambda text: print(text, file=sys.stderr, flush=True))
         trackers = []
-        for name, (module, _package) in TRACKERS.items():
-            settings = getattr(cfg.metrics, name)
+        for name in TRACKERS:
+            settings = tracker_settings(cfg, name)
             if settings is not None:
-                client = importlib.import_module(module).Client(settings, info)
+                client = tracker_module(name).Client(settings, info)
                 trackers.append(Tracker(name, client, say, settings.min_interval_s))
         return cls(trackers)
 
@@ -256,7 +285,7 @@ class Tracking:
 def missing_tracker(cfg: RelayConfig) -> str | None:
     """A one-line refusal when the config names a tracker whose package is not installed."""
     for name, (_module, package) in TRACKERS.items():
-        if getattr(cfg.metrics, name) is not None and importlib.util.find_spec(package) is None:
+        if cfg.metrics.entry_data(name) is not None and importlib.util.find_spec(package) is None:
             return (
                 f"metrics.{name} needs {package}, which is not installed: pip install 'relay-rl[{package}]'"
             )

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...services.tracking import RunInfo, flatten, import_tracker_package
+from pydantic import Field
+
+from ...services.tracking import RunInfo, TrackerSettings, flatten, import_tracker_package
 
 PARAMS_PER_CALL = 100  # MLflow's cap on params in one log_batch
 METRICS_PER_CALL = 1000  # and on metrics
@@ -41,8 +43,19 @@ def experiment_id(client: Any, name: str) -> str:
         return str(found.experiment_id)
 
 
+class Settings(TrackerSettings):
+    """`metrics.mlflow`: track the run in MLflow (extra mlflow); absent or null: off."""
+
+    tracking_uri: str = Field(
+        ...,
+        min_length=1,
+        description="MLflow tracking server (http://host:5000), or a local store (sqlite:///mlflow.db).",
+    )
+    experiment: str = Field("relay", min_length=1, description="MLflow experiment the run is logged in.")
+
+
 class Client:
-    def __init__(self, settings: Any, info: RunInfo) -> None:
+    def __init__(self, settings: Settings, info: RunInfo) -> None:
         _quick_requests()
         self._mlflow = import_tracker_package("mlflow", "mlflow", "mlflow")
         self.settings = settings
@@ -85,7 +98,7 @@ class Client:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def start_parent(settings: Any, name: str, params: dict[str, str]) -> str:
+def start_parent(settings: Settings, name: str, params: dict[str, str]) -> str:
     """A sweep's own run, parent of its trials' runs; returns its id."""
     _quick_requests()
     mlflow = import_tracker_package("mlflow", "mlflow", "mlflow")
@@ -98,6 +111,6 @@ def start_parent(settings: Any, name: str, params: dict[str, str]) -> str:
     return str(run.info.run_id)
 
 
-def finish_parent(settings: Any, run_id: str, status: str) -> None:
+def finish_parent(settings: Settings, run_id: str, status: str) -> None:
     mlflow = import_tracker_package("mlflow", "mlflow", "mlflow")
     mlflow.MlflowClient(tracking_uri=settings.tracking_uri).set_terminated(run_id, status=status)

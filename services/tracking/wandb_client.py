@@ -9,15 +9,33 @@ its own step counts lines and the charts use env_steps as their x axis.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ...services.tracking import PARENT_TAG, SWEEP_TAG, RunInfo, flatten, import_tracker_package
+from pydantic import Field
+
+from ...services.tracking import (
+    PARENT_TAG,
+    SWEEP_TAG,
+    RunInfo,
+    TrackerSettings,
+    flatten,
+    import_tracker_package,
+)
 
 EXIT_CODES = {"FINISHED": 0, "KILLED": 130}
 
 
+class Settings(TrackerSettings):
+    """`metrics.wandb`: track the run in Weights & Biases (extra wandb); absent or null: off."""
+
+    project: str = Field("relay", min_length=1, description="W&B project the run is logged in.")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="online: sent to W&B as it runs; offline: kept under the run's wandb/."
+    )
+
+
 class Client:
-    def __init__(self, settings: Any, info: RunInfo) -> None:
+    def __init__(self, settings: Settings, info: RunInfo) -> None:
         self._wandb = import_tracker_package("wandb", "wandb", "wandb")
         self.settings = settings
         self.info = info

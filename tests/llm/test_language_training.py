@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relay_rl.services.cli import main
-from relay_rl.services.metric_keys import METRICS
+from relay_rl.services.metric_keys import catalog
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 
@@ -48,7 +48,7 @@ def test_a_language_run_learns_resumes_evaluates_and_exports(workdir, monkeypatc
     assert [x["completions"] for x in lines[:3]] == [32, 64, 96]  # cumulative: 4 prompts x 8
     assert lines[-1]["env_steps"] >= 8000 and lines[-1]["reward_faults"] == 0
     assert {"kl_ref", "value_loss"}.isdisjoint(lines[-1])  # kl_coef 0 loads no reference; no critic
-    assert set(lines[-1]) <= set(METRICS) and lines[-1]["reward_0_mean"] == lines[-1]["reward_mean"]
+    assert set(lines[-1]) <= set(catalog().keys) and lines[-1]["reward_0_mean"] == lines[-1]["reward_mean"]
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 * len(lines) and samples[-1]["iteration"] == len(lines)
 

@@ -17,8 +17,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, config_leaves, load_config
+from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, load_config
 from relay_rl.services.cli import main
+from relay_rl.services.config_sections import all_leaves
 
 STRUCTURED = "tests.rollout_workers.structured_envs"
 ROOT = Path(__file__).parents[2]
@@ -164,7 +165,7 @@ def test_command_line_errors_are_one_line(argv, needle):
 
 
 # ---- properties --------------------------------------------------------------------------------
-LEAVES = [path for path, _, _ in config_leaves()]
+LEAVES = [path for path, _, _ in all_leaves()]
 yaml_scalars = st.one_of(
     st.none(),
     st.booleans(),

@@ -9,7 +9,7 @@ import pytest
 
 from relay_rl.contracts.metrics import REQUIRED_KEYS
 from relay_rl.services.cli import main
-from relay_rl.services.metric_keys import METRICS
+from relay_rl.services.metric_keys import catalog
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
@@ -80,7 +80,7 @@ def test_local_mode_trains_writes_metrics_and_checkpoints(tmp_path, capsys):
     # Every key the contract promises on every line, the PPO ones, and nothing undeclared.
     required = {*REQUIRED_KEYS, "value_loss", "explained_variance"}
     assert required <= set(lines[-1])
-    assert set(lines[-1]) <= set(METRICS)
+    assert set(lines[-1]) <= set(catalog().keys)
     assert "startup_s" in lines[0]
     assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
     assert lines[-1]["env_steps"] >= 6000
@@ -182,11 +182,12 @@ def test_validate_and_train_refuse_the_same_configs_with_the_same_line(sets, tmp
 
 
 def test_help_config_lists_every_leaf_with_default_and_description(capsys):
-    from relay_rl.contracts.config import config_leaves
+    from relay_rl.services.config_sections import all_leaves
 
     assert main(["validate", "--help-config"]) == 0
     out = capsys.readouterr().out
-    for path, _, description in config_leaves():
+    for path, _, description in all_leaves():
         assert f"\n{path} = " in f"\n{out}" and description in out, path
     assert "learner.algo = ppo" in out and "Choices: ppo, grpo." in out
     assert "rollout.placement_timeout_s = 300.0" in out
+    assert "learner.grpo.loss_agg = token_mean" in out and "metrics.mlflow.tracking_uri = (required)" in out

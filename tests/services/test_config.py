@@ -97,6 +97,7 @@ def test_secrets_are_redacted_wherever_a_config_is_written():
     """URI passwords in any string, and leaves named like secrets, are *** in what relay writes or
     sends (config.yaml, checkpoints, exports, trackers); the live config keeps them."""
     from relay_rl.contracts.config import config_data, dump_config, redact_text
+    from relay_rl.services.tracking import tracker_settings
 
     cfg = load_config(
         str(Path(__file__).parents[2] / "configs/cartpole_ppo.yaml"),
@@ -114,7 +115,7 @@ def test_secrets_are_redacted_wherever_a_config_is_written():
     }
     text = dump_config(cfg)
     assert "s3cr" not in text and "abc123" not in text and "bob:pw" not in text
-    assert cfg.metrics.mlflow.tracking_uri.startswith("https://alice:s3cr")  # in memory only
+    assert tracker_settings(cfg, "mlflow").tracking_uri.startswith("https://alice:s3cr")  # in memory only
     assert (
         redact_text("failed: http://u:p@127.0.0.1:1/api (refused)")
         == "failed: http://u:***@127.0.0.1:1/api (refused)"

@@ -106,7 +106,7 @@ def test_policy_group_metrics_reach_the_sinks_by_group():
     """TensorBoard/MLflow/W&B take "policy/<group>/<key>"; Prometheus a gauge per key with the
     group as its `policy` tag; keys outside POLICY_KEYS and non-finite values are left out."""
     from relay_rl.contracts.metrics import group_metrics
-    from relay_rl.services.metric_keys import CATALOG
+    from relay_rl.services.metric_keys import catalog
 
     record = {
         "iteration": 3,
@@ -122,6 +122,6 @@ def test_policy_group_metrics_reach_the_sinks_by_group():
         ("predator", "policy_return_mean", 12.5),
         ("prey", "entropy", 1.1),
     ]
-    named = dict(CATALOG.lines(record))
+    named = dict(catalog().lines(record))
     assert named["entropy"] == 1.2 and named["policy/prey/entropy"] == 1.1
     assert named["policy/predator/policy_return_mean"] == 12.5 and "policy/prey/unknown_key" not in named
