@@ -42,6 +42,10 @@ MAX_CONFIG_BYTES = 1 << 20
 # Sections are 3 levels deep; env.kwargs may nest further, but never this far (YAML, JSON and the
 # run directory's writer would all fail on a document nested hundreds of levels deep).
 MAX_CONFIG_DEPTH = 32
+# The vector env backend that steps plain gymnasium envs one after another in the worker's own
+# process: the default, and what evaluation with video, a policy's own env and PettingZoo envs
+# use (rollout_workers/vector_backends.py registers it under this name).
+IN_PROCESS = "sync"
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -120,7 +124,7 @@ class EnvConfig(_Section):
         8, ge=1, le=65_536, description="Envs per rollout worker (the N of a [T, N] segment)."
     )
     vectorization: str = Field(
-        "sync",
+        IN_PROCESS,
         description="Vector env backend: sync (SyncVectorEnv, for cheap envs), async (AsyncVectorEnv, "
         "a process per env, for costly ones) or envpool (EnvPool's batched C++ envs).",
     )

@@ -27,6 +27,8 @@ MAX_AGENTS = 1024  # agents of one multi-agent env copy
 # A policy group's name: part of metric keys (policy/<name>/...), weight keys (<name>/...) and
 # file names (`relay export --policy`), so no '/', '.' or spaces.
 POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
+# A multi-agent API's name (rollout_workers/multi_agent's registry) as an env spec file holds it.
+API_NAME = re.compile(r"^[a-z][a-z0-9_]{0,19}$")
 MAX_POLICY_GROUPS = 16
 # Observation dtypes a segment keeps as they are; every other dtype is stored as float32.
 # uint8 frames stay uint8 end to end (a quarter of the bytes); ids and floats become float32.
@@ -251,9 +253,10 @@ class EnvSpec:
     obs_high: float = float("inf")
     leaves: tuple[ObsLeaf, ...] = ()
     action_mask: str | None = None
-    # A PettingZoo env's API ("parallel", "aec") or None, and a parallel env's agent ids: one
-    # segment column each per env copy (parameter sharing). A turn-based (aec) game is played from
-    # one seat: one column per copy, `agents` ().
+    # A PettingZoo env's API (a name of rollout_workers/multi_agent's registry) or None, and the
+    # agents that are its columns: one segment column each per env copy (a parallel env's,
+    # parameter sharing). With `agents` () a multi-agent env is played from one seat per copy (a
+    # turn-based game). What each API does is its registry entry's to say; here only columns.
     multi_agent: str | None = None
     agents: tuple[str, ...] = ()
     # Policy groups (multi_agent.policies) of a parallel env, in order: (name, the group's own spec:
@@ -283,7 +286,7 @@ class EnvSpec:
     @property
     def columns(self) -> int:
         """Segment columns one env copy fills: a parallel env's agents, else 1."""
-        return len(self.agents) if self.multi_agent == "parallel" else 1
+        return len(self.agents) or 1
 
     @property
     def structured(self) -> bool:
@@ -362,34 +365,41 @@ class EnvSpec:
             isinstance(mask, str) and mask.startswith(("obs:", "info:")) and len(mask) < 300
         ):
             raise SpecError(f"env spec action_mask must be 'obs:<key>' or 'info:<key>', got {str(mask)[:40]}")
-        agents = data.get("agents", [])
-        if (
-            not isinstance(agents, list)
-            or len(agents) > MAX_AGENTS
-            or not all(isinstance(a, str) and 0 < len(a) <= 100 for a in agents)
-            or len(set(agents)) != len(agents)
-        ):
-            raise SpecError(
-                f"env spec agents must be at most {MAX_AGENTS} distinct names of 1-100 characters"
-            )
-        api = data.get("multi_agent")
-        if api not in (None, "parallel", "aec"):
-            raise SpecError(f"env spec multi_agent must be parallel or aec, got {str(api)[:20]!r}")
+        api, agents, global_state = _multi_agent_from(data)
         action = ActionSpec.from_dict(data.get("action"))
-        global_state = data.get("global_state", 0)
-        if (
-            not isinstance(global_state, int)
-            or isinstance(global_state, bool)
-            or not 0 <= global_state <= MAX_GLOBAL_STATE
-            or (global_state and api != "parallel")
-        ):
-            raise SpecError(
-                f"env spec global_state must be 0 to {MAX_GLOBAL_STATE} floats, of a parallel env only"
-            )
         spec = EnvSpec(
             shape, action, dtype, low, high, leaves, mask, api, tuple(agents), global_state=global_state
         )
         return replace(spec, groups=_groups_from(data.get("groups", []), spec))
+
+
+def _multi_agent_from(data: dict[str, Any]) -> tuple[str | None, tuple[str, ...], int]:
+    """(multi_agent, agents, global_state) of an env spec read from a file, each checked."""
+    agents = data.get("agents", [])
+    if (
+        not isinstance(agents, list)
+        or len(agents) > MAX_AGENTS
+        or not all(isinstance(a, str) and 0 < len(a) <= 100 for a in agents)
+        or len(set(agents)) != len(agents)
+    ):
+        raise SpecError(f"env spec agents must be at most {MAX_AGENTS} distinct names of 1-100 characters")
+    api = data.get("multi_agent")
+    if api is not None and not (isinstance(api, str) and API_NAME.match(api)):
+        raise SpecError(f"env spec multi_agent must be an API name, got {str(api)[:20]!r}")
+    if agents and api is None:
+        raise SpecError("env spec agents are the columns of a multi-agent env: multi_agent is missing")
+    global_state = data.get("global_state", 0)
+    if (
+        not isinstance(global_state, int)
+        or isinstance(global_state, bool)
+        or not 0 <= global_state <= MAX_GLOBAL_STATE
+        or (global_state and not agents)
+    ):
+        raise SpecError(
+            f"env spec global_state must be 0 to {MAX_GLOBAL_STATE} floats, of an env whose agents "
+            "are its columns only"
+        )
+    return api, tuple(agents), global_state
 
 
 def _groups_from(data: Any, whole: EnvSpec) -> tuple[tuple[str, EnvSpec], ...]:
@@ -408,11 +418,11 @@ def _groups_from(data: Any, whole: EnvSpec) -> tuple[tuple[str, EnvSpec], ...]:
         if not isinstance(item.get("spec"), dict) or "groups" in item["spec"]:
             raise SpecError(f"env spec group {item['name']}: its spec is not a group's")
         spec = EnvSpec.from_dict(item["spec"])
-        if spec.multi_agent != "parallel" or not spec.agents:
+        if not spec.agents:
             raise SpecError(f"env spec group {item['name']}: not agents of a parallel env")
         out.append((item["name"], spec))
     members = [a for _, spec in out for a in spec.agents]
-    if whole.multi_agent != "parallel" or sorted(members) != sorted(whole.agents):
+    if not whole.agents or sorted(members) != sorted(whole.agents):
         raise SpecError("env spec groups do not hold every agent of the env exactly once")
     if len({name for name, _ in out}) != len(out):
         raise SpecError("env spec groups repeat a name")

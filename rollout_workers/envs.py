@@ -16,10 +16,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..contracts.config import EnvConfig, MultiAgentConfig
+from ..contracts.config import IN_PROCESS, EnvConfig, MultiAgentConfig
 from ..contracts.spaces import MAX_LEAVES, PATH_SEP, ActionSpec, EnvSpec, ObsLeaf
 from ..policy.distributions import DISTRIBUTIONS
-from ..rollout_workers.multi_agent import MultiAgentError, api_of, columns_of, make_multi_agent
+from ..rollout_workers.multi_agent import (
+    MULTI_AGENT_APIS,
+    MultiAgentError,
+    api_of,
+    columns_of,
+    make_multi_agent,
+)
 from ..rollout_workers.pomdp import register_pomdp
 from ..rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from ..rollout_workers.user_code import (
@@ -394,10 +400,10 @@ def env_actions(spec: ActionSpec, space: gym.Space, actions: np.ndarray) -> np.n
 
 def multi_agent_problem(ec: EnvConfig, ma: MultiAgentConfig, api: str) -> str | None:
     """What relay cannot do with a PettingZoo env of `api` as configured, or None."""
-    if ec.vectorization != "sync":
+    if ec.vectorization != IN_PROCESS:
         return (
             f"env.vectorization={ec.vectorization}: a PettingZoo env's copies step in the rollout "
-            "worker's own process; use sync (add rollout workers to spread them)"
+            f"worker's own process; use {IN_PROCESS} (add rollout workers to spread them)"
         )
     if ec.max_episode_steps is not None:
         return (
@@ -407,12 +413,16 @@ def multi_agent_problem(ec: EnvConfig, ma: MultiAgentConfig, api: str) -> str | 
     if not preprocessor(ec.preprocess).applies_to(multi_agent=True):
         takes = ", ".join(name for name, p in PREPROCESSORS.items() if p.applies_to(multi_agent=True))
         return f"env.preprocess={ec.preprocess} is for gymnasium envs; a PettingZoo env takes {takes}"
-    if ma.self_play is not None and api == "parallel":
-        return f"multi_agent.self_play is for turn-based (AEC) games; env.id={ec.id} is a parallel env"
-    if ma.central_critic and api != "parallel":
+    kind = MULTI_AGENT_APIS[api]
+    if ma.self_play is not None and not kind.one_seat:
         return (
-            f"multi_agent.central_critic reads a parallel env's global state; env.id={ec.id} is a "
-            "turn-based (AEC) game"
+            f"multi_agent.self_play plays the other seats of a turn-based (AEC) game; env.id={ec.id} "
+            f"is {kind.described}"
+        )
+    if ma.central_critic and not kind.gives_global_state:
+        return (
+            f"multi_agent.central_critic reads a parallel env's global state; env.id={ec.id} is "
+            f"{kind.described}"
         )
     return None
 
@@ -424,7 +434,7 @@ def _multi_agent_spec(
     problem = multi_agent_problem(ec, ma, api)
     if problem:
         raise EnvSpecError(problem)
-    columns = len(env.possible_agents) if api == "parallel" else 1
+    columns = MULTI_AGENT_APIS[api].columns_per_copy(env)
     try:
         vec = make_multi_agent(api, make, env, columns, ma, autoreset=True)
     except MultiAgentError as err:
@@ -452,10 +462,9 @@ def columns_spec(vec: gym.vector.VectorEnv, ec: EnvConfig, notes: list[str] | No
         return env_spec(
             vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
         )
-    state = columns_of(vec)[2]
+    api, _, state = columns_of(vec)
     parts = tuple(
-        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, ("parallel", g.agents, state)))
-        for g in groups
+        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, (api, g.agents, state))) for g in groups
     )
     return replace(parts[0][1], agents=tuple(map(str, getattr(vec, "agents", ()))), groups=parts)
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..contracts.config import EnvConfig, MultiAgentConfig
+from ..contracts.config import IN_PROCESS, EnvConfig, MultiAgentConfig
 from ..contracts.segment import Fields
 from ..contracts.spaces import EnvSpec
 from ..policy.actor_critic import STATE, draw_noise, fields_to_torch
@@ -107,7 +107,8 @@ def eval_env_config(ec: EnvConfig, num_envs: int, video: bool, columns: int = 1)
     process each, with rgb_array rendering for a video (through gymnasium: EnvPool renders none).
     A multi-agent env's `columns` per copy (EnvSpec.columns) round num_envs up to whole copies."""
     num_envs = -(-num_envs // columns) * columns
-    vectorization = "sync" if video or ec.vectorization == "async" else ec.vectorization
+    # video renders through gymnasium; a process per env would cost more than a few episodes take
+    vectorization = IN_PROCESS if video or ec.vectorization == "async" else ec.vectorization
     kwargs = {**ec.kwargs, "render_mode": "rgb_array"} if video else ec.kwargs
     return ec.model_copy(update={"num_envs": num_envs, "vectorization": vectorization, "kwargs": kwargs})
 

@@ -29,6 +29,7 @@ from ..rollout_workers.multi_agent.common import (
     STATS_KEY,
     GroupColumns,
 )
+from ..rollout_workers.multi_agent.parallel import ParallelVectorEnv
 from ..rollout_workers.observations import ObsReader, finite_rows
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class GroupEnvs:
     """What a group's sampler holds in place of its own guarded vector env: its columns of the
     joint env, in its spaces (the part of `GuardedVectorEnv` a sampler uses between steps)."""
 
-    api = "parallel"
+    api = ParallelVectorEnv.api  # a policy group is some agents of a parallel env
 
     def __init__(self, joint: JointEnvs, group: GroupColumns, first: bool) -> None:
         self.joint = joint

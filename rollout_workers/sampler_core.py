@@ -22,7 +22,7 @@ from ..policy.numpy_mirror import Acted, cpu_policy
 from ..rollout_workers.env_guard import GuardedVectorEnv
 from ..rollout_workers.envs import env_actions, env_seeds, env_spec, needs_reset_info
 from ..rollout_workers.group_envs import GroupEnvs
-from ..rollout_workers.multi_agent import attach_opponents, columns_of
+from ..rollout_workers.multi_agent import MULTI_AGENT_APIS, attach_opponents, columns_of
 from ..rollout_workers.observations import ObsReader
 from ..rollout_workers.preprocess import preprocessor
 from ..rollout_workers.self_play import SelfPlayOpponents
@@ -79,7 +79,7 @@ class SamplerCore:
         torch.manual_seed(cfg.env.seed)
         # MLPs act through numpy with the same weights (tied to the torch forward by a test).
         self.fast = cpu_policy(cfg.model, build_policy(cfg, self.spec, traits.critic))
-        if self.spec.multi_agent == "aec":
+        if self.spec.multi_agent is not None and MULTI_AGENT_APIS[self.spec.multi_agent].one_seat:
             self._bind_opponents(traits)
         # A recurrent policy's state per env [N, S], carried from step to step and segment to
         # segment; zeroed where an episode starts (contracts.segment.state_resets).

@@ -19,7 +19,7 @@ from functools import partial
 
 import gymnasium as gym
 
-from ..contracts.config import EnvConfig, MultiAgentConfig, RelayConfig
+from ..contracts.config import IN_PROCESS, EnvConfig, MultiAgentConfig, RelayConfig
 from ..rollout_workers import envpool_backend
 from ..rollout_workers.env_guard import RebuildOnRaise
 from ..rollout_workers.envs import make_env_fn, multi_agent_problem
@@ -61,7 +61,7 @@ def make_async(ec: EnvConfig, num_envs: int, autoreset: bool) -> gym.vector.Vect
 
 
 VECTOR_BACKENDS: dict[str, VectorBackend] = {
-    "sync": VectorBackend(make_sync),
+    IN_PROCESS: VectorBackend(make_sync),
     "async": VectorBackend(make_async),
     "envpool": VectorBackend(envpool_backend.make_envpool, envpool_backend.config_problems),
 }
@@ -95,7 +95,7 @@ def make_vector_env(
             if problem:
                 raise MultiAgentError(problem)
             return make_multi_agent(api, make, first, n, ma, autoreset, opponents)
-        if ec.vectorization == "sync":  # a gymnasium env: it is env 0, never built twice
+        if ec.vectorization == IN_PROCESS:  # a gymnasium env: it is env 0, never built twice
             return make_sync(ec, n, autoreset, first)
         with contextlib.suppress(Exception):  # the backend builds its own (in other processes)
             first.close()

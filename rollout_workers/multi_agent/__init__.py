@@ -16,6 +16,7 @@ A new API is one module with a `make` function and one line in MULTI_AGENT_APIS.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,8 @@ from ...rollout_workers.multi_agent.common import (
     GLOBAL_KEY,
     STATS_KEY,
     Build,
+    ColumnsVectorEnv,
     MultiAgentError,
-    api_of,
     columns_of,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
     "GLOBAL_KEY",
     "MULTI_AGENT_APIS",
     "STATS_KEY",
+    "ColumnsVectorEnv",
     "MultiAgentError",
     "api_of",
     "attach_opponents",
@@ -47,11 +49,20 @@ __all__ = [
     "make_multi_agent",
 ]
 
-# API (api_of) -> its vector env of columns, built from a Build
-MULTI_AGENT_APIS: dict[str, Callable[[Build], gym.vector.VectorEnv]] = {
-    "parallel": parallel.ParallelVectorEnv,
-    "aec": turns.TurnBasedVectorEnv,
+# API (api_of) -> its vector env of columns, built from a Build; its class says what the API's
+# columns are (ColumnsVectorEnv: opponents, global state, columns per copy)
+MULTI_AGENT_APIS: dict[str, type[ColumnsVectorEnv]] = {
+    parallel.ParallelVectorEnv.api: parallel.ParallelVectorEnv,
+    turns.TurnBasedVectorEnv.api: turns.TurnBasedVectorEnv,
 }
+
+
+def api_of(env: Any) -> str | None:
+    """The registered API `env` is of (a PettingZoo ParallelEnv: "parallel", an AECEnv: "aec"),
+    None for anything else, or where PettingZoo is not installed."""
+    if importlib.util.find_spec("pettingzoo") is None:
+        return None
+    return next((name for name, kind in MULTI_AGENT_APIS.items() if kind.plays(env)), None)
 
 
 def make_multi_agent(

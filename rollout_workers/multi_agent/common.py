@@ -7,7 +7,7 @@ import contextlib
 import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -28,20 +28,6 @@ FINAL_GLOBAL_KEY = "relay_final_global_state"
 
 class MultiAgentError(ValueError):
     """A multi-agent env relay cannot play as configured (one line)."""
-
-
-def api_of(env: Any) -> str | None:
-    """ "parallel" for a PettingZoo ParallelEnv, "aec" for an AECEnv, None for anything else
-    (PettingZoo is imported only when it is installed)."""
-    try:
-        from pettingzoo.utils.env import AECEnv, ParallelEnv
-    except ImportError:
-        return None
-    if isinstance(env, ParallelEnv):
-        return "parallel"
-    if isinstance(env, AECEnv):
-        return "aec"
-    return None
 
 
 def played_agents(possible: list[str], patterns: list[str], every: bool) -> list[str]:
@@ -201,9 +187,31 @@ class Build:
 
 class ColumnsVectorEnv(gym.vector.VectorEnv):
     """What both multi-agent vector envs are: copies of a PettingZoo env (`envs`) whose columns
-    share one observation and one action space, batched from each column's newest observation."""
+    share one observation and one action space, batched from each column's newest observation.
 
-    api = ""
+    What an API's entry tells the rest of relay, so nothing outside this package spells its name:
+    `one_seat`, a copy is one seat whose other seats `Opponents` play (self-play applies, and
+    opponents act without a recurrent state); `global_state`, a copy can give the env's global
+    state to a central critic."""
+
+    api: ClassVar[str] = ""
+    described: ClassVar[str] = ""  # what an env of this API is, in a message ("a parallel env")
+    one_seat: ClassVar[bool] = False
+    gives_global_state: ClassVar[bool] = False
+
+    def __init__(self, b: Build) -> None:
+        """E = b.num_envs columns of copies of b.first's env (the API's own rule: agents or seats)."""
+        raise NotImplementedError
+
+    @classmethod
+    def plays(cls, env: Any) -> bool:
+        """Whether `env` is of this API (its PettingZoo base class; PettingZoo is installed)."""
+        raise NotImplementedError
+
+    @classmethod
+    def columns_per_copy(cls, env: Any) -> int:
+        """Segment columns one copy of `env` fills (its spec's EnvSpec.columns)."""
+        raise NotImplementedError
 
     def _setup(
         self, envs: list[Any], num_envs: int, spaces: tuple[gym.Space, gym.Space], autoreset: bool

@@ -43,6 +43,18 @@ class ParallelVectorEnv(ColumnsVectorEnv):
     """E copies of a ParallelEnv; `num_envs` (N) columns, a multiple of its A agents."""
 
     api = "parallel"
+    described = "a parallel env"
+    gives_global_state = True
+
+    @classmethod
+    def plays(cls, env: Any) -> bool:
+        from pettingzoo.utils.env import ParallelEnv
+
+        return isinstance(env, ParallelEnv)
+
+    @classmethod
+    def columns_per_copy(cls, env: Any) -> int:
+        return len(env.possible_agents)  # every agent is played (played_agents, every=True)
 
     def __init__(self, b: Build) -> None:
         make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset

@@ -60,6 +60,18 @@ class TurnBasedVectorEnv(ColumnsVectorEnv):
     """E = num_envs copies of an AECEnv; the seat plays agents matching multi_agent.agents."""
 
     api = "aec"
+    described = "a turn-based (AEC) game"
+    one_seat = True
+
+    @classmethod
+    def plays(cls, env: Any) -> bool:
+        from pettingzoo.utils.env import AECEnv
+
+        return isinstance(env, AECEnv)
+
+    @classmethod
+    def columns_per_copy(cls, env: Any) -> int:
+        return 1
 
     def __init__(self, b: Build) -> None:
         make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset

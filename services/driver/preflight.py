@@ -33,6 +33,7 @@ from ...policy.encoders import ENCODERS, encoder_plan
 from ...policy.lm_decoding import decoding_problem
 from ...policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
 from ...rollout_workers.envs import EnvSpecError, probe_env_spec
+from ...rollout_workers.multi_agent import MULTI_AGENT_APIS
 from ...rollout_workers.multi_agent.common import columns_problem
 from ...rollout_workers.preprocess import PREPROCESSORS, preprocessor
 from ...rollout_workers.rewards import resolve_rewards
@@ -94,7 +95,7 @@ def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:
         return (
             f"learner.algo={cfg.learner.algo} samples groups of whole episodes: not a PettingZoo env's agents"
         )
-    if env.multi_agent == "aec" and cfg.model.recurrent != "none":
+    if MULTI_AGENT_APIS[env.multi_agent].one_seat and cfg.model.recurrent != cores.NO_CORE:
         return "model.recurrent: a turn-based game's opponents play without a recurrent state"
     return None
 

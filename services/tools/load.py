@@ -19,7 +19,7 @@ import torch
 from pydantic import ValidationError
 
 from ...contracts.checkpoint import Checkpoint, CheckpointError
-from ...contracts.config import EnvConfig, RelayConfig
+from ...contracts.config import IN_PROCESS, EnvConfig, RelayConfig
 from ...contracts.policy_groups import PolicyGroupError, group_config, part_of
 from ...contracts.segment import Fields
 from ...contracts.spaces import EnvSpec
@@ -115,7 +115,7 @@ def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
     the user's factory, and a crafted file could steer what it does (where it writes, say)."""
     stored = handle.config.env if handle.config is not None else None
     if stored is not None and stored.id == env_id:
-        return stored.model_copy(update={"num_envs": 8, "vectorization": "sync", "kwargs": {}})
+        return stored.model_copy(update={"num_envs": 8, "vectorization": IN_PROCESS, "kwargs": {}})
     return EnvConfig(id=env_id, num_envs=8)
 
 

@@ -166,5 +166,17 @@ def test_a_spec_carries_the_state_size_and_a_file_cannot_lie_about_it():
             EnvSpec.from_dict({**spec.to_dict(), "global_state": bad})
     plain = {**spec.to_dict(), "global_state": 54}
     del plain["multi_agent"], plain["agents"]
-    with pytest.raises(SpecError, match="parallel env only"):
+    with pytest.raises(SpecError, match="of an env whose agents are its columns only"):
         EnvSpec.from_dict(plain)
+
+
+def test_a_spec_file_names_an_api_but_only_its_agents_make_columns():
+    """The contract knows columns, not API names (their meaning is the multi-agent registry's):
+    agents without an API, or an API name that is no identifier, are refused."""
+    spec = probe_env_spec(_cfg().env, None, _cfg().multi_agent)
+    data = spec.to_dict()
+    assert EnvSpec.from_dict(data).columns == len(spec.agents) > 1
+    with pytest.raises(SpecError, match="multi_agent is missing"):
+        EnvSpec.from_dict({k: v for k, v in data.items() if k not in ("multi_agent", "global_state")})
+    with pytest.raises(SpecError, match="must be an API name"):
+        EnvSpec.from_dict({**data, "multi_agent": "../x"})

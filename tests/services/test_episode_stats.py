@@ -88,7 +88,8 @@ def test_the_env_spec_carries_a_parallel_envs_agents():
 @pytest.mark.parametrize(
     "patch",
     [
-        {"multi_agent": "matrix"},
+        {"multi_agent": "Matrix API"},  # a name is an identifier; its meaning, the registry's
+        {"multi_agent": 3},
         {"multi_agent": "parallel", "agents": "agent_0"},
         {"multi_agent": "parallel", "agents": ["a", "a"]},
         {"multi_agent": "parallel", "agents": [""]},
