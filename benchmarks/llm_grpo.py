@@ -478,7 +478,7 @@ def weight_sync() -> None:
     from tiny_lm import qwen_05b_config
     from transformers import AutoModelForCausalLM
 
-    from relay_rl.policy.causal_lm import wire_weights
+    from relay_rl.policy.weight_wires import wire_weights
 
     ray.init(num_cpus=2, include_dashboard=False)
     try:
@@ -491,10 +491,10 @@ def weight_sync() -> None:
                 self.model = AutoModelForCausalLM.from_config(qwen_05b_config())
 
             def take(self, weights: list[Any]) -> int:
-                from relay_rl.policy.causal_lm import load_wire
+                from relay_rl.policy.weight_wires import WIRES, load_weights
 
                 packed = ray.get(weights[0])
-                load_wire(self.model, packed)
+                load_weights(self.model, WIRES["packed_bf16"].unpack(packed))
                 return len(packed.index)
 
         model = AutoModelForCausalLM.from_config(qwen_05b_config())

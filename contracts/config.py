@@ -457,6 +457,13 @@ class LearnerConfig(_EntrySections):
         "learner, the layout oneDNN and cuDNN convolve fastest. auto: on for cpu and cuda, off "
         "on npu (which keeps its own layouts).",
     )
+    weight_wire: str = Field(
+        "auto",
+        description="How weights travel to the actors, a name from the wire registry "
+        "(policy/weight_wires.py): arrays (float32 numpy arrays), packed_bf16 (one buffer, bf16), "
+        "packed_f32 (one buffer, exact); auto: arrays for env policies, packed_bf16 for language "
+        "models. An env policy needs an exact wire.",
+    )
     broadcast_interval: int = Field(
         1, ge=1, le=1_000_000, description="Publish new weights every this many updates."
     )

@@ -19,7 +19,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 
@@ -31,9 +30,10 @@ from ..learner.distributed import init_group, world_size
 from ..learner.heap import HeapTrimmer
 from ..learner.learner import Arrival, Arrivals
 from ..learner.policy_groups import GroupArrival, make_learner
+from ..policy.weight_wires import wire_for
 
 Fetched = Arrival | GroupArrival | ray.exceptions.RayError
-Weights = dict[str, np.ndarray]
+Weights = Any  # what the run's wire packed (policy/weight_wires.py)
 
 
 class LearnerActor:
@@ -46,6 +46,7 @@ class LearnerActor:
         # workers for cores, fewer leaves a CPU learner's reserved cores idle.
         torch.set_num_threads(cfg.learner.num_cpus)
         self.learner = make_learner(cfg, env)
+        self.wire = wire_for(cfg)
         self._rank = 0  # in the data-parallel group: rank 0 publishes
         # Segments of the next rounds, fetched and staged while the learner updates, by one thread
         # kept for the actor's life rather than one started per round (~45k an hour on CartPole).
@@ -74,13 +75,12 @@ class LearnerActor:
     def _publish(self) -> tuple[Publication, Weights]:
         """The newest weights, for the call's second return (stored once; workers fetch it).
 
-        Weights travel as numpy arrays: Ray stores and reads those without copying or pickling
-        them (about 5x faster to fetch than torch tensors, for every worker on every version).
-        `seconds` counts the copy to host arrays; Ray's copy into the object store follows as
-        the call returns.
+        They travel as the run's wire packs them (`learner.weight_wire`; float32 numpy arrays for
+        an env policy, which Ray stores and reads without copying or pickling). `seconds` counts
+        the packing; Ray's copy into the object store follows as the call returns.
         """
         t0 = time.perf_counter()
-        weights = {k: v.numpy() for k, v in self.learner.weights().items()}
+        weights = self.wire.pack(self.learner.weights())
         return Publication(self.learner.version, [], time.perf_counter() - t0), weights
 
     def _fetch(self, ref: ray.ObjectRef) -> Fetched:

@@ -27,14 +27,13 @@ from ..learner.telemetry import LearnerTelemetry
 from ..policy.causal_lm import (
     CausalLMPolicy,
     Completions,
-    PackedWeights,
     build_language_policy,
     complete,
     completion_ids,
-    wire_weights,
 )
 from ..policy.compiling import counting_compile
 from ..policy.lm_decoding import StaticDecoder
+from ..policy.weight_wires import wire_for
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -104,7 +103,8 @@ class LanguageLearner:
         self._pending: dict[str, Any] | None = None
         self._kept: list[dict[str, torch.Tensor]] = []  # groups set aside for the update (refills)
         self._eval_prompts: PromptSet | None = None
-        self._wire: np.ndarray | None = None  # the weights' wire buffer, reused version to version
+        self.wire = wire_for(cfg)
+        self._packed: Any = None  # the previous version's payload, whose buffer the wire may reuse
         self._generated_by: int | None = None  # the generators' weights version, or None: here
 
     # ---- generation ---------------------------------------------------------------------------
@@ -266,12 +266,12 @@ class LanguageLearner:
             **{k: torch.cat([p[k] for p in parts]) for k in ("tokens", "mask", "gen_logp")},
         }
 
-    def weights(self) -> PackedWeights:
-        """The current weights as they travel to generators (bf16, one buffer; the previous
-        version's buffer is reused: Ray's put copied it into the object store)."""
-        packed = wire_weights(self.policy.acting_weights(), self._wire)
-        self._wire = packed.data
-        return packed
+    def weights(self) -> Any:
+        """The current weights as the run's wire packs them for the generators (by default bf16
+        in one buffer; the previous version's buffer is reused: Ray's put copied it into the
+        object store)."""
+        self._packed = self.wire.pack(self.policy.acting_weights(), self._packed)
+        return self._packed
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:

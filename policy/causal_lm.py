@@ -17,15 +17,12 @@ import contextlib
 import copy
 import inspect
 import json
-import math
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -126,86 +123,6 @@ def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
     extra = getattr(gen, "eos_token_id", None)
     ids += extra if isinstance(extra, list) else [extra] if extra is not None else []
     return sorted({int(i) for i in ids})
-
-
-@dataclass(frozen=True)
-class PackedWeights:
-    """A state dict as one contiguous buffer on the wire: `data` holds every distinct tensor's
-    bytes (floating ones as bf16) back to back, `index` each key's (dtype, shape, byte offset) and
-    `alias` keys that share another key's tensor (tied weights, sent once). One numpy array is what
-    Ray's object store hands a reader without a copy; a dict of tensors is pickled tensor by tensor."""
-
-    data: np.ndarray
-    index: dict[str, tuple[str, tuple[int, ...], int]]
-    alias: dict[str, str]
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
-
-
-def wire_weights(state: dict[str, Tensor], reuse: np.ndarray | None = None) -> PackedWeights:
-    """A policy state dict as sent to generators: floating tensors in bf16 (half the bytes of
-    float32; the generator computes in float32 again), packed into one buffer (`PackedWeights`).
-    Each tensor is converted straight into its place in the buffer; `reuse`, the buffer of the
-    previous version when it has the size, saves allocating (and faulting in) a new one."""
-    index: dict[str, tuple[str, tuple[int, ...], int]] = {}
-    alias: dict[str, str] = {}
-    seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    offset = 0
-    for k, v in state.items():
-        key = (v.untyped_storage().data_ptr(), int(v.storage_offset()), tuple(v.shape))
-        if key in seen:
-            alias[k] = seen[key]
-            continue
-        seen[key] = k
-        kind = torch.bfloat16 if v.is_floating_point() else v.dtype
-        index[k] = (str(kind).removeprefix("torch."), tuple(v.shape), offset)
-        offset += v.numel() * torch.empty(0, dtype=kind).element_size()
-    data = reuse if reuse is not None and reuse.nbytes == offset else np.empty(offset, np.uint8)
-    buf = torch.from_numpy(data)
-    for k, (name, shape, start) in index.items():
-        kind = getattr(torch, name)
-        size = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
-        buf[start : start + size].view(kind).reshape(shape).copy_(state[k].detach())
-    return PackedWeights(data, index, alias)
-
-
-def _views(packed: PackedWeights) -> dict[str, Tensor]:
-    """Each key's tensor as a view into the packed buffer (no copy; read, never written)."""
-    with warnings.catch_warnings():  # the object store's buffer is read-only: these views only read
-        warnings.simplefilter("ignore", UserWarning)
-        buf = torch.from_numpy(np.asarray(packed.data).view(np.uint8))
-    out: dict[str, Tensor] = {}
-    for k, (name, shape, offset) in packed.index.items():
-        kind = getattr(torch, name)
-        size = math.prod(shape) * torch.empty(0, dtype=kind).element_size()
-        out[k] = buf[offset : offset + size].view(kind).reshape(shape)
-    return out
-
-
-def unwire_weights(packed: PackedWeights, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
-    """The state dict of `packed`, floating tensors in `dtype` (copies: the buffer may be the
-    object store's read-only memory)."""
-    out = {k: (t.to(dtype) if t.is_floating_point() else t.clone()) for k, t in _views(packed).items()}
-    for k, src in packed.alias.items():
-        out[k] = out[src]
-    return out
-
-
-@torch.no_grad()
-def load_wire(module: nn.Module, packed: PackedWeights, strict: bool = True) -> None:
-    """Copy `packed` into `module`'s own tensors in place (each converted as it is copied: no
-    float32 copy of the whole state is ever made). `strict`: every key of the module must come
-    (False for LoRA, where only the adapters travel)."""
-    own = module.state_dict(keep_vars=True)
-    views = _views(packed)
-    unknown = [k for k in views if k not in own]
-    missing = [k for k in own if k not in views and k not in packed.alias]
-    if unknown or (strict and missing):
-        raise ValueError(f"weights do not fit the model: {(unknown or missing)[0]}")
-    for k, v in views.items():
-        own[k].data.copy_(v)
 
 
 def with_lora(model: nn.Module, lora: Any) -> nn.Module:

@@ -26,6 +26,7 @@ from ..contracts.config import RelayConfig
 from ..contracts.policy_groups import group_configs, part_of
 from ..contracts.spaces import EnvSpec
 from ..policy.models import build_policy
+from ..policy.weight_wires import wire_for
 from ..rollout_workers.envs import EnvSpecError
 from ..rollout_workers.evaluation import (
     MAX_EVAL_ENVS,
@@ -163,11 +164,13 @@ class EvaluatorActor:
         cfg = RelayConfig.model_validate(cfg_data)
         adopt_workdir(workdir, cfg)
         self.evaluator = Evaluator(cfg, spec, traits)
+        self.wire = wire_for(cfg)
 
     def evaluate(
         self, iteration: int, version: int, weights_ref: list[ray.ObjectRef], video: bool
     ) -> EvalReport:
-        return self.evaluator.evaluate(iteration, version, ray.get(weights_ref[0]), video)
+        weights = self.wire.unpack(ray.get(weights_ref[0]))
+        return self.evaluator.evaluate(iteration, version, weights, video)
 
 
 def create_evaluator(cfg: RelayConfig, spec: EnvSpec, traits: AlgorithmTraits) -> Any:

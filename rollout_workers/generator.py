@@ -18,9 +18,10 @@ import ray
 import torch
 
 from ..contracts.config import RelayConfig
-from ..policy.causal_lm import build_language_policy, load_wire
+from ..policy.causal_lm import build_language_policy
 from ..policy.compiling import torch_backend
 from ..policy.lm_decoding import StaticDecoder
+from ..policy.weight_wires import load_weights, wire_for
 from .worker import adopt_workdir
 
 
@@ -39,6 +40,7 @@ class Generator:
         assert cfg.model.path is not None
         self.policy = build_language_policy(cfg)[0].eval()
         self.cfg = cfg
+        self.wire = wire_for(cfg)
         self.version = -1
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
         gen = cfg.generation
@@ -65,7 +67,7 @@ class Generator:
         if isinstance(packed, ray.ObjectRef):
             packed = ray.get(packed)
         # With LoRA only the adapters come: the base is the one model.path holds.
-        load_wire(self.policy, packed, strict=not self.policy.lora)
+        load_weights(self.policy, self.wire.unpack(packed), strict=not self.policy.lora)
         self.version = version
         return time.perf_counter() - t0
 

@@ -15,6 +15,7 @@ from ..contracts.algorithm import AlgorithmTraits
 from ..contracts.config import RelayConfig
 from ..contracts.segment import Sampled
 from ..contracts.spaces import EnvSpec
+from ..policy.weight_wires import wire_for
 from ..rollout_workers.sampler import make_sampler
 from ..rollout_workers.user_code import allow_user_code
 
@@ -30,6 +31,7 @@ class RolloutWorker:
         cfg = RelayConfig.model_validate(cfg_data)
         adopt_workdir(workdir, cfg)
         self.sampler = make_sampler(cfg, traits, worker_index)
+        self.wire = wire_for(cfg)
         # A fresh id per (re)start: the learner counts restarts as changes of it.
         self.incarnation = uuid.uuid4().hex
         with warnings.catch_warnings():  # Ray's own property uses its deprecated actor_id inside
@@ -58,7 +60,7 @@ class RolloutWorker:
         """A Segment acted with weights `version` (fetched from the object store only when new);
         a policy-grouped env's {group: Segment}."""
         if version != self.sampler.version:
-            self.sampler.set_weights(version, ray.get(weights_ref[0]))
+            self.sampler.set_weights(version, self.wire.unpack(ray.get(weights_ref[0])))
         sampled = self.sampler.sample()
         for segment in sampled.values() if isinstance(sampled, dict) else [sampled]:
             segment.incarnation = self.incarnation

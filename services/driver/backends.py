@@ -18,6 +18,7 @@ from ...contracts.spaces import EnvSpec
 from ...learner.actor import create_learner_actor, learner_resources
 from ...learner.algorithms import algorithm_traits
 from ...learner.policy_groups import make_learner
+from ...policy.weight_wires import wire_for
 from ...rollout_workers.evaluator import Evaluator, create_evaluator
 from ...rollout_workers.sampler import make_sampler
 from ...rollout_workers.worker import create_rollout_workers, worker_resources
@@ -38,6 +39,7 @@ class LocalBackend:
         self.sampler = make_sampler(cfg, algorithm_traits(cfg), 0)
         self.env_spec = self.sampler.spec
         self.learner = make_learner(cfg, self.env_spec)
+        self.wire = wire_for(cfg)
         self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
 
     @staticmethod
@@ -59,7 +61,9 @@ class LocalBackend:
 
     def step(self, progress: float) -> RoundResult:
         if self.sampler.version != self.learner.version:
-            self.sampler.set_weights(self.learner.version, self.learner.weights())
+            # through the run's wire, as a Ray worker receives them: both modes act on the same bits
+            packed = self.wire.pack(self.learner.weights())
+            self.sampler.set_weights(self.learner.version, self.wire.unpack(packed))
         t0 = time.perf_counter()
         with self.stuck_reporter:
             sampled = self.sampler.sample()  # the learner waits for it: one process does both
@@ -329,7 +333,7 @@ class RayBackend:
         """The evaluation actor, placed now (it must not wait for CPUs the fleet holds)."""
         actor = create_evaluator(self.cfg, self.env_spec, algorithm_traits(self.cfg))
         wait_until_placed(self.cfg, {"evaluator": [actor]})
-        return ActorEvalRunner(actor, lambda: (self.version, self.weights_ref))
+        return ActorEvalRunner(actor, lambda: (self.version, self.weights_ref), wire_for(self.cfg))
 
     def reseed_workers(self, stream: int) -> None:
         """Every worker continues on seed stream `stream` (a resumed run must not replay its data)."""

@@ -28,6 +28,7 @@ from ...contracts.config import RelayConfig, config_data
 from ...contracts.metrics import POLICY_PREFIX
 from ...contracts.policy_groups import without_versions
 from ...contracts.spaces import EnvSpec
+from ...policy.weight_wires import WeightWire
 from ...rollout_workers.evaluator import EvalReport, Evaluator
 from ...rollout_workers.video import video_stem
 from ...services.driver.checkpoints import BEST_NAME, load_checkpoint
@@ -78,8 +79,8 @@ class ThreadEvalRunner:
 class ActorEvalRunner:
     """Ray: the evaluation actor fetches the published weights by ref, as the workers do."""
 
-    def __init__(self, actor: Any, current: Callable[[], tuple[int, list[Any]]]) -> None:
-        self.actor, self.current = actor, current
+    def __init__(self, actor: Any, current: Callable[[], tuple[int, list[Any]]], wire: WeightWire) -> None:
+        self.actor, self.current, self.wire = actor, current, wire
         self._running: tuple[Any, list[Any]] | None = None
 
     def busy(self) -> bool:
@@ -103,7 +104,7 @@ class ActorEvalRunner:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             print(f"relay: an evaluation failed ({first[:200]})", file=sys.stderr, flush=True)
             return None
-        return report, lambda: ray.get(weights_ref[0])
+        return report, lambda: self.wire.unpack(ray.get(weights_ref[0]))
 
     def close(self) -> None:
         ray.kill(self.actor)

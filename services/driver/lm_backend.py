@@ -26,7 +26,6 @@ from ...learner.actor import learner_resources
 from ...learner.algorithms.grpo import grpo_settings
 from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
-from ...policy.causal_lm import PackedWeights
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators, generator_count
 from ...rollout_workers.reward_workers import RewardPool
@@ -89,7 +88,7 @@ class LanguageLearnerActor:
     def keep(self, groups: list[int]) -> None:
         self.learner.keep(groups)
 
-    def weights(self) -> PackedWeights:
+    def weights(self) -> Any:
         return self.learner.weights()
 
     def acting_weights(self) -> dict[str, Any]:

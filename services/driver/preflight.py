@@ -27,7 +27,7 @@ from ...learner.algorithms import ALGORITHMS, algorithm_class, segment_layout
 from ...learner.device import DeviceContext, check_device, parse_device_spec
 from ...learner.lm_learner import lm_precision
 from ...learner.precision import is_convolutional, resolve_precision
-from ...policy import cores
+from ...policy import cores, weight_wires
 from ...policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ...policy.encoders import ENCODERS, encoder_plan
 from ...policy.lm_decoding import decoding_problem
@@ -50,6 +50,7 @@ CHOICES = {
     "env.preprocess": list(PREPROCESSORS),
     "model.encoders": list(ENCODERS),
     "model.recurrent": [cores.NO_CORE, *cores.CORES],
+    "learner.weight_wire": [weight_wires.AUTO, *weight_wires.WIRES],
 }
 GB = 1 << 30
 
@@ -74,6 +75,7 @@ def check_config(cfg: RelayConfig) -> None:
             lookup(name)
         except ValueError as err:
             problems.append(str(err))
+    problems += _wire_problems(cfg)
     if not problems:
         problems += algorithm_class(cfg.learner.algo).config_problems(cfg)
         problems += model_kind(cfg.model.kind).config_problems(cfg)
@@ -81,6 +83,21 @@ def check_config(cfg: RelayConfig) -> None:
         problems += cores.config_problems(cfg)
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+def _wire_problems(cfg: RelayConfig) -> list[str]:
+    """The weight wire is registered, and exact where the policy acts from float32 weights."""
+    try:
+        wire = weight_wires.wire_for(cfg)
+    except ValueError as err:
+        return [str(err)]
+    if wire.exact or cfg.language:
+        return []
+    exact = ", ".join(name for name, w in weight_wires.WIRES.items() if w.exact)
+    return [
+        f"learner.weight_wire={weight_wires.wire_name(cfg)} rounds the weights: an env policy acts "
+        f"from float32 weights (its numpy mirror, its normalizer statistics); choose {exact}"
+    ]
 
 
 def _multi_agent_run_problem(cfg: RelayConfig, env: EnvSpec) -> str | None:

@@ -112,7 +112,7 @@ def test_one_step_off_policy_generation_overlaps_the_update_and_learns(local_ray
 
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     from relay_rl.contracts.config import RelayConfig
-    from relay_rl.policy.causal_lm import wire_weights
+    from relay_rl.policy.weight_wires import wire_weights
     from relay_rl.rollout_workers.generator import Generator, StaleWeightsError
 
     tiny_model_folder(tmp_path / "model")

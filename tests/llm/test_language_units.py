@@ -398,9 +398,9 @@ def test_the_export_check_catches_a_folder_that_generates_otherwise(policy, fold
 
 
 def test_weights_on_the_wire_are_one_bf16_buffer_tied_weights_once(policy):
-    """wire_weights/load_wire: every tensor back in place (bf16-rounded), the tied head sent once,
+    """The packed_bf16 wire: every tensor back in place (bf16-rounded), the tied head sent once,
     a reused buffer gives the same bytes; weights of another model are refused."""
-    from relay_rl.policy.causal_lm import load_wire, unwire_weights, wire_weights
+    from relay_rl.policy.weight_wires import WIRES, load_weights, unwire_weights, wire_weights
 
     state = policy.state_dict()
     packed = wire_weights(state)
@@ -417,7 +417,8 @@ def test_weights_on_the_wire_are_one_bf16_buffer_tied_weights_once(policy):
     with torch.no_grad():
         for p in target.parameters():
             p.zero_()
-    load_wire(target, packed)
+    wire = WIRES["packed_bf16"]
+    load_weights(target, wire.unpack(packed))
     assert all(torch.equal(target.state_dict()[k], back[k]) for k in state)
     with pytest.raises(ValueError, match="do not fit"):
-        load_wire(torch.nn.Linear(2, 2), packed)
+        load_weights(torch.nn.Linear(2, 2), wire.unpack(packed))
