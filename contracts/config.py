@@ -5,7 +5,7 @@ Derived values are properties, never fields rewritten after parsing. Names that 
 registry (`learner.algo`, `model.kind`, `env.vectorization`) are plain strings here; the layer that
 owns each registry checks them, with the rules particular to each entry (see
 `services/driver/preflight.py`), so adding an algorithm, a model or an env backend never edits
-this file. An entry's own settings (`learner.<algorithm>`, `metrics.<tracker>`) are an
+this file. An entry's own settings (`learner.<algorithm>`, `model.<kind>`, `metrics.<tracker>`) are an
 `EntrySection` declared beside the entry; here they are plain mappings (`_EntrySections`), which
 `services/config_sections.py` validates by the entry's class before a run starts.
 
@@ -479,21 +479,7 @@ class LearnerConfig(_EntrySections):
     group_eps: float = Field(1e-6, gt=0, le=1, description="GRPO: epsilon in (r - mean) / (std + eps).")
 
 
-class TransformerConfig(_Section):
-    vocab_size: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000,
-        description="Token ids the policy reads are 0..vocab_size-1 (-1 marks an empty slot); "
-        "None: the number of discrete actions (the policy reads the vocabulary it writes).",
-    )
-    d_model: int = Field(64, ge=4, le=65_536, description="Embedding width.")
-    heads: int = Field(4, ge=1, le=1024, description="Attention heads (must divide d_model).")
-    layers: int = Field(2, ge=1, le=1024, description="Transformer blocks.")
-    ff_mult: int = Field(2, ge=1, le=64, description="Feed-forward width as a multiple of d_model.")
-
-
-class ModelConfig(_Section):
+class ModelConfig(_EntrySections):
     kind: str = Field(
         "mlp",
         description="Policy network, a name from the model registry: mlp (MLP trunks over the "
@@ -510,9 +496,6 @@ class ModelConfig(_Section):
     )
     lora: LoraConfig | None = Field(
         None, description="model.kind=causal_lm: train LoRA adapters instead of every weight (null: full)."
-    )
-    transformer: TransformerConfig = Field(
-        default_factory=TransformerConfig, description="The token transformer (model.kind=transformer)."
     )
     hidden_sizes: list[int] = Field(
         default_factory=lambda: [64, 64], max_length=64, description="MLP layer widths."

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..contracts.config import RelayConfig
+from ..contracts.config import EntrySection, RelayConfig, entry_section
 from ..contracts.metrics import MetricKeys
 from ..contracts.spaces import EnvSpec
 
@@ -41,6 +41,16 @@ class ModelKind:
     language = False
     # keys the runs of this kind add to the metrics line (services/metric_keys.py)
     metrics = MetricKeys({})
+    # its own settings, under `model.<its registry name>` (None: none beyond model's)
+    settings: type[EntrySection] | None = None
+
+    def settings_of(self, cfg: RelayConfig) -> EntrySection:
+        """This kind's section of a config that uses it (`model.<model.kind>`), validated, its
+        defaults filled (ConfigError naming the leaf otherwise)."""
+        assert self.settings is not None, f"model.kind={cfg.model.kind} declares no settings"
+        found = entry_section(cfg.model, "model", cfg.model.kind, self.settings, default=True)
+        assert found is not None  # a kind's absent section is its defaults
+        return found
 
     def run_source(self, cfg: RelayConfig) -> str:
         """What a run of this kind trains on, for its default run name: the env id."""

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import EntrySection, RelayConfig
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...policy.trunk import ModelKind, TrunkModule
 
@@ -100,9 +102,36 @@ class TokenTransformer(TrunkModule):
         return self.ln_out(x)
 
 
+class TransformerSettings(EntrySection):
+    """`model.transformer`: the token transformer (model.kind=transformer)."""
+
+    vocab_size: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Token ids the policy reads are 0..vocab_size-1 (-1 marks an empty slot); "
+        "None: the number of discrete actions (the policy reads the vocabulary it writes).",
+    )
+    d_model: int = Field(64, ge=4, le=65_536, description="Embedding width.")
+    heads: int = Field(4, ge=1, le=1024, description="Attention heads (must divide d_model).")
+    layers: int = Field(2, ge=1, le=1024, description="Transformer blocks.")
+    ff_mult: int = Field(2, ge=1, le=64, description="Feed-forward width as a multiple of d_model.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerSettings:
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}")
+        return self
+
+
+def transformer_settings(cfg: RelayConfig) -> TransformerSettings:
+    """A transformer run's `model.transformer`, validated, its defaults filled."""
+    return cast(TransformerSettings, TransformerKind().settings_of(cfg))
+
+
 def token_vocab(cfg: RelayConfig, action: ActionSpec) -> int:
     """The token ids a transformer policy reads: configured, else the discrete actions it writes."""
-    vocab = cfg.model.transformer.vocab_size
+    vocab = transformer_settings(cfg).vocab_size
     if vocab is not None:
         return vocab
     if action.kind != "discrete":
@@ -111,14 +140,10 @@ def token_vocab(cfg: RelayConfig, action: ActionSpec) -> int:
 
 
 class TransformerKind(ModelKind):
+    settings = TransformerSettings
+
     def config_problems(self, cfg: RelayConfig) -> list[str]:
         problems = []
-        tc = cfg.model.transformer
-        if tc.d_model % tc.heads:
-            problems.append(
-                f"model.transformer.d_model={tc.d_model} is not divisible by "
-                f"model.transformer.heads={tc.heads}"
-            )
         if cfg.model.normalize_obs:
             problems.append("model.kind=transformer reads token ids: set model.normalize_obs=false")
         return problems
@@ -144,5 +169,5 @@ class TransformerKind(ModelKind):
         )
 
     def trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
-        tc, vocab = cfg.model.transformer, token_vocab(cfg, env.action)
+        tc, vocab = transformer_settings(cfg), token_vocab(cfg, env.action)
         return lambda: TokenTransformer(env.obs_dim, vocab, tc.d_model, tc.heads, tc.layers, tc.ff_mult)

@@ -71,7 +71,7 @@ def test_config_rules_for_the_transformer():
     """The transformer kind's own rules, checked with the registry's (what validate and train run)."""
     with pytest.raises(ConfigError, match=r"set model\.normalize_obs=false"):
         check_config(build_config({}, ["model.kind=transformer"]))
-    with pytest.raises(ConfigError, match=r"d_model=30 is not divisible by model\.transformer\.heads=4"):
+    with pytest.raises(ConfigError, match=r"model\.transformer: d_model=30 is not divisible by heads=4"):
         check_config(
             build_config(
                 {}, ["model.kind=transformer", "model.normalize_obs=false", "model.transformer.d_model=30"]

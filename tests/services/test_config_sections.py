@@ -121,6 +121,11 @@ def test_a_new_algorithm_trains_with_its_own_settings_and_metric(scaled_ppo, tmp
             "learner.grpo: refill_rounds replaces dropped groups: set drop_equal_groups=true",
         ),
         (["learner.clip_ration=0.3"], "learner.clip_ration: unknown key (check the spelling)"),
+        (["model.mlp.width=3"], "model.mlp: the mlp model kind has no settings of its own"),
+        (
+            ["model.transformer.heads=0"],
+            "model.transformer.heads: Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_a_wrong_section_is_one_line_and_exit_2(capsys, sets, needle):
@@ -148,6 +153,10 @@ def test_a_config_means_the_same_in_every_process():
     )
     assert RelayConfig.model_validate(data) == cfg
     assert grpo_settings(RelayConfig.model_validate(data)).loss_agg == "seq_mean"
+
+    token = load_config(str(ROOT / "configs/reverse_digits_grpo.yaml"))
+    resolve_sections(token)  # a model kind's section is stored resolved too
+    assert config_data(token)["model"]["transformer"]["ff_mult"] == 2
 
     old = build_config(
         {"learner": {"algo": "ppo", "grpo": {"loss_agg": "token_mean"}}, "metrics": {"mlflow": None}}
