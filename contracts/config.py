@@ -60,8 +60,9 @@ class _Section(BaseModel):
 
 class EntrySection(_Section):
     """The settings a registry entry declares beside its own code: an algorithm's under
-    `learner.<name>` (`Algorithm.settings`), a tracker's under `metrics.<name>` (its module's
-    `Settings`). Subclass it there; nothing here names the entries."""
+    `learner.<name>` (`Algorithm.settings`), a model kind's under `model.<name>`
+    (`ModelKind.settings`), a tracker's under `metrics.<name>` (its module's `Settings`).
+    Subclass it there; nothing here names the entries."""
 
 
 def _entry_section_data(value: Any) -> Any:
