@@ -17,8 +17,10 @@ from __future__ import annotations
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 
@@ -148,10 +150,50 @@ class LearnerActor:
 
     @ray.method(enable_task_events=False)  # every checkpoint: no task record kept in the GCS
     def state_dict(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+        """The learner's state with every tensor as host numpy (`to_host`; the driver's
+        `from_host` turns them back)."""
+        return to_host(self.learner.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
+
+
+@dataclass(frozen=True)
+class HostTensor:
+    """A tensor crossing Ray as host numpy: `array` its values (bf16 as their int16 bits), `dtype`
+    the tensor's own. Ray hands numpy arrays over out of band, without a copy, where a torch tensor
+    is pickled in band through torch's serializer (CartPole's learner state: 17 ms a checkpoint);
+    and a device tensor (cuda, npu) would need the device, and torch_npu, wherever it is read: the
+    driver on a CPU-only head node has neither."""
+
+    array: np.ndarray
+    dtype: str
+
+
+def to_host(tree: Any) -> Any:
+    """`tree` (dicts, lists, tuples) with every tensor a HostTensor on the host."""
+    if isinstance(tree, torch.Tensor):
+        t = tree.detach().to("cpu").contiguous()
+        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        return HostTensor(bits.numpy(), str(t.dtype).removeprefix("torch."))
+    if isinstance(tree, dict):
+        return {k: to_host(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(to_host(v) for v in tree)
+    return tree
+
+
+def from_host(tree: Any) -> Any:
+    """`to_host`'s tree with its tensors back (CPU tensors of their own dtype, writable copies:
+    Ray's arrays are read-only views of its object store)."""
+    if isinstance(tree, HostTensor):
+        t = torch.from_numpy(np.array(tree.array))
+        return t.view(torch.bfloat16) if tree.dtype == "bfloat16" else t
+    if isinstance(tree, dict):
+        return {k: from_host(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(from_host(v) for v in tree)
+    return tree
 
 
 def learner_resources(cfg: RelayConfig) -> dict[str, float]:

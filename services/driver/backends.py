@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.autoscaler.sdk import request_resources
@@ -15,7 +15,7 @@ from ray.autoscaler.sdk import request_resources
 from ...contracts.config import RelayConfig
 from ...contracts.rounds import Publication, RoundResult
 from ...contracts.spaces import EnvSpec
-from ...learner.actor import create_learner_actor, learner_resources
+from ...learner.actor import create_learner_actor, from_host, learner_resources
 from ...learner.algorithms import algorithm_traits
 from ...learner.policy_groups import make_learner
 from ...policy.weight_wires import wire_for
@@ -306,7 +306,7 @@ class RayBackend:
             ray.kill(worker, no_restart=True)
 
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return _from_learner(self.learner.state_dict.remote(), timeout_s)
+        return cast(dict[str, Any], from_host(_from_learner(self.learner.state_dict.remote(), timeout_s)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])

@@ -8,6 +8,7 @@ import ray
 import torch
 
 from relay_rl.contracts.config import load_config
+from relay_rl.learner.actor import from_host
 from relay_rl.services.driver.backends import RayBackend
 from relay_rl.services.driver.loop import TrainingLoop
 from relay_rl.services.driver.preflight import check_env
@@ -36,7 +37,7 @@ def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
         assert len(backend.learners) == 2
         loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
         assert loop.run_until_stop() == "env_steps"
-        states = ray.get([lrn.state_dict.remote() for lrn in backend.learners])
+        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners])]
         for key, value in states[0]["model"].items():
             torch.testing.assert_close(value, states[1]["model"][key], atol=0, rtol=0, msg=key)
         assert states[0]["updates"] == states[1]["updates"] > 10
@@ -91,7 +92,7 @@ def test_a_data_parallel_group_that_loses_a_learner_is_restarted_from_the_checkp
         lines = metrics_lines(loop.run.root)
         assert lines[-1]["learner_restarts"] == 1 and victim not in backend.learners
         assert len(backend.learners) == 2 and "restarted from ckpt-" in capsys.readouterr().err
-        states = ray.get([lrn.state_dict.remote() for lrn in backend.learners])
+        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners])]
         for key, value in states[0]["model"].items():
             torch.testing.assert_close(value, states[1]["model"][key], atol=0, rtol=0, msg=key)
     finally:
