@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 from pydantic import Field
 
 from relay_rl.contracts.config import (
@@ -33,6 +36,7 @@ from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
 CARTPOLE = str(ROOT / "configs/cartpole_ppo.yaml")
+NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
 
 
 class ScaleSettings(EntrySection):
@@ -228,3 +232,24 @@ def test_a_new_tracker_is_its_module_and_one_registry_line(monkeypatch, tmp_path
     tracking.close("FINISHED", [])
     got = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [g.get("env_steps") for g in got[:-1]] == [100, 200] and got[-1] == {"status": "FINISHED"}
+
+
+@hyp_settings(max_examples=150, deadline=None)
+@given(
+    where=st.sampled_from(["learner", "model", "metrics"]),
+    name=st.one_of(st.sampled_from(["grpo", "transformer", "mlflow", "wandb", "ppo", "lr", "kind"]), NAMES),
+    leaf=st.one_of(st.sampled_from(["loss_agg", "d_model", "tracking_uri", "min_interval_s"]), NAMES),
+    raw=st.text(max_size=20),
+)
+def test_any_section_given_resolves_or_is_one_line(where, name, leaf, raw):
+    """Whatever section and leaf a --set names, build and resolve give a config whose sections are
+    all their entries' (resolved), or one ConfigError line."""
+    try:
+        cfg = build_config({}, [f"{where}.{name}.{leaf}={raw}"])
+        resolve_sections(cfg)
+    except ConfigError as err:
+        assert "\n" not in str(err) and len(str(err)) < 2000
+    else:
+        for part in ("learner", "model", "metrics"):
+            for key, data in (getattr(cfg, part).model_extra or {}).items():
+                assert data is None or f"{part}.{key}" in {p.rpartition(".")[0] for p, _, _ in all_leaves()}
