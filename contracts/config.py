@@ -99,17 +99,12 @@ class _EntrySections(_Section):
 SettingsT = TypeVar("SettingsT", bound=EntrySection)
 
 
-def entry_section(
-    parent: _EntrySections, where: str, name: str, settings: type[SettingsT], *, default: bool
-) -> SettingsT | None:
+def entry_section(parent: _EntrySections, where: str, name: str, settings: type[SettingsT]) -> SettingsT:
     """Entry `name`'s section of `parent` (found at `where`, e.g. "learner") validated by its own
-    class; an absent section is its defaults where `default` (an algorithm's), else None (a tracker
-    is off). ConfigError naming the leaves otherwise."""
-    data = parent.entry_data(name)
-    if data is None and not default:
-        return None
+    class, an absent or null section as its defaults (a tracker, whose null means off, asks
+    `entry_data` first). ConfigError naming the leaves otherwise."""
     try:
-        return settings.model_validate(data or {})
+        return settings.model_validate(parent.entry_data(name) or {})
     except ValidationError as err:
         raise ConfigError(_format_validation_error(err, f"{where}.{name}")) from None
 

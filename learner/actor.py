@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -170,30 +171,39 @@ class HostTensor:
     dtype: str
 
 
+def _map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`tree` (dicts, lists, tuples) with `fn` applied to each leaf."""
+    if isinstance(tree, dict):
+        return {k: _map_leaves(fn, v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_map_leaves(fn, v) for v in tree)
+    return fn(tree)
+
+
+def _host_leaf(leaf: Any) -> Any:
+    if not isinstance(leaf, torch.Tensor):
+        return leaf
+    t = leaf.detach().to("cpu").contiguous()
+    bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return HostTensor(bits.numpy(), str(t.dtype).removeprefix("torch."))
+
+
+def _tensor_leaf(leaf: Any) -> Any:
+    if not isinstance(leaf, HostTensor):
+        return leaf
+    t = torch.from_numpy(np.array(leaf.array))
+    return t.view(torch.bfloat16) if leaf.dtype == "bfloat16" else t
+
+
 def to_host(tree: Any) -> Any:
     """`tree` (dicts, lists, tuples) with every tensor a HostTensor on the host."""
-    if isinstance(tree, torch.Tensor):
-        t = tree.detach().to("cpu").contiguous()
-        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        return HostTensor(bits.numpy(), str(t.dtype).removeprefix("torch."))
-    if isinstance(tree, dict):
-        return {k: to_host(v) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(to_host(v) for v in tree)
-    return tree
+    return _map_leaves(_host_leaf, tree)
 
 
 def from_host(tree: Any) -> Any:
     """`to_host`'s tree with its tensors back (CPU tensors of their own dtype, writable copies:
     Ray's arrays are read-only views of its object store)."""
-    if isinstance(tree, HostTensor):
-        t = torch.from_numpy(np.array(tree.array))
-        return t.view(torch.bfloat16) if tree.dtype == "bfloat16" else t
-    if isinstance(tree, dict):
-        return {k: from_host(v) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(from_host(v) for v in tree)
-    return tree
+    return _map_leaves(_tensor_leaf, tree)
 
 
 def learner_resources(cfg: RelayConfig) -> dict[str, float]:

@@ -48,9 +48,7 @@ class ModelKind:
         """This kind's section of a config that uses it (`model.<model.kind>`), validated, its
         defaults filled (ConfigError naming the leaf otherwise)."""
         assert self.settings is not None, f"model.kind={cfg.model.kind} declares no settings"
-        found = entry_section(cfg.model, "model", cfg.model.kind, self.settings, default=True)
-        assert found is not None  # a kind's absent section is its defaults
-        return found
+        return entry_section(cfg.model, "model", cfg.model.kind, self.settings)
 
     def run_source(self, cfg: RelayConfig) -> str:
         """What a run of this kind trains on, for its default run name: the env id."""

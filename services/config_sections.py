@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
 from ..contracts.config import ConfigError, EntrySection, RelayConfig, config_leaves, entry_section
 from ..learner.algorithms import ALGORITHMS
 from ..policy.models import MODEL_KINDS
@@ -51,8 +49,8 @@ def _owner(where: str, name: str) -> str:
 def resolve_sections(cfg: RelayConfig) -> None:
     """Validate every entry section of `cfg` by its entry's class and store it resolved; the
     configured algorithm's and model kind's sections, where they declare one, are added with
-    their defaults. A tracker's
-    null section stays null (off). ConfigError naming every problem at once."""
+    their defaults. A tracker's null section stays null (off). ConfigError naming every problem
+    at once."""
     sections = entry_sections()
     problems: list[str] = []
     resolved: list[tuple[Any, str, dict[str, Any]]] = []
@@ -70,11 +68,10 @@ def resolve_sections(cfg: RelayConfig) -> None:
             if where == "metrics" and parent.entry_data(name) is None:
                 continue
             try:
-                found = entry_section(parent, where, name, settings, default=True)
+                found = entry_section(parent, where, name, settings)
             except ConfigError as err:
                 problems.append(str(err).removeprefix("invalid config: "))
                 continue
-            assert isinstance(found, BaseModel)
             resolved.append((parent, name, found.model_dump(mode="json")))
     if problems:
         raise ConfigError("invalid config: " + "; ".join(problems))

@@ -96,9 +96,7 @@ class Algorithm:
         validated, its defaults filled (ConfigError naming the leaf otherwise)."""
         name = cfg.algo
         assert cls.settings is not None, f"learner.algo={name} declares no settings"
-        found = entry_section(cfg, "learner", name, cls.settings, default=True)
-        assert found is not None  # an algorithm's absent section is its defaults
-        return found
+        return entry_section(cfg, "learner", name, cls.settings)
 
     @classmethod
     def traits(cls) -> AlgorithmTraits:

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # API (api_of) -> its vector env of columns, built from a Build; its class says what the API's
-# columns are (ColumnsVectorEnv: opponents, global state, columns per copy)
+# columns are (ColumnsVectorEnv: one seat, global state, columns per copy, the class it plays)
 MULTI_AGENT_APIS: dict[str, type[ColumnsVectorEnv]] = {
     parallel.ParallelVectorEnv.api: parallel.ParallelVectorEnv,
     turns.TurnBasedVectorEnv.api: turns.TurnBasedVectorEnv,

@@ -191,11 +191,13 @@ class ColumnsVectorEnv(gym.vector.VectorEnv):
 
     What an API's entry tells the rest of relay, so nothing outside this package spells its name:
     `one_seat`, a copy is one seat whose other seats `Opponents` play (self-play applies, and
-    opponents act without a recurrent state); `global_state`, a copy can give the env's global
-    state to a central critic."""
+    opponents act without a recurrent state); `gives_global_state`, a copy can give the env's
+    global state to a central critic; `pettingzoo_class`, the base class in `pettingzoo.utils.env`
+    its envs are (`plays`)."""
 
     api: ClassVar[str] = ""
     described: ClassVar[str] = ""  # what an env of this API is, in a message ("a parallel env")
+    pettingzoo_class: ClassVar[str] = ""
     one_seat: ClassVar[bool] = False
     gives_global_state: ClassVar[bool] = False
 
@@ -205,13 +207,15 @@ class ColumnsVectorEnv(gym.vector.VectorEnv):
 
     @classmethod
     def plays(cls, env: Any) -> bool:
-        """Whether `env` is of this API (its PettingZoo base class; PettingZoo is installed)."""
-        raise NotImplementedError
+        """Whether `env` is of this API (PettingZoo is installed: api_of checks)."""
+        from pettingzoo.utils import env as pettingzoo_env
+
+        return isinstance(env, getattr(pettingzoo_env, cls.pettingzoo_class))
 
     @classmethod
     def columns_per_copy(cls, env: Any) -> int:
-        """Segment columns one copy of `env` fills (its spec's EnvSpec.columns)."""
-        raise NotImplementedError
+        """Segment columns one copy of `env` fills (its spec's EnvSpec.columns): one seat."""
+        return 1
 
     def _setup(
         self, envs: list[Any], num_envs: int, spaces: tuple[gym.Space, gym.Space], autoreset: bool

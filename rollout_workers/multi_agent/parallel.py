@@ -45,12 +45,7 @@ class ParallelVectorEnv(ColumnsVectorEnv):
     api = "parallel"
     described = "a parallel env"
     gives_global_state = True
-
-    @classmethod
-    def plays(cls, env: Any) -> bool:
-        from pettingzoo.utils.env import ParallelEnv
-
-        return isinstance(env, ParallelEnv)
+    pettingzoo_class = "ParallelEnv"
 
     @classmethod
     def columns_per_copy(cls, env: Any) -> int:

@@ -62,16 +62,7 @@ class TurnBasedVectorEnv(ColumnsVectorEnv):
     api = "aec"
     described = "a turn-based (AEC) game"
     one_seat = True
-
-    @classmethod
-    def plays(cls, env: Any) -> bool:
-        from pettingzoo.utils.env import AECEnv
-
-        return isinstance(env, AECEnv)
-
-    @classmethod
-    def columns_per_copy(cls, env: Any) -> int:
-        return 1
+    pettingzoo_class = "AECEnv"
 
     def __init__(self, b: Build) -> None:
         make, first, num_envs, ma, autoreset = b.make, b.first, b.num_envs, b.ma, b.autoreset

@@ -67,7 +67,7 @@ def tracker_settings(cfg: RelayConfig, name: str) -> Any:
     track there (ConfigError naming the leaf where the section is wrong)."""
     if cfg.metrics.entry_data(name) is None:
         return None
-    return entry_section(cfg.metrics, "metrics", name, tracker_module(name).Settings, default=False)
+    return entry_section(cfg.metrics, "metrics", name, tracker_module(name).Settings)
 
 
 class Client(Protocol):
