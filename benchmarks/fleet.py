@@ -129,7 +129,13 @@ def _learner_alone(seconds: float, sets: list[str]) -> float:
     from relay_rl.learner.learner import Learner
     from relay_rl.rollout_workers.sampler import make_sampler
 
+    import torch
+
     cfg = load_config(CARTPOLE, sets)
+    # The learner actor's threads (learner.num_cpus), not this process's default of every core:
+    # the bound is the learner as the fleet runs it.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.learner.num_cpus)
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     learner = Learner(cfg, sampler.spec)
     segments = [sampler.sample() for _ in range(cfg.segments_per_update)]
@@ -138,7 +144,9 @@ def _learner_alone(seconds: float, sets: list[str]) -> float:
     while time.perf_counter() - t0 < seconds:
         learner.train_round(segments)
         steps += cfg.update_steps
-    return steps / (time.perf_counter() - t0)
+    rate = steps / (time.perf_counter() - t0)
+    torch.set_num_threads(threads)
+    return rate
 
 
 def _sampling_alone(workers: int, seconds: float, sets: list[str]) -> float:

@@ -6,11 +6,12 @@ Both expose `step(progress) -> RoundResult`, so the driver loop does not know wh
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, cast
 
 import ray
 from ray.autoscaler.sdk import request_resources
+from ray.exceptions import GetTimeoutError
 
 from ...contracts.config import RelayConfig
 from ...contracts.rounds import Publication, RoundResult
@@ -59,7 +60,8 @@ class LocalBackend:
     def resize(self, target: int) -> None:
         raise RuntimeError("local mode has no rollout workers to add or retire")
 
-    def step(self, progress: float) -> RoundResult:
+    def step(self, progress: float, ahead: bool = False) -> RoundResult:
+        """One round (`ahead` has no meaning here: one process samples, then learns)."""
         if self.sampler.version != self.learner.version:
             # through the run's wire, as a Ray worker receives them: both modes act on the same bits
             packed = self.wire.pack(self.learner.weights())
@@ -68,6 +70,9 @@ class LocalBackend:
         with self.stuck_reporter:
             sampled = self.sampler.sample()  # the learner waits for it: one process does both
         return self.learner.train_round([sampled], progress, wait_s=time.perf_counter() - t0)  # type: ignore[list-item]
+
+    def drain(self, timeout_s: float | None = None) -> RoundResult | None:
+        return None  # no round ever runs ahead here
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it
@@ -101,7 +106,11 @@ class RayBackend:
     sync: each round, every worker samples once with the current weights (policy lag 0); the next
     round is submitted as soon as an update publishes its weights, so driver bookkeeping overlaps it.
     async: workers keep up to `max_segments_in_flight` samples outstanding while the learner
-    updates; submissions stop while a backlog waits, so object-store use stays bounded.
+    updates; submissions stop while a backlog waits, so object-store use stays bounded. A round
+    may run ahead (`step(ahead=True)`): the next round's call is submitted while this one trains,
+    as soon as its segments are ready, so the learner starts it the moment this one ends instead
+    of idling while this round's result travels to the driver and the loop writes its line (5 ms
+    of a 42 ms CartPole round); `drain` takes such a call's result.
     """
 
     @staticmethod
@@ -133,6 +142,9 @@ class RayBackend:
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
         self._submitted = 0
         self._next_round: dict[Any, Any] | None = None  # sync: the round already sampling {ref: worker}
+        # Rounds submitted to the learner whose results are not taken yet, oldest first: the
+        # round training and (async, run ahead) the next one; each [(info ref, weights ref)].
+        self._rounds: deque[list[Any]] = deque()
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
@@ -167,25 +179,74 @@ class RayBackend:
             self.health.watchdog.started(worker)
         return refs
 
-    def step(self, progress: float) -> RoundResult:
-        upcoming: list[Any] = []
+    def step(self, progress: float, ahead: bool = False) -> RoundResult:
+        """One round: the learner trains on a round of segments and publishes. With `ahead` (async
+        mode) the round after it is submitted behind it before this one's result is in."""
         sampling: dict[Any, Any] = {}
+        if not self._rounds:
+            if self.cfg.rollout.mode == "sync":
+                sampling, self._next_round = self._next_round or self._sample_round(), None
+                self._rounds.append(self._train(list(sampling), progress, []))
+            else:
+                self._rounds.append(self._train_next(self._next_async_round(), progress))
+        calls = self._rounds[0]
+        if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
+            self._submit_ahead(calls, progress)
+        # A stuck worker would hold the learner's fetch forever.
+        self.health.watch([info for info, _ in calls], sampling)
+        out = self._result(calls)
+        self._rounds.popleft()
         if self.cfg.rollout.mode == "sync":
-            sampling, self._next_round = self._next_round or self._sample_round(), None
-            refs = list(sampling)
-        else:
-            refs = self._next_async_round()
-            # Finished segments of the next rounds: the learner fetches them while it updates.
-            upcoming = [ref for _, ref in self._ready]
+            # The next round starts sampling with the new weights now (policy lag stays 0), so
+            # the driver's metrics and checkpoint writing overlap it instead of delaying it.
+            self._next_round = self._sample_round()
+        return out
+
+    def drain(self, timeout_s: float | None = None) -> RoundResult | None:
+        """The oldest submitted round's result not yet taken (one a stop interrupted, one
+        submitted ahead), or None. Taken before the learner's state is read, so that its state
+        and the run's counters stay one."""
+        if not self._rounds:
+            return None
+        out = self._result(self._rounds[0], timeout_s)
+        self._rounds.popleft()
+        return out
+
+    def _train(self, refs: list[Any], progress: float, upcoming: list[Any]) -> list[Any]:
+        """Submit a round's learner calls: [(info ref, weights ref)], one per learner."""
         n = len(self.learners)
         if n > 1:
             upcoming = []  # each replica takes its own share; no prefetch across shares
-        calls = [
-            lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)
-        ]
-        infos = [info for info, _ in calls]  # each call returns (info, weights)
-        self.health.watch(infos, sampling)  # a stuck worker would hold the learner's fetch forever
-        parts = _from_learner(infos)
+        return [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
+
+    def _train_next(self, refs: list[Any], progress: float) -> list[Any]:
+        # Finished segments of the next rounds: the learner fetches them while it updates.
+        return self._train(refs, progress, [ref for _, ref in self._ready])
+
+    def _submit_ahead(self, calls: list[Any], progress: float) -> None:
+        """While `calls` run, wait for the next round's segments and submit its calls behind them
+        (an actor runs its calls in order), unless `calls` finish first. The next round trains
+        with this round's `progress` (the learning-rate schedule a round late)."""
+        running = [info for info, _ in calls]
+        while len(self._ready) < self.cfg.segments_per_update:
+            self.health.kill_stuck()
+            self._top_up()
+            _, running = ray.wait(running, num_returns=len(running), timeout=0, fetch_local=False)
+            if not running:
+                return
+            ray.wait(
+                [*running, *self._in_flight],
+                num_returns=1,
+                timeout=self.health.watchdog.wait_s(),
+                fetch_local=False,
+            )
+            self._collect_finished(wait=False)
+        refs = self._take_ready(top_up=False)
+        self._rounds.append(self._train_next(refs, progress))
+        self._top_up()  # counting the round ahead
+
+    def _result(self, calls: list[Any], timeout_s: float | None = None) -> RoundResult:
+        parts = _from_learner([info for info, _ in calls], timeout_s)
         published = parts[0][1]
         out = RoundResult.merge(
             [part for part, _ in parts],
@@ -196,10 +257,6 @@ class RayBackend:
             self._drop_dead_workers()
         if out.published is not None:
             self._take_weights(out.published)
-        if self.cfg.rollout.mode == "sync":
-            # The next round starts sampling with the new weights now (policy lag stays 0), so
-            # the driver's metrics and checkpoint writing overlap it instead of delaying it.
-            self._next_round = self._sample_round()
         return out
 
     def _top_up(self) -> None:
@@ -210,7 +267,9 @@ class RayBackend:
         """
         need = self.cfg.segments_per_update
         limit = max(self.cfg.rollout.max_segments_in_flight, -(-need // len(self.workers)))
-        budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready)
+        # A round submitted ahead still counts: its segments wait as a backlog would (policy lag).
+        ahead = need * max(len(self._rounds) - 1, 0)
+        budget = len(self.workers) * limit - len(self._in_flight) - len(self._ready) - ahead
         outstanding = Counter(worker for worker, _ in self._in_flight.values())
         for worker in self.workers:
             if outstanding[worker] == 0 and budget > 0:
@@ -250,11 +309,14 @@ class RayBackend:
         )
         request_resources(bundles=demand)
 
-    def _collect_finished(self) -> None:
-        """Move every finished sample to the ready list (blocking until at least one is)."""
+    def _collect_finished(self, wait: bool = True) -> None:
+        """Move every finished sample to the ready list (with `wait`, blocking until at least one is)."""
         # fetch_local=False: the driver only learns that a segment exists; the learner fetches it.
         pending = list(self._in_flight)
-        ray.wait(pending, num_returns=1, fetch_local=False, timeout=self.health.watchdog.wait_s())
+        if not pending:
+            return
+        if wait:
+            ray.wait(pending, num_returns=1, fetch_local=False, timeout=self.health.watchdog.wait_s())
         done, _ = ray.wait(pending, num_returns=len(pending), timeout=0, fetch_local=False)
         for ref in done:
             worker, number = self._in_flight.pop(ref)
@@ -264,18 +326,24 @@ class RayBackend:
         self.health.kill_stuck()
 
     def _next_async_round(self) -> list[Any]:
-        need = self.cfg.segments_per_update
         # Also when the others keep the rounds full: a stuck worker would hold its slots forever.
         self.health.kill_stuck()
         self._top_up()
-        while len(self._ready) < need:
+        while len(self._ready) < self.cfg.segments_per_update:
             self._collect_finished()
             self._top_up()
+        return self._take_ready()
+
+    def _take_ready(self, top_up: bool = True) -> list[Any]:
+        """The oldest round of ready segments, taken from the ready list (then, with `top_up`,
+        the workers given new samples in their place)."""
+        need = self.cfg.segments_per_update
         # Oldest first: ray.wait may report a newer segment before an older one that is also
         # done, and training on the newer one first would leave the older to age (policy lag).
         self._ready.sort(key=lambda item: item[0])
         batch, self._ready = self._ready[:need], self._ready[need:]
-        self._top_up()
+        if top_up:
+            self._top_up()
         return [ref for _, ref in batch]
 
     def _drop_dead_workers(self) -> None:
@@ -310,6 +378,7 @@ class RayBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
+        self._rounds.clear()  # the caller drained them first (TrainingLoop): no result is wanted
         self._take_weights(self._publish_now())
         self._next_round = None  # sampled with weights that are no longer current
 
@@ -328,6 +397,7 @@ class RayBackend:
             self._join_group()
         self._take_weights(self._publish_now())
         self._next_round = None
+        self._rounds.clear()  # calls to the learner that died
 
     def evaluation_runner(self) -> EvalRunner:
         """The evaluation actor, placed now (it must not wait for CPUs the fleet holds)."""
@@ -359,8 +429,12 @@ def _from_learner(refs: Any, timeout_s: float | None = None) -> Any:
         if not isinstance(refs, list):
             return ray.get(refs, timeout=timeout_s)
         pending, results, failed = list(refs), {}, None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                raise GetTimeoutError(f"the learner did not answer within {timeout_s} s")
             try:
                 results[done[0]] = ray.get(done[0])
             except ray.exceptions.RayTaskError as err:

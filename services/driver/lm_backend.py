@@ -254,7 +254,9 @@ class LanguageBackend:
                 break
         return gens, scores, train_rewards, gen_s, reward_s
 
-    def step(self, progress: float) -> RoundResult:
+    def step(self, progress: float, ahead: bool = False) -> RoundResult:
+        """One GRPO step (`ahead` is for env rounds: a language run overlaps by
+        generation.overlap, generating the next round while this one trains)."""
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
         if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
             self._inflight = self._dispatch()
@@ -333,6 +335,9 @@ class LanguageBackend:
             }
             for i in rows
         ]
+
+    def drain(self, timeout_s: float | None = None) -> RoundResult | None:
+        return None  # no learner call outlives step()
 
     def stop_sampling(self) -> None:
         pass  # generation runs inside step(): a stop already interrupted it

@@ -65,7 +65,8 @@ class Backend(Protocol):
     def backlog(self) -> int: ...
     def resize(self, target: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
-    def step(self, progress: float) -> RoundResult: ...
+    def step(self, progress: float, ahead: bool = False) -> RoundResult: ...
+    def drain(self, timeout_s: float | None = None) -> RoundResult | None: ...
     def stop_sampling(self) -> None: ...
     def worker_pids(self) -> list[int]: ...
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]: ...
@@ -97,6 +98,7 @@ class TrainingLoop:
         ro = cfg.rollout
         self.fleet = FleetScaler(ro.min_workers, ro.max_workers) if ro.autoscale else None
         self._last_line_t = time.perf_counter()
+        self._run_ahead = False  # iterations() says
         self.notices = Notices()
         self.memory = HostMemory(backend.worker_pids)
         self.evals = (
@@ -227,7 +229,7 @@ class TrainingLoop:
         written; too few live rollout workers (FleetLost) checkpoint too, then raise."""
         lost: FleetLost | None = None
         try:
-            for _ in self.iterations(startup_s):
+            for _ in self.iterations(startup_s, run_ahead=True):
                 pass
         except FleetLost as err:
             lost = err
@@ -238,8 +240,14 @@ class TrainingLoop:
             raise lost
         return self.stopped_by or "error"
 
-    def iterations(self, startup_s: float | None = None) -> Generator[dict[str, Any], None, None]:
+    def iterations(
+        self, startup_s: float | None = None, run_ahead: bool = False
+    ) -> Generator[dict[str, Any], None, None]:
         """Each metrics record as it is written, until a stop criterion (then `stopped_by` names it).
+
+        `run_ahead`: async rounds may be submitted behind the one training (`_runs_ahead`), for a
+        caller that reads nothing of the learner's between records (a sweep trial checkpoints
+        between them); a round still ahead when the loop ends is taken as a round.
 
         The sinks and the progress display are open while this runs and closed when it ends,
         raises, or is closed by its caller (a sweep trial that Tune stops: the caller sets
@@ -257,6 +265,7 @@ class TrainingLoop:
         clock = (self.c.wall_s, time.perf_counter())  # wall_s so far, and when this session started
         self._last_line_t = clock[1]
         self._last_ckpt = self.c.iteration
+        self._run_ahead = run_ahead
         try:
             while (reason := self.stop_reason()) is None:
                 raise_pending()  # a stop whose exception was dropped on its way (signals.py)
@@ -273,8 +282,11 @@ class TrainingLoop:
             self.backend.stop_sampling()
             raise
         finally:
-            writer.close()
-            self.notices.close()
+            try:
+                self._take_rounds_left(writer, progress, clock)
+            finally:
+                writer.close()
+                self.notices.close()
             if self.evals is not None:
                 self.evals.close()
             progress.close(self.stopped_by)
@@ -295,11 +307,46 @@ class TrainingLoop:
                 flush=True,
             )
 
+    def _runs_ahead(self) -> bool:
+        """Whether the next round may be submitted behind this one (async rounds on Ray): not
+        when this round ends on a checkpoint or meets stop.env_steps, whose state read (the
+        checkpoint's, the stop's) must find no round ahead that the counters do not know."""
+        if not self._run_ahead or self.cfg.rollout.mode != "async":
+            return False
+        if (self.c.iteration + 1) % self.cfg.checkpoint.interval == 0:
+            return False
+        budget = self.cfg.stop.env_steps
+        return budget is None or self.c.env_steps + self.cfg.update_steps < budget
+
+    def _take_rounds_left(self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float]) -> None:
+        """Rounds the learner was given whose results the loop has not taken (one a signal
+        interrupted, one submitted ahead of a stop) are taken as rounds: their lines written and
+        their counters counted before the final checkpoint reads the learner's state. A learner
+        that is gone or silent leaves them untaken."""
+        try:
+            while (out := self.backend.drain(STOP_CHECKPOINT_S)) is not None:
+                self._take(out, writer, progress, clock, None, final=True)
+        except (LearnerLost, GetTimeoutError):
+            return
+
     def _round(
         self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float], startup_s: float | None
     ) -> dict[str, Any] | None:
         """One round: its metrics line when it updated (then a checkpoint on the interval), or None."""
-        out = self.backend.step(self._progress_fraction())
+        out = self.backend.step(self._progress_fraction(), ahead=self._runs_ahead())
+        return self._take(out, writer, progress, clock, startup_s)
+
+    def _take(
+        self,
+        out: RoundResult,
+        writer: MetricsSinks,
+        progress: Progress,
+        clock: tuple[float, float],
+        startup_s: float | None,
+        final: bool = False,
+    ) -> dict[str, Any] | None:
+        """A round's result counted: its metrics line when it updated (then a checkpoint on the
+        interval), or None. `final` (the loop is ending): no evaluation, no change to the fleet."""
         self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
         self.c.absorb(out)
         if out.lost_segments:
@@ -311,14 +358,15 @@ class TrainingLoop:
             return None
         self._idle_rounds = 0
         self.c.iteration += 1
-        scores = self.evals.after_iteration(self.c.iteration, self.c) if self.evals is not None else {}
+        evals = self.evals if not final else None
+        scores = evals.after_iteration(self.c.iteration, self.c) if evals is not None else {}
         rec = self._record(
             {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
         )
         writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
         self.run.append_samples(self.c.iteration, out.samples)
         progress.update(rec)
-        if self.fleet is not None:
+        if self.fleet is not None and not final:
             target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)
             if target != self.backend.num_workers:
                 self.backend.resize(target)

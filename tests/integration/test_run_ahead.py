@@ -1,0 +1,85 @@
+"""Async rounds submitted ahead (`RayBackend.step(ahead=True)`): the learner starts round k+1 the
+moment round k ends, and every checkpoint still holds the state the run's counters describe
+(real Ray actors, real CartPole; a spy on the backend only counts the rounds run ahead)."""
+
+import json
+import signal
+
+import pytest
+
+from relay_rl.contracts.config import load_config
+from relay_rl.services.driver.backends import RayBackend
+from relay_rl.services.driver.checkpoints import list_checkpoints, load_checkpoint, load_newest_valid
+from tests.helpers import ray_loop
+from tests.helpers_proc import metrics_lines, start_train, wait_for
+
+pytestmark = pytest.mark.ray
+
+ASYNC = ["rollout.mode=async", "rollout.num_workers=1", "learner.buffer_size=1024", "metrics.progress=none"]
+
+
+def _assert_checkpoints_match_counters(run):
+    paths = list_checkpoints(run / "checkpoints")
+    assert paths
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        # One update per iteration: a round trained ahead but not counted would show as version > iteration.
+        assert ckpt.learner["version"] == ckpt.counters.iteration, path.name
+
+
+@pytest.mark.slow
+def test_rounds_run_ahead_and_every_checkpoint_matches_the_counters(local_ray, tmp_path, monkeypatch):
+    submitted = []
+    plain = RayBackend._submit_ahead
+
+    def counting(self, calls, progress):
+        plain(self, calls, progress)
+        submitted.append(len(self._rounds) == 2)
+
+    monkeypatch.setattr(RayBackend, "_submit_ahead", counting)
+    cfg = load_config(
+        "configs/cartpole_ppo.yaml",
+        [
+            *ASYNC,
+            "checkpoint.interval=4",
+            "stop.episode_return_mean=null",
+            "stop.env_steps=100000000",
+            "stop.wall_s=10",
+        ],
+    )
+    loop, backend = ray_loop(cfg, tmp_path / "run")
+    try:
+        assert loop.run_until_stop() == "wall_s"
+        loop.final_checkpoint()
+    finally:
+        backend.close()
+    lines = [json.loads(x) for x in loop.run.metrics_path.read_text().splitlines()]
+    assert sum(submitted) >= len(lines) // 2, (sum(submitted), len(lines))  # rounds did run ahead
+    # Never before a checkpoint's round, so that one waited for its own result alone.
+    assert len(submitted) < len(lines)
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+    assert [x["weights_version"] for x in lines] == [x["iteration"] for x in lines]
+    _assert_checkpoints_match_counters(tmp_path / "run")
+    _, newest = load_newest_valid(tmp_path / "run" / "checkpoints")
+    assert newest.counters.iteration == len(lines)  # the round ahead at the stop was taken as a round
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_signal_takes_the_rounds_the_learner_was_given_before_the_final_checkpoint(tmp_path, mode):
+    """The round a Ctrl-C interrupts (and, async, the one submitted behind it) still trains on
+    the learner; the final checkpoint's counters must count it (before, a sync run's checkpoint
+    could hold version k + 1 under iteration k)."""
+    run = tmp_path / "run"
+    proc = start_train(run, *ASYNC, f"rollout.mode={mode}", "checkpoint.interval=1000")
+    try:
+        wait_for(lambda: len(metrics_lines(run)) >= 8, 180, "eight iterations")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    lines = metrics_lines(run)
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+    path, ckpt = load_newest_valid(run / "checkpoints")
+    assert ckpt.counters.iteration == len(lines) == ckpt.learner["version"], (path.name, len(lines))
