@@ -124,12 +124,12 @@ def _run_inprocess(sets: list[str], seconds: float) -> dict[str, Any]:
 # ---- 2. pipeline efficiency ----------------------------------------------------------------------
 def _learner_alone(seconds: float, sets: list[str]) -> float:
     """Env steps/s the learner trains on when segments are always ready (sampled once, reused)."""
+    import torch
+
     from relay_rl.contracts.config import load_config
     from relay_rl.learner.algorithms import algorithm_traits
     from relay_rl.learner.learner import Learner
     from relay_rl.rollout_workers.sampler import make_sampler
-
-    import torch
 
     cfg = load_config(CARTPOLE, sets)
     # The learner actor's threads (learner.num_cpus), not this process's default of every core:

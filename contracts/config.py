@@ -314,6 +314,20 @@ class GenerationConfig(_Section):
         "generates round k+1 on the generators while the learner trains round k, corrected by "
         "learner.grpo.importance_correction.",
     )
+    backend: Literal["relay", "vllm"] = Field(
+        "relay",
+        description="What samples the completions: relay (its KV-cache decoder, compiled with "
+        "generation.compile), or vllm: a vLLM engine in the learner's process on its GPU or NPU "
+        "(vllm-ascend), the learner's weights loaded into it once per version "
+        "(placement=learner; needs the vllm package on the learner's host).",
+    )
+    vllm_memory_fraction: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="generation.backend=vllm: the share of the device's memory vLLM takes for its "
+        "weights and KV cache (the rest is the update's).",
+    )
     noise: Literal["device", "cpu"] = Field(
         "device",
         description="Where sampling noise is drawn: device (fast), or cpu: the same draws on any "
@@ -873,10 +887,11 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         problems.append("eval.every_iterations > 0 needs prompts.eval for a causal_lm run")
     if cfg.eval.video_every:
         problems.append("eval.video_every: a causal_lm run has no frames to film (set it to 0)")
-    return problems + _generation_problems(gen, cfg.rollout.num_workers) + _eval_problems(cfg)
+    lora = cfg.model.lora is not None
+    return problems + _generation_problems(gen, cfg.rollout.num_workers, lora) + _eval_problems(cfg)
 
 
-def _generation_problems(gen: GenerationConfig, num_workers: int) -> list[str]:
+def _generation_problems(gen: GenerationConfig, num_workers: int, lora: bool) -> list[str]:
     """Where a language run's completions are sampled, and how stale they may be."""
     problems: list[str] = []
     if gen.max_staleness and gen.placement != "workers":
@@ -886,6 +901,15 @@ def _generation_problems(gen: GenerationConfig, num_workers: int) -> list[str]:
         )
     if gen.placement == "workers" and num_workers < 1:
         problems.append("generation.placement=workers needs rollout.num_workers >= 1 generator actors")
+    if gen.backend == "vllm":
+        for wrong, why in (
+            (gen.placement != "learner", "runs in the learner's process: set generation.placement=learner"),
+            (gen.compile, "captures its own graphs: set generation.compile=false"),
+            (gen.noise == "cpu", "draws its own noise on the device: set generation.noise=device"),
+            (lora, "loads whole weights, not LoRA adapters: set model.lora=null or generation.backend=relay"),
+        ):
+            if wrong:
+                problems.append(f"generation.backend=vllm {why}")
     return problems
 
 

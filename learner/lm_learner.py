@@ -33,6 +33,7 @@ from ..policy.causal_lm import (
 )
 from ..policy.compiling import counting_compile
 from ..policy.lm_decoding import StaticDecoder
+from ..policy.vllm_decoding import VllmDecoder, VllmUnavailable, device_problem
 from ..policy.weight_wires import wire_for
 
 
@@ -91,11 +92,17 @@ class LanguageLearner:
             if backend is not None and lc.compile
             else CausalLMPolicy.completion_logp
         )
-        self.decoder = (
-            StaticDecoder(self.policy, backend, self.buckets[-1], gen.temperature, gen.top_k)
-            if backend is not None and gen.compile
-            else None
-        )
+        self.decoder: StaticDecoder | VllmDecoder | None = None
+        if gen.backend == "vllm":
+            assert cfg.model.path is not None
+            problem = device_problem(self.dev.device)
+            if problem:
+                raise VllmUnavailable(problem)
+            self.decoder = VllmDecoder(
+                self.policy, str(cfg.model.path), gen.vllm_memory_fraction, cfg.env.seed
+            )
+        elif backend is not None and gen.compile:
+            self.decoder = StaticDecoder(self.policy, backend, self.buckets[-1], gen.temperature, gen.top_k)
         self.version = 0
         self.updates = 0
         self.skipped_steps = 0
@@ -146,6 +153,8 @@ class LanguageLearner:
         self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator
     ) -> Completions:
         gen = self.cfg.generation
+        if isinstance(self.decoder, VllmDecoder):  # its own copy of the weights, refreshed by version
+            self.decoder.load(self.version, self.policy.lm.state_dict().items())
         decode = self.decoder if self.decoder is not None else self.policy.generate
         return decode(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
 

@@ -32,6 +32,7 @@ from ...policy.causal_lm import ModelFolderError, check_model_folder, load_token
 from ...policy.encoders import ENCODERS, encoder_plan
 from ...policy.lm_decoding import decoding_problem
 from ...policy.models import MODEL_KINDS, build_policy, global_state_problem, model_kind
+from ...policy.vllm_decoding import vllm_problem
 from ...rollout_workers.envs import EnvSpecError, probe_env_spec
 from ...rollout_workers.multi_agent import MULTI_AGENT_APIS
 from ...rollout_workers.multi_agent.common import columns_problem
@@ -158,6 +159,14 @@ def check_language(cfg: RelayConfig) -> EnvSpec:
             if path is not None:
                 load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
         resolve_rewards(cfg.prompts.rewards)
+        if cfg.generation.backend == "vllm":
+            problem = vllm_problem()
+            if problem:
+                raise PreflightError(problem)
+            if cfg.learner.device == "cpu":
+                raise PreflightError(
+                    "generation.backend=vllm samples on a GPU or an NPU, not learner.device=cpu"
+                )
         if cfg.generation.compile or cfg.learner.compile:
             problem = _compile_problem(cfg)
             if problem:

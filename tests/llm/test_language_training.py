@@ -115,6 +115,10 @@ def test_evaluations_on_eval_prompts_keep_the_best_model(workdir, monkeypatch):
         (["prompts.rewards=[nomodule_here:fn]"], "cannot import module 'nomodule_here'"),
         (["generation.compile=true", "CXX=/nowhere/g++"], "inductor needs a C++ compiler on this host"),
         (["learner.compile=true", "CXX=/nowhere/g++"], "learner.compile: inductor needs a C++ compiler"),
+        (["generation.backend=vllm"], "needs the vllm package on the learner's host"),  # not installable here
+        (["generation.backend=vllm", "generation.compile=true"], "vllm captures its own graphs"),
+        (["generation.backend=vllm", "generation.placement=workers"], "set generation.placement=learner"),
+        (["generation.backend=vllm", "generation.noise=cpu"], "draws its own noise on the device"),
     ],
 )
 def test_bad_language_inputs_exit_2_with_one_line_and_nothing_created(
