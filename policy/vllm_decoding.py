@@ -20,6 +20,7 @@ adapter to a stand-in package that follows the calls used here.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from collections.abc import Iterable
@@ -37,8 +38,6 @@ class VllmUnavailable(RuntimeError):
 
 def vllm_problem() -> str | None:
     """Why generation.backend=vllm cannot start in this environment, or None. Imports nothing."""
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         return (
             "generation.backend=vllm needs the vllm package on the learner's host (pip install vllm; "

@@ -28,6 +28,7 @@ LAZY_OK = (
     "torch.utils.tensorboard",
     "torch._inductor",  # seconds to import; only where generation.compile is checked
     "torch_npu",
+    "vllm",  # an optional engine, present only on GPU/NPU hosts that installed it
     "ale_py",
     "envpool",
     "minigrid",
