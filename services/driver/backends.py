@@ -288,8 +288,8 @@ class RayBackend:
 
     @property
     def backlog(self) -> int:
-        """Finished segments waiting for the learner."""
-        return len(self._ready)
+        """Finished segments waiting for the learner: ready, or in a round submitted ahead."""
+        return len(self._ready) + self.cfg.segments_per_update * max(len(self._rounds) - 1, 0)
 
     def resize(self, target: int) -> None:
         """Grow or shrink the fleet to `target` workers (async mode). New workers take fresh
