@@ -74,7 +74,8 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
             "retention.py",
             ["--configs", "cartpole_ppo,atlantis"],
             "retention.py: --configs 'cartpole_ppo,atlantis': choose from cartpole_ppo, cartpole_grpo, "
-            "cartpole_novel_lstm_ppo, taxi_ppo, pendulum_ppo, minigrid_doorkey_ppo, pistonball_ppo",
+            "cartpole_novel_lstm_ppo, taxi_ppo, pendulum_ppo, minigrid_doorkey_ppo, "
+            "minigrid_memory_lstm_ppo, simple_spread_ppo, simple_spread_mappo, pistonball_ppo",
         ),
         (
             "retention.py",
@@ -165,3 +166,10 @@ def test_retention_is_the_share_of_the_gain_a_run_still_holds():
     # the last third: the steps from 4,000 of 6,000 on
     assert forgot["peak"] == -200 and forgot["kept"] == pytest.approx((-1200 + 1500) / 1300)
     assert retention.curve_summary(lines([None, None])) is None
+    # A flat curve with one lucky line: by its highest line it "forgot" most of its gain; over
+    # windows of a tenth of its lines (two here) the peak is the lucky line's neighbourhood.
+    noisy = retention.curve_summary(lines([0.4] * 5 + [0.9] + [0.5] * 14))
+    assert noisy["kept"] == pytest.approx(0.2)
+    assert noisy["smooth_peak"] == pytest.approx(0.7) and noisy["smoothed"] == pytest.approx(
+        (0.5 - 0.4) / 0.3
+    )
