@@ -208,7 +208,9 @@ class RayBackend:
         and the run's counters stay one."""
         if not self._rounds:
             return None
-        out = self._result(self._rounds[0], timeout_s)
+        # The fleet's accounting stays out of it: after a signal the workers were ended on
+        # purpose (stop_sampling), which is no fleet lost.
+        out = self._result(self._rounds[0], timeout_s, drop_dead=False)
         self._rounds.popleft()
         return out
 
@@ -245,7 +247,9 @@ class RayBackend:
         self._rounds.append(self._train_next(refs, progress))
         self._top_up()  # counting the round ahead
 
-    def _result(self, calls: list[Any], timeout_s: float | None = None) -> RoundResult:
+    def _result(
+        self, calls: list[Any], timeout_s: float | None = None, drop_dead: bool = True
+    ) -> RoundResult:
         parts = _from_learner([info for info, _ in calls], timeout_s)
         published = parts[0][1]
         out = RoundResult.merge(
@@ -253,7 +257,7 @@ class RayBackend:
             published=published.carrying(calls[0][1]) if published is not None else None,
             stuck_workers=self.health.take_stuck(),
         )
-        if out.lost_segments or out.stuck_workers:
+        if drop_dead and (out.lost_segments or out.stuck_workers):
             self._drop_dead_workers()
         if out.published is not None:
             self._take_weights(out.published)
@@ -288,8 +292,9 @@ class RayBackend:
 
     @property
     def backlog(self) -> int:
-        """Finished segments waiting for the learner: ready, or in a round submitted ahead."""
-        return len(self._ready) + self.cfg.segments_per_update * max(len(self._rounds) - 1, 0)
+        """Finished segments waiting for the learner (read between rounds): ready, or in the round
+        submitted ahead, which was ready before the learner was done with the last one."""
+        return len(self._ready) + self.cfg.segments_per_update * len(self._rounds)
 
     def resize(self, target: int) -> None:
         """Grow or shrink the fleet to `target` workers (async mode). New workers take fresh
