@@ -195,11 +195,12 @@ class RayBackend:
         # A stuck worker would hold the learner's fetch forever.
         self.health.watch([info for info, _ in calls], sampling)
         out = self._result(calls)
-        self._rounds.popleft()
         if self.cfg.rollout.mode == "sync":
             # The next round starts sampling with the new weights now (policy lag stays 0), so
             # the driver's metrics and checkpoint writing overlap it instead of delaying it.
             self._next_round = self._sample_round()
+        # Last: a stop that lands before this leaves the round to `drain`, counted once.
+        self._rounds.popleft()
         return out
 
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:

@@ -30,7 +30,7 @@ from ...services.driver.memory import HostMemory
 from ...services.driver.notices import Notices
 from ...services.driver.progress import Progress
 from ...services.driver.run_dir import RunDir
-from ...services.driver.signals import STOP_CODES, raise_pending, stop_reason
+from ...services.driver.signals import STOP_CODES, raise_pending, signals_held, stop_reason
 from ...services.driver.sinks import MetricsSinks, truncate_metrics
 from ...services.tracking import RunInfo, Tracking
 
@@ -346,25 +346,29 @@ class TrainingLoop:
         final: bool = False,
     ) -> dict[str, Any] | None:
         """A round's result counted: its metrics line when it updated (then a checkpoint on the
-        interval), or None. `final` (the loop is ending): no evaluation, no change to the fleet."""
-        self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
-        self.c.absorb(out)
-        if out.lost_segments:
-            self.notices.say("lost", "segment lost: its rollout worker failed", out.lost_segments)
-        for key, seconds in out.phases.items():
-            self._phases[key] = self._phases.get(key, 0.0) + seconds
-        if out.metrics is None:
-            self._count_idle_round(out)
-            return None
-        self._idle_rounds = 0
-        self.c.iteration += 1
-        evals = self.evals if not final else None
-        scores = evals.after_iteration(self.c.iteration, self.c) if evals is not None else {}
-        rec = self._record(
-            {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
-        )
-        writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
-        self.run.append_samples(self.c.iteration, out.samples)
+        interval), or None. `final` (the loop is ending): no evaluation, no change to the fleet.
+
+        A stop signal waits while the round is counted and its line written: landing between the
+        two, it would leave a final checkpoint counting an iteration that has no line."""
+        with signals_held():
+            self.c.wall_s = clock[0] + time.perf_counter() - clock[1]
+            self.c.absorb(out)
+            if out.lost_segments:
+                self.notices.say("lost", "segment lost: its rollout worker failed", out.lost_segments)
+            for key, seconds in out.phases.items():
+                self._phases[key] = self._phases.get(key, 0.0) + seconds
+            if out.metrics is None:
+                self._count_idle_round(out)
+                return None
+            self._idle_rounds = 0
+            self.c.iteration += 1
+            evals = self.evals if not final else None
+            scores = evals.after_iteration(self.c.iteration, self.c) if evals is not None else {}
+            rec = self._record(
+                {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
+            )
+            writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
+            self.run.append_samples(self.c.iteration, out.samples)
         progress.update(rec)
         if self.fleet is not None and not final:
             target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)
