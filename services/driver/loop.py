@@ -308,10 +308,13 @@ class TrainingLoop:
             )
 
     def _runs_ahead(self) -> bool:
-        """Whether the next round may be submitted behind this one (async rounds on Ray): not
-        when this round ends on a checkpoint or meets stop.env_steps, whose state read (the
-        checkpoint's, the stop's) must find no round ahead that the counters do not know."""
-        if not self._run_ahead or self.cfg.rollout.mode != "async":
+        """Whether the next round may be submitted behind this one (async rounds on Ray, a fixed
+        fleet): not when this round ends on a checkpoint or meets stop.env_steps, whose state
+        read (the checkpoint's, the stop's) must find no round ahead that the counters do not
+        know."""
+        # Not with the elastic fleet: its grow and retire rules read the learner's idle time and
+        # the segments waiting between rounds, both measured on rounds that do not run ahead.
+        if not self._run_ahead or self.cfg.rollout.mode != "async" or self.cfg.rollout.autoscale:
             return False
         if (self.c.iteration + 1) % self.cfg.checkpoint.interval == 0:
             return False

@@ -35,7 +35,7 @@ class FakeBackend:
     def describe(self) -> dict:
         return {"mode": "fake"}
 
-    def step(self, progress: float) -> RoundResult:
+    def step(self, progress: float, ahead: bool = False) -> RoundResult:
         self.calls += 1
         out = self.rounds(self.calls)
         out.phases = {"wait_s": 0.0, "ingest_s": 0.0, "update_s": 0.0, "publish_s": 0.0}
@@ -45,6 +45,9 @@ class FakeBackend:
 
     def state_dict(self, timeout_s: float | None = None) -> dict:
         return {"model": {"w": torch.tensor([float(self.version)])}, "version": self.version}
+
+    def drain(self, timeout_s: float | None = None) -> RoundResult | None:
+        return None  # its rounds never run ahead
 
     def stop_sampling(self) -> None:
         self.stopped_sampling = True
@@ -186,8 +189,8 @@ def test_each_line_says_where_the_time_went(tmp_path):
         return out
 
     class Timed(FakeBackend):
-        def step(self, progress):
-            out = super().step(progress)
+        def step(self, progress, ahead=False):
+            out = super().step(progress, ahead)
             time.sleep(0.02)
             out.phases = {"wait_s": 0.01, "ingest_s": 0.001, "update_s": 0.004, "publish_s": 0.0}
             return out
