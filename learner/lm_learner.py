@@ -154,7 +154,7 @@ class LanguageLearner:
     ) -> Completions:
         gen = self.cfg.generation
         if isinstance(self.decoder, VllmDecoder):  # its own copy of the weights, refreshed by version
-            self.decoder.load(self.version, self.policy.lm.state_dict().items())
+            self.decoder.load(self.version, self.policy.lm.state_dict)
         decode = self.decoder if self.decoder is not None else self.policy.generate
         return decode(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -91,13 +91,13 @@ class VllmDecoder:
         self.version = -1
         self.loads = 0
 
-    def load(self, version: int, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Write weights (Hugging Face names, the learner's tensors) into vLLM's model, once per
-        `version`."""
+    def load(self, version: int, weights: Callable[[], Mapping[str, Tensor]]) -> None:
+        """Write weights (`weights()`: Hugging Face names to the learner's tensors, asked for only
+        when `version` is new) into vLLM's model, once per version."""
         if version == self.version:
             return
         model: Any = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.load_weights(weights)
+        model.load_weights(weights().items())
         self.llm.reset_prefix_cache()
         self.version = version
         self.loads += 1

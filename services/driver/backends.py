@@ -293,9 +293,9 @@ class RayBackend:
 
     @property
     def backlog(self) -> int:
-        """Finished segments waiting for the learner (read between rounds): ready, or in the round
-        submitted ahead, which was ready before the learner was done with the last one."""
-        return len(self._ready) + self.cfg.segments_per_update * len(self._rounds)
+        """Finished segments waiting for the learner. (Read by the elastic fleet, whose rounds
+        never run ahead: none waits in a submitted round.)"""
+        return len(self._ready)
 
     def resize(self, target: int) -> None:
         """Grow or shrink the fleet to `target` workers (async mode). New workers take fresh

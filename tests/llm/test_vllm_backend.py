@@ -177,8 +177,8 @@ def test_completions_come_back_as_relays_and_weights_move_once_per_version(stand
     engine = decoder.llm.hf
     with torch.no_grad():
         policy.lm.model.layers[0].mlp.down_proj.weight.add_(1.0)
-    decoder.load(1, policy.lm.state_dict().items())
-    decoder.load(1, policy.lm.state_dict().items())  # the same version again: nothing moves
+    decoder.load(1, policy.lm.state_dict)
+    decoder.load(1, policy.lm.state_dict)  # the same version again: nothing moves
     assert decoder.loads == 1 and vllm.CALLS["resets"] == 1
     theirs = dict(engine.named_parameters())
     for name, p in policy.lm.named_parameters():
