@@ -388,7 +388,9 @@ def _pistonball_env(channels_first: bool) -> Any:
 
     from relay_rl.rollout_workers.preprocess import _pixels
 
-    env = pistonball_v6.parallel_env(continuous=False, max_cycles=125)
+    # rgb_array: pistonball draws its screen (what every observation is cut from) only with a
+    # render mode; without one both systems would train on the reset's frame (preprocess.py).
+    env = pistonball_v6.parallel_env(continuous=False, max_cycles=125, render_mode="rgb_array")
     if channels_first:
         return _pixels(env)
     env = ss.color_reduction_v0(env, mode="B")

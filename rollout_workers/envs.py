@@ -164,7 +164,7 @@ def make_env_fn(ec: EnvConfig) -> Callable[[], gym.Env]:
         for top, folder in folders:
             add_finder(top, folder)
         if env_id.startswith(PETTINGZOO):  # a multi-agent env: no gymnasium wrapper applies
-            return _wrapped(_resolve_pettingzoo(env_id)(**kwargs))
+            return _wrapped(_resolve_pettingzoo(env_id)(**{**prep.multi_agent_kwargs, **kwargs}))
         register_family(env_id)
         factory = _resolve_factory(env_id) if ":" in env_id else None
         if factory is None and prep.make is not None:

@@ -6,12 +6,13 @@ episodes itself (`info["episode"]` at the real end, as gymnasium's RecordEpisode
 because what it hands the learner is not what a person would score (per-life episodes, clipped
 rewards); the sampler then reports those instead of its own accounting. `frames_per_step`: the
 env's frames one step covers, so a video of one frame a step plays at the game's speed.
+`multi_agent_kwargs`: what a PettingZoo env it wraps is built with, under the user's env.kwargs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -27,6 +28,7 @@ class Preprocessor:
     frames_per_step: int = 1  # the env's frames one step shows (frame skipping): videos play at fps / this
     # A PettingZoo env's wrapper (None: played as it is); one with no `make` is for PettingZoo only.
     wrap_multi_agent: Callable[[Any], Any] | None = None
+    multi_agent_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def applies_to(self, multi_agent: bool) -> bool:
         """Whether this preprocessing applies to an env of this kind (none applies to both)."""
@@ -63,7 +65,11 @@ def _pixels(env: Any) -> Any:
 PREPROCESSORS: dict[str, Preprocessor] = {
     "none": Preprocessor(None),
     "atari": Preprocessor(_atari, reports_episodes=True, frames_per_step=4),
-    "pixels": Preprocessor(None, wrap_multi_agent=_pixels),
+    # PettingZoo 1.27's pistonball draws its screen, which every observation and state() is read
+    # from, only when a render mode is set (`draw` returns at once for None): built without one,
+    # each piston sees the frame of the reset for the whole episode. rgb_array draws off-screen
+    # and opens no window; env.kwargs' own render_mode wins.
+    "pixels": Preprocessor(None, wrap_multi_agent=_pixels, multi_agent_kwargs={"render_mode": "rgb_array"}),
 }
 
 

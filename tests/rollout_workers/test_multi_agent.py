@@ -299,15 +299,18 @@ PISTONBALL = "pettingzoo:butterfly.pistonball_v6"
 
 def test_pixels_preprocessing_gives_pistonball_as_the_cnn_reads_images():
     """env.preprocess=pixels: SuperSuit's own wrappers (blue channel, 84x84, 3 frames stacked),
-    channels first; every piston a column of uint8 frames."""
+    channels first; every piston a column of uint8 frames, which move: pistonball draws its screen
+    only with a render mode set, and built without one every frame was the reset's."""
     cfg = _cfg(
-        PISTONBALL, "env.preprocess=pixels", "env.kwargs={continuous: false, max_cycles: 20}", T=4, N=20
+        PISTONBALL, "env.preprocess=pixels", "env.kwargs={continuous: false, max_cycles: 20}", T=8, N=20
     )
     spec = probe_env_spec(cfg.env, None, cfg.multi_agent)
     assert spec.obs_shape == (3, 84, 84) and spec.obs_dtype == "uint8" and spec.columns == 20
     sampler = make_sampler(cfg, algorithm_traits(cfg))
     seg = sampler.sample()
-    assert seg["obs"].shape == (4, 20, 3, 84, 84) and seg["obs"].dtype == np.uint8
+    assert seg["obs"].shape == (8, 20, 3, 84, 84) and seg["obs"].dtype == np.uint8
+    moved = (seg["obs"][-1, :, 2] != seg["obs"][0, :, 2]).reshape(20, -1).any(axis=1)
+    assert moved.sum() >= 15, f"only {moved.sum()} of 20 pistons' newest frames changed in 7 steps"
     # the stack shifts: a step's newest frame is the next step's middle one (SuperSuit's stack
     # starts shifting after the first step)
     for t in (1, 2):
