@@ -666,8 +666,9 @@ class MultiAgentConfig(_Section):
         False,
         description="Parallel envs with a global state (PettingZoo's state()): each value trunk "
         "also reads the env copy's state beside its agent's observation (MAPPO's centralized "
-        "critic); the acting path, exports and serving never read it. Needs model.shared_trunk=false "
-        "and an algorithm with a critic.",
+        "critic); model.kind=cnn's reads the state alone, a screen state (pistonball's) as a 64x64 "
+        "grey image through a CNN of its own. The acting path, exports and serving never read it. "
+        "Needs model.shared_trunk=false and an algorithm with a critic.",
     )
 
     @field_validator("policies")

@@ -35,8 +35,8 @@ MAX_POLICY_GROUPS = 16
 NATIVE_STORAGE_DTYPES = ("uint8",)
 # Numbers in one observation a spec read from a file may name (a 4-frame 1024x1024 stack is 4M).
 MAX_OBS_NUMBERS = 1 << 24
-# A global state is read flat by an MLP beside each observation: bigger ones (a whole frame) are
-# images, which the centralized critic does not take.
+# A global state is read flat by an MLP beside each observation, or (`EnvSpec.global_image`) as a
+# square grey image; an env's bigger image state (a whole screen) is reduced to one first.
 MAX_GLOBAL_STATE = 4096
 
 
@@ -266,6 +266,9 @@ class EnvSpec:
     # Floats in a parallel env's global state (PettingZoo's state(), flattened) that each column's
     # value trunk reads beside its agent's observation (multi_agent.central_critic); 0: none.
     global_state: int = 0
+    # The side of the square grey image the global state is (global_state = side * side grey
+    # levels 0-255, row-major), where the env's state is a screen; 0: a flat state.
+    global_image: int = 0
 
     @property
     def policy_names(self) -> tuple[str, ...]:
@@ -340,6 +343,8 @@ class EnvSpec:
             out["groups"] = [{"name": name, "spec": spec.to_dict()} for name, spec in self.groups]
         if self.global_state:
             out["global_state"] = self.global_state
+        if self.global_image:
+            out["global_image"] = self.global_image
         return out
 
     @staticmethod
@@ -365,16 +370,27 @@ class EnvSpec:
             isinstance(mask, str) and mask.startswith(("obs:", "info:")) and len(mask) < 300
         ):
             raise SpecError(f"env spec action_mask must be 'obs:<key>' or 'info:<key>', got {str(mask)[:40]}")
-        api, agents, global_state = _multi_agent_from(data)
+        api, agents, global_state, image = _multi_agent_from(data)
         action = ActionSpec.from_dict(data.get("action"))
         spec = EnvSpec(
-            shape, action, dtype, low, high, leaves, mask, api, tuple(agents), global_state=global_state
+            shape,
+            action,
+            dtype,
+            low,
+            high,
+            leaves,
+            mask,
+            api,
+            tuple(agents),
+            global_state=global_state,
+            global_image=image,
         )
         return replace(spec, groups=_groups_from(data.get("groups", []), spec))
 
 
-def _multi_agent_from(data: dict[str, Any]) -> tuple[str | None, tuple[str, ...], int]:
-    """(multi_agent, agents, global_state) of an env spec read from a file, each checked."""
+def _multi_agent_from(data: dict[str, Any]) -> tuple[str | None, tuple[str, ...], int, int]:
+    """(multi_agent, agents, global_state, global_image) of an env spec read from a file, each
+    checked."""
     agents = data.get("agents", [])
     if (
         not isinstance(agents, list)
@@ -399,7 +415,17 @@ def _multi_agent_from(data: dict[str, Any]) -> tuple[str | None, tuple[str, ...]
             f"env spec global_state must be 0 to {MAX_GLOBAL_STATE} floats, of an env whose agents "
             "are its columns only"
         )
-    return api, tuple(agents), global_state
+    image = data.get("global_image", 0)
+    if (
+        not isinstance(image, int)
+        or isinstance(image, bool)
+        or image < 0
+        or image * image != (image and global_state)
+    ):
+        raise SpecError(
+            "env spec global_image must be 0 or the side of a square global state of side^2 floats"
+        )
+    return api, tuple(agents), global_state, image
 
 
 def _groups_from(data: Any, whole: EnvSpec) -> tuple[tuple[str, EnvSpec], ...]:

@@ -112,7 +112,8 @@ class ActorCritic(nn.Module):
         make_value_trunk: Callable[[], TrunkModule] | None = None,
     ) -> None:
         """`global_state`: floats of the env's global state the value trunk reads beside the
-        trunk input (`make_value_trunk` builds that trunk, reading in_dim + global_state)."""
+        trunk input (`make_value_trunk` builds that trunk, reading in_dim + global_state), or
+        alone (a trunk that `reads_state_only`)."""
         super().__init__()
         if global_state and (shared_trunk or not critic):
             raise ValueError("a centralized critic needs a value trunk of its own (model.shared_trunk=false)")
@@ -136,18 +137,21 @@ class ActorCritic(nn.Module):
             self.v_trunk = (make_value_trunk or make_trunk)()
         self.shared_trunk = shared_trunk
         out_dim = self.pi_trunk.out_dim
+        # A value trunk of its own may be of another width (one over the global state alone).
+        v_dim = out_dim if self.v_trunk is None else self.v_trunk.out_dim
         # The core sits after the trunk; a value trunk of its own gets a core of its own.
         self.pi_core: RecurrentCore | None = None
         self.v_core: RecurrentCore | None = None
         if make_core is not None:
             self.pi_core = make_core(out_dim)
-            if self.v_trunk is not None:
-                self.v_core = make_core(out_dim)
             out_dim = self.pi_core.out_dim
+            if self.v_trunk is not None:
+                self.v_core = make_core(v_dim)
+            v_dim = out_dim if self.v_core is None else self.v_core.out_dim
         self.burn_in = burn_in
         self.pi_head = nn.Linear(out_dim, action.param_size)
         init_linear(self.pi_head, 0.01)
-        self.v_head: nn.Linear | None = nn.Linear(out_dim, 1) if critic else None
+        self.v_head: nn.Linear | None = nn.Linear(v_dim, 1) if critic else None
         if self.v_head is not None:
             init_linear(self.v_head, 1.0)
         if distribution(action.kind).learned_log_std:
@@ -237,11 +241,14 @@ class ActorCritic(nn.Module):
 
     def _value_input(self, x: Tensor, fields: Mapping[str, Tensor]) -> Tensor:
         """The value trunk's input: the trunk input x [B, D], with a centralized critic's
-        normalized global state beside it [B, D + S]."""
+        normalized global state beside it [B, D + S], or that state alone [B, S] for a trunk that
+        `reads_state_only`."""
         if self.global_normalizer is None:
             return x
-        state = self.global_normalizer(fields["global_state"].float()).to(x.dtype)
-        return torch.cat([x.reshape(x.shape[0], -1), state], dim=-1)
+        state = self.global_normalizer(fields["global_state"].float())
+        if self.v_trunk is not None and self.v_trunk.reads_state_only:
+            return state
+        return torch.cat([x.reshape(x.shape[0], -1), state.to(x.dtype)], dim=-1)
 
     def _through_cores(
         self, fields: Mapping[str, Tensor], pi: Tensor, v: Tensor | None, final_state: bool

@@ -22,6 +22,9 @@ class TrunkModule(nn.Module):
 
     out_dim: int
     checkpointing: bool
+    # A centralized critic's value trunk that reads the global state alone (S floats), not the
+    # trunk input beside it (`ModelKind.value_trunk_factory`).
+    reads_state_only: bool = False
 
     def synthetic_input(self, batch: int, obs_shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
         """[batch, *obs_shape] float inputs this trunk accepts, for checks that have no env
@@ -32,10 +35,10 @@ class TrunkModule(nn.Module):
 class ModelKind:
     """A policy trunk family. `numpy_mirror`: rollout workers may act through the numpy mirror of
     the MLP forward pass (`policy/numpy_mirror.py`) instead of the torch model. `reads_global_state`:
-    its trunk reads flat features, so a value trunk can take the env's global state beside them."""
+    its kind builds a value trunk that reads the env's global state (`value_trunk_factory`)."""
 
     numpy_mirror = False
-    # Its value trunk can read a global state beside the flat trunk input (a centralized critic).
+    # It builds a value trunk that reads the env's global state (a centralized critic).
     reads_global_state = False
     # A language model: the run takes prompts, not an env (contracts/config.py LANGUAGE_KIND).
     language = False
@@ -69,3 +72,8 @@ class ModelKind:
         with `out_dim` and `checkpointing` attributes. `in_dim` is the width of what it reads
         flat (env.obs_dim for a plain Box)."""
         raise NotImplementedError
+
+    def value_trunk_factory(self, cfg: RelayConfig, env: EnvSpec, in_dim: int) -> Callable[[], TrunkModule]:
+        """A centralized critic's value trunk (`reads_global_state` kinds): by default this kind's
+        trunk over the flat trunk input with the global state beside it, [B, in_dim + S]."""
+        return self.trunk_factory(cfg, env, in_dim + env.global_state)

@@ -325,13 +325,14 @@ def env_spec(
     ec: EnvConfig | None = None,
     reset_info: dict[str, Any] | None = None,
     notes: list[str] | None = None,
-    multi_agent: tuple[str | None, tuple[str, ...], int] = (None, (), 0),
+    multi_agent: tuple[str | None, tuple[str, ...], int, int] = (None, (), 0, 0),
 ) -> EnvSpec:
     """The EnvSpec of an env's (single) observation and action spaces: a plain Box stays one Box,
     anything else becomes leaves. `ec` brings env.obs_keys and env.action_mask; `reset_info`, an
     info dict of a reset, resolves info masks; `notes` collects what was skipped (one line each);
-    `multi_agent`: a PettingZoo env's API, (parallel) agent columns and global state floats."""
-    api, agents, global_state = multi_agent
+    `multi_agent`: a PettingZoo env's API, (parallel) agent columns, global state floats and the
+    side of the grey image they are (0: a flat state)."""
+    api, agents, global_state, global_image = multi_agent
     action = action_spec(act)
     mask = mask_source(ec, obs, act, reset_info)
     if (
@@ -369,6 +370,7 @@ def env_spec(
             multi_agent=api,
             agents=agents,
             global_state=global_state,
+            global_image=global_image,
         )
     if is_text(obs):
         raise EnvSpecError(f"unsupported observation space {obs}: relay does not read text observations")
@@ -384,6 +386,7 @@ def env_spec(
         multi_agent=api,
         agents=agents,
         global_state=global_state,
+        global_image=global_image,
     )
 
 
@@ -462,9 +465,10 @@ def columns_spec(vec: gym.vector.VectorEnv, ec: EnvConfig, notes: list[str] | No
         return env_spec(
             vec.single_observation_space, vec.single_action_space, ec, None, notes, columns_of(vec)
         )
-    api, _, state = columns_of(vec)
+    api, _, state, image = columns_of(vec)
     parts = tuple(
-        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, (api, g.agents, state))) for g in groups
+        (g.name, env_spec(g.spaces[0], g.spaces[1], ec, None, notes, (api, g.agents, state, image)))
+        for g in groups
     )
     return replace(parts[0][1], agents=tuple(map(str, getattr(vec, "agents", ()))), groups=parts)
 

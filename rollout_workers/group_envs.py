@@ -127,6 +127,7 @@ class GroupEnvs:
         self.agents = group.agents
         self.env = self  # what `columns_of` reads the API, agents and global state from
         self.global_state = joint.env.global_state
+        self.global_image = joint.env.global_image
         self.num_envs = len(group.columns)
         self.single_observation_space, self.single_action_space = group.spaces
         self.reader: ObsReader | None = None

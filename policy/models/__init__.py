@@ -54,7 +54,7 @@ def build_policy(cfg: RelayConfig, env: EnvSpec, critic: bool) -> ActorCritic:
         action=env.action,
         make_trunk=kind.trunk_factory(cfg, env, in_dim),
         global_state=global_state,
-        make_value_trunk=kind.trunk_factory(cfg, env, in_dim + global_state) if global_state else None,
+        make_value_trunk=kind.value_trunk_factory(cfg, env, in_dim) if global_state else None,
         plan=plan,
         shared_trunk=cfg.model.shared_trunk,
         critic=critic,

@@ -14,7 +14,6 @@ import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from ...contracts.config import MultiAgentConfig
-from ...contracts.spaces import MAX_GLOBAL_STATE
 
 ACTIVE_KEY = "relay_active"  # info key: bool [N], the columns whose step was an agent's real step
 UNACTED_KEY = "relay_unacted_agents"  # info key: {agent: steps} present in the env with no live column
@@ -147,28 +146,16 @@ def columns_problem(num_envs: int, agents: int, env_id: str = "the env") -> str 
     )
 
 
-def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...], int]:
-    """(API, agent columns, global state floats) of a vector env for EnvSpec.multi_agent/agents/
-    global_state: (None, (), 0) for a gymnasium one."""
-    return getattr(vec, "api", None), tuple(getattr(vec, "agents", ())), int(getattr(vec, "global_state", 0))
-
-
-def global_state_size(env: Any) -> int:
-    """Floats in a PettingZoo env's global state (its `state_space`, read flat); MultiAgentError
-    (one line) where it has none, or one that is not a Box of at most MAX_GLOBAL_STATE floats."""
-    space = getattr(env, "state_space", None)
-    if not isinstance(space, gym.spaces.Box) or not callable(getattr(env, "state", None)):
-        raise MultiAgentError(
-            f"multi_agent.central_critic reads the env's global state: {type(env).__name__} has no "
-            "state_space Box and state()"
-        )
-    size = int(np.prod(space.shape))
-    if not 0 < size <= MAX_GLOBAL_STATE:
-        raise MultiAgentError(
-            f"multi_agent.central_critic: the env's global state {space} holds {size} numbers; the "
-            f"critic reads at most {MAX_GLOBAL_STATE} flat (an image state is not taken)"
-        )
-    return size
+def columns_of(vec: Any) -> tuple[str | None, tuple[str, ...], int, int]:
+    """(API, agent columns, global state floats, the side of the grey image they are) of a vector
+    env for EnvSpec.multi_agent/agents/global_state/global_image: (None, (), 0, 0) for a gymnasium
+    one."""
+    return (
+        getattr(vec, "api", None),
+        tuple(getattr(vec, "agents", ())),
+        int(getattr(vec, "global_state", 0)),
+        int(getattr(vec, "global_image", 0)),
+    )
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from ...rollout_workers.multi_agent.common import (
     GroupColumns,
     MultiAgentError,
     columns_problem,
-    global_state_size,
     played_agents,
     policy_groups,
     same_spaces,
 )
+from ...rollout_workers.multi_agent.global_state import GlobalStateReader
 from ...rollout_workers.user_code import UserCodeError, import_callable
 
 
@@ -75,13 +75,15 @@ class ParallelVectorEnv(ColumnsVectorEnv):
         self._live = np.zeros((E, A), dtype=bool)  # in its copy's episode and not finished
         self._returns = np.zeros((E, A), dtype=np.float64)  # this episode's return per agent
         # Each copy's global state [E, S] (multi_agent.central_critic), read after every reset and
-        # step; S = 0 without a centralized critic.
-        self.global_state = global_state_size(first) if ma.central_critic else 0
+        # step; S = 0 without a centralized critic. A screen is read as a grey image (global_state.py).
+        self._state_reader = GlobalStateReader(first) if ma.central_critic else None
+        self.global_state = self._state_reader.size if self._state_reader else 0
+        self.global_image = self._state_reader.image_side if self._state_reader else 0
         self._global = np.zeros((E, self.global_state), dtype=np.float32)
 
     def _read_global(self, e: int) -> None:
-        if self.global_state:
-            self._global[e] = np.asarray(self.envs[e].state(), dtype=np.float32).reshape(-1)
+        if self._state_reader is not None:
+            self._global[e] = self._state_reader(self.envs[e].state())
 
     def global_states(self, columns: np.ndarray | None = None) -> np.ndarray:
         """Each column's (of `columns`, or all N) copy's global state, float32 [N, S] (a new array:

@@ -126,16 +126,6 @@ def test_a_sync_run_with_the_state_reproduces():
         (["env.id=pettingzoo:classic.connect_four_v3", "env.kwargs={}"], "turn-based (AEC) game"),
         (
             [
-                "env.id=pettingzoo:butterfly.pistonball_v6",
-                "env.kwargs={}",
-                "env.num_envs=20",
-                "learner.buffer_size=640",
-                "learner.batch_size=640",
-            ],
-            "image state",
-        ),
-        (
-            [
                 "env.id=tests.rollout_workers.pettingzoo_factories:faulty_tag",
                 "env.kwargs={at: 1000}",
                 "multi_agent.policies={predator: ['adversary_*'], prey: ['agent_*']}",
