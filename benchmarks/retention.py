@@ -43,6 +43,7 @@ BUDGETS: dict[str, int] = {
     "simple_spread_ppo": 1_200_000,
     "simple_spread_mappo": 1_200_000,
     "pistonball_ppo": 1_500_000,
+    "pistonball_mappo": 1_500_000,
 }
 DEFAULT_CONFIGS = ("cartpole_ppo", "cartpole_grpo", "taxi_ppo", "pendulum_ppo")
 KEEPS = 0.8

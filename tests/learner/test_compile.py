@@ -54,6 +54,12 @@ SMALL = {
         "learner.buffer_size=320",
         "learner.batch_size=160",
     ],
+    "pistonball_mappo.yaml": [
+        "env.num_envs=20",
+        "rollout.rollout_len=16",
+        "learner.buffer_size=320",
+        "learner.batch_size=160",
+    ],
     "taxi_ppo.yaml": ["rollout.rollout_len=32", "learner.buffer_size=512"],
 }
 UPDATES = 4
