@@ -161,3 +161,47 @@ def test_the_value_reads_the_screen_alone_and_a_round_trains():
     assert result.metrics and np.isfinite(result.metrics["value_loss"])
     after = learner.model.v_trunk.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("recurrent", ["none", "gru"])
+def test_a_flat_state_beside_frames_has_a_value_trunk_of_its_own_width(recurrent):
+    """model.kind=cnn with a flat global state: an MLP over the state alone, whose width (64) is
+    not the frame CNN's (512); with a core each trunk feeds a core of its own width."""
+    from relay_rl.contracts.config import build_config
+    from relay_rl.contracts.spaces import ActionSpec
+
+    spec = EnvSpec(
+        (3, 36, 36),
+        ActionSpec("discrete", 3),
+        "uint8",
+        0.0,
+        255.0,
+        multi_agent="parallel",
+        agents=("a", "b"),
+        global_state=8,
+    )
+    cfg = build_config(
+        {},
+        [
+            "model.kind=cnn",
+            "model.normalize_obs=false",
+            "model.shared_trunk=false",
+            "model.hidden_sizes=[64]",
+            f"model.recurrent={recurrent}",
+            "model.recurrent_size=16",
+            *(["learner.minibatch=sequences"] if recurrent != "none" else []),
+        ],
+    )
+    policy = build_policy(cfg, spec, critic=True)
+    assert policy.v_trunk.reads_state_only and policy.v_trunk.out_dim == 64
+    gen = torch.Generator().manual_seed(0)
+    fields = {
+        "obs": torch.randint(0, 255, (6, 3, 36, 36), generator=gen, dtype=torch.uint8),
+        "global_state": torch.randn(6, 8, generator=gen),
+    }
+    if recurrent != "none":
+        fields["h_in"] = policy.initial_state(6)
+    with torch.no_grad():
+        _, value = policy.distribution_params(fields)
+        _, other = policy.distribution_params({**fields, "global_state": fields["global_state"] + 1})
+    assert value.shape == (6,) and (value - other).abs().max() > 1e-5
