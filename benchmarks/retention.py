@@ -5,11 +5,13 @@ several seeds: its peak, the mean over the last third of the run, and the share 
 
 Each run is `relay train configs/<name>.yaml` with its return stop lifted (a config that stops
 when solved never shows what comes after) and a fixed budget of env steps (BUDGETS, times
-`--scale`). From its metrics lines (`episode_return_mean`, the mean of the last finished
-episodes): `first` the first value, `peak` the highest, `last third` the mean of the values in
-the last third of the run's env steps. `kept` = (last third - first) / (peak - first): the share
-of what the run gained that it still holds at the end, whatever the sign of the returns
-(Pendulum's are negative). A config keeps what it learns where every seed keeps >= 0.8.
+`--scale`). From its metrics lines (`episode_return_mean`, the mean of the last 20 finished
+episodes; a multi-agent run's `team_return_mean`, the mean team return of its last 100 env-copy
+episodes, where it reports one: its agents' 20 episodes are one or a few copies' episodes, and on
+pistonball all 20 pistons of one): `first` the first value, `peak` the highest, `last third`
+the mean of the values in the last third of the run's env steps. `kept` = (last third - first)
+/ (peak - first): the share of what the run gained that it still holds at the end, whatever the
+sign of the returns (Pendulum's are negative). A config keeps what it learns where every seed keeps >= 0.8.
 
 A line's return is the mean of the last 20 episodes, so on a task whose episodes vary a lot
 (simple_spread, MiniGrid-Memory's right-or-wrong fork) the highest line is partly that noise, and
@@ -49,10 +51,21 @@ DEFAULT_CONFIGS = ("cartpole_ppo", "cartpole_grpo", "taxi_ppo", "pendulum_ppo")
 KEEPS = 0.8
 
 
+def return_key(lines: list[dict[str, Any]]) -> str:
+    """The return a run's curve is read from: the team's where the run reports one."""
+    return (
+        "team_return_mean"
+        if any(line.get("team_return_mean") is not None for line in lines)
+        else ("episode_return_mean")
+    )
+
+
 def curve_summary(lines: list[dict[str, Any]]) -> dict[str, float] | None:
     """first, peak (and its env steps), the last third's mean and `kept` of one run's metrics
-    lines; None where no episode finished or the run never rose above its first value."""
-    points = [(line["env_steps"], line["episode_return_mean"]) for line in lines]
+    lines (`return_key`'s return); None where no episode finished or the run never rose above its
+    first value."""
+    key = return_key(lines)
+    points = [(line["env_steps"], line.get(key)) for line in lines]
     points = [(s, r) for s, r in points if r is not None]
     if not points:
         return None
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         machine_header(
             f"Retention: shipped configs past their solve point, stop.episode_return_mean lifted, "
-            f"seeds {args.seeds}"
+            f"seeds {args.seeds} (multi-agent runs: team_return_mean)"
         )
     )
     headers = [

@@ -174,3 +174,8 @@ def test_retention_is_the_share_of_the_gain_a_run_still_holds():
     assert noisy["smooth_peak"] == pytest.approx(0.7) and noisy["smoothed"] == pytest.approx(
         (0.5 - 0.4) / 0.3
     )
+    # A multi-agent run's curve is its team return (100 episodes), not its agents' 20 episodes.
+    team = [{**line, "team_return_mean": 20 * (i + 1)} for i, line in enumerate(lines([3.0] * 6))]
+    team[0]["team_return_mean"] = None
+    assert retention.return_key(team) == "team_return_mean"
+    assert retention.curve_summary(team)["first"] == 40 and retention.curve_summary(team)["peak"] == 120
