@@ -53,11 +53,8 @@ KEEPS = 0.8
 
 def return_key(lines: list[dict[str, Any]]) -> str:
     """The return a run's curve is read from: the team's where the run reports one."""
-    return (
-        "team_return_mean"
-        if any(line.get("team_return_mean") is not None for line in lines)
-        else ("episode_return_mean")
-    )
+    team = any(line.get("team_return_mean") is not None for line in lines)
+    return "team_return_mean" if team else "episode_return_mean"
 
 
 def curve_summary(lines: list[dict[str, Any]]) -> dict[str, float] | None:
