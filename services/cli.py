@@ -47,7 +47,7 @@ from ..services.tools.evaluate_lm import LanguageEvalError, evaluate_language
 from ..services.tools.export import export_onnx
 from ..services.tools.export_hf import export_hf
 from ..services.tools.handle import PolicyLoadError
-from ..services.tools.load import load_policy
+from ..services.tools.load import NamedEnv, load_policy
 from ..services.tools.verify import DTYPES, VerifyOptions, run_verify
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -140,8 +140,42 @@ def _add_env_arg(p: argparse.ArgumentParser, what: str) -> None:
         "--env",
         metavar="ENV_ID",
         help=f"also {what} observations recorded in this env (built only because you name it here, "
-        "with no kwargs: nothing in the file is ever used to build an env)",
+        "with only the --env-kwargs you type: nothing in the file is ever used to build an env)",
     )
+    _add_env_kwargs_arg(p)
+
+
+def _add_env_kwargs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env-kwargs",
+        metavar="JSON",
+        help="keyword arguments for --env's constructor, a JSON object: '{\"continuous\": false}'",
+    )
+
+
+MAX_ENV_KWARGS_CHARS = 10_000
+
+
+def _named_env(args: argparse.Namespace) -> NamedEnv | None:
+    """--env and --env-kwargs, checked (InputError otherwise); a `module:factory` env's module
+    may come from the working folder only because the user named it here."""
+    text = args.env_kwargs
+    if args.env is None:
+        if text is not None:
+            raise InputError("--env-kwargs goes with --env ENV_ID")
+        return None
+    kwargs: Any = {}
+    if text is not None:
+        if len(text) > MAX_ENV_KWARGS_CHARS:
+            raise InputError(f"--env-kwargs: over {MAX_ENV_KWARGS_CHARS} characters")
+        try:
+            kwargs = json.loads(text)
+        except (ValueError, RecursionError) as err:
+            raise InputError(f"--env-kwargs: not JSON ({str(err)[:80]})") from None
+        if not isinstance(kwargs, dict):
+            raise InputError('--env-kwargs: a JSON object, {"name": value, ...}')
+    allow_env_module(args.env, os.getcwd())
+    return NamedEnv(args.env, kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,8 +280,10 @@ def _add_eval_parser(sub: Any) -> None:
     ev.add_argument(
         "--env",
         metavar="ENV_ID",
-        help="the env to run in (needed for .onnx files and module:factory envs; built with no kwargs)",
+        help="the env to run in (needed for .onnx files, module:factory and PettingZoo envs; built with "
+        "only the --env-kwargs you type)",
     )
+    _add_env_kwargs_arg(ev)
     ev.add_argument(
         "--policy",
         metavar="NAME",
@@ -329,7 +365,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "hf":
-        if args.env or args.policy or args.force:
+        if args.env or args.env_kwargs or args.policy or args.force:
             raise InputError("--format hf takes no --env, --policy or --force (it never replaces a folder)")
         folder = export_hf(Path(_best(args.checkpoint, args.best)), Path(args.out) if args.out else None)
         print(
@@ -345,9 +381,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default
     check_output(out, [ckpt], args.force)
     handle = load_policy(ckpt, relay_only=True, policy=policy)  # before --env's module may load
-    if args.env:
-        allow_env_module(args.env, os.getcwd())
-    report = export_onnx(handle, out, env_id=args.env, replace=args.force)
+    report = export_onnx(handle, out, env=_named_env(args), replace=args.force)
     print(
         f"wrote {report.path} (checked on {report.checked} observations against onnxruntime: "
         f"max abs error {report.max_abs_error:.2e})"
@@ -365,9 +399,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if not (0 <= args.min_cosine <= 1 and 0 <= args.max_abs < float("inf")):
         raise InputError("--min-cosine must be in [0, 1] and --max-abs a finite number >= 0")
     check_device(args.device)
-    if args.env:
-        allow_env_module(args.env, os.getcwd())
-    opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, args.env)
+    named = _named_env(args)
+    opts = VerifyOptions(dtypes, args.device, args.batch, args.min_cosine, args.max_abs, args.seed, named)
     text, passed = run_verify(load_policy(_best(args.model, args.best), policy=_policy(args)), opts)
     print(text)
     return EXIT_OK if passed else EXIT_FAILURE
@@ -394,10 +427,9 @@ def _eval_policy(args: argparse.Namespace, path: Path) -> int:
         raise InputError("--prompts and --reward are for a language run's checkpoint (model.kind=causal_lm)")
     if path.suffix == ".onnx" and not args.env:
         raise InputError(f"{path}: an ONNX file names no env relay may build; name one with --env ENV_ID")
-    if args.env:
-        allow_env_module(args.env, os.getcwd())
+    named = _named_env(args)
     handle = load_policy(path, policy=_policy(args))
-    opts = EvalOptions(args.episodes, args.stochastic, args.seed, args.env, video=video_dir is not None)
+    opts = EvalOptions(args.episodes, args.stochastic, args.seed, named, video=video_dir is not None)
     result = evaluate(handle, opts)
     if not args.json:  # the score is out before the video is written: a failed write costs no score
         print(describe(result, handle.source, not args.stochastic), flush=True)
@@ -425,8 +457,8 @@ def _language_checkpoint(path: Path) -> Checkpoint | None:
 
 
 def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint) -> int:
-    if args.video or args.env or args.policy:
-        raise InputError("a language run's evaluation takes no --video, --env or --policy")
+    if args.video or args.env or args.env_kwargs or args.policy:
+        raise InputError("a language run's evaluation takes no --video, --env, --env-kwargs or --policy")
     result = evaluate_language(path, ckpt, args.episodes, args.stochastic, args.prompts, args.rewards)
     s = result.summary()
     if args.json:

@@ -1,6 +1,7 @@
 """`relay eval`: whole evaluation episodes of a policy file, scored, with a video of one of them.
 
-The env is the one the user names with `--env` (built with no kwargs, as `export`/`verify` do), or
+The env is the one the user names with `--env` (built with only the kwargs typed with
+`--env-kwargs`, as `export`/`verify` do), or
 else the run's own, from the config its checkpoint carries, when that is a registered gymnasium id
 (`CartPole-v1`, `ALE/Breakout-v5`): its stored settings are data for a constructor gymnasium has
 registered. A `module:factory` env would run code a file names, and an ONNX or ML-Agents file
@@ -27,7 +28,7 @@ from ...rollout_workers.video import encode_mp4, video_stem
 from ...services.driver.checkpoints import BEST_NAME, load_newest_valid
 from ...services.files import write_numbered
 from ...services.tools.handle import PolicyHandle, PolicyLoadError
-from ...services.tools.load import check_env_fits, scene_policies
+from ...services.tools.load import NamedEnv, check_env_fits, scene_policies
 
 MAX_EPISODES = 100_000
 
@@ -37,14 +38,17 @@ class EvalOptions:
     episodes: int = 10
     stochastic: bool = False  # sample actions instead of the distribution's mode
     seed: int | None = None  # default: the run's env.seed (else 0), on the evaluation seed stream
-    env_id: str | None = None  # --env: the env the user names
+    env: NamedEnv | None = None  # --env and --env-kwargs: the env the user names
     video: bool = False  # keep the frames of one episode
 
 
-def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: bool) -> EnvConfig:
-    """The env config episodes run in (see the module docstring for which env that is)."""
+def eval_env(
+    handle: PolicyHandle, named: NamedEnv | None, num_envs: int, video: bool
+) -> tuple[EnvConfig, NamedEnv]:
+    """The env config episodes run in (see the module docstring for which env that is), and the env
+    as named (the user's, or the run's own registered id with its stored settings)."""
     stored = handle.config.env if handle.config is not None else None
-    if env_id is None:
+    if named is None:
         if stored is None:
             raise PolicyLoadError(f"{handle.source} names no env relay may build: name one with --env ENV_ID")
         if ":" in stored.id:
@@ -53,12 +57,10 @@ def eval_env(handle: PolicyHandle, env_id: str | None, num_envs: int, video: boo
                 f"{handle.source} was trained on {stored.id!r}, {kind}, which a file never builds: "
                 "name it with --env ENV_ID"
             )
-        ec = stored
-    elif stored is not None and stored.id == env_id:
-        ec = stored.model_copy(update={"kwargs": {}})  # the user's factory never gets a file's kwargs
+        ec, named = stored, NamedEnv(stored.id, stored.kwargs)
     else:
-        ec = EnvConfig(id=env_id)
-    return eval_env_config(ec, num_envs, video, handle.env.columns)
+        ec = named.config(handle, num_envs)
+    return eval_env_config(ec, num_envs, video, handle.env.columns), named
 
 
 def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
@@ -66,7 +68,7 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
     act in."""
     if not 1 <= opts.episodes <= MAX_EPISODES:
         raise PolicyLoadError(f"--episodes {opts.episodes}: must be 1 to {MAX_EPISODES}")
-    ec = eval_env(handle, opts.env_id, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
+    ec, named = eval_env(handle, opts.env, min(opts.episodes, MAX_EVAL_ENVS), opts.video)
     seed = opts.seed if opts.seed is not None else ec.seed
     try:
         if handle.group is None:
@@ -78,7 +80,7 @@ def evaluate(handle: PolicyHandle, opts: EvalOptions) -> EvalResult:
         raise PolicyLoadError(str(err)) from None
     try:
         info = envs.reset(seed=seed)[1]
-        check_env_fits(handle, envs, ec.id, info, acting=True)
+        check_env_fits(handle, envs, named, info, acting=True)
         result = play(
             envs,
             handle.env,

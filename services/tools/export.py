@@ -39,7 +39,7 @@ from ...services.tools.handle import (
     output_names,
     rows_of,
 )
-from ...services.tools.load import recorded_observations
+from ...services.tools.load import NamedEnv, recorded_observations
 from ...services.tools.onnx_check import (
     RELAY_IO,
     cpu_session,
@@ -116,19 +116,19 @@ def max_abs_error(handle: PolicyHandle, session: Any, obs: Fields) -> float:
 
 
 def export_onnx(
-    handle: PolicyHandle, out: Path, env_id: str | None = None, seed: int = 0, replace: bool = False
+    handle: PolicyHandle, out: Path, env: NamedEnv | None = None, seed: int = 0, replace: bool = False
 ) -> ExportReport:
     """Write the ONNX file after checking it against onnxruntime (on observations recorded in
-    `env_id` too, when the user names one): to a temporary file, then renamed into place (with
+    `env` too, when the user names one): to a temporary file, then renamed into place (with
     `replace` False only ever created, never over a file that appeared meanwhile)."""
     data = onnx_bytes(handle)
     gen = torch.Generator().manual_seed(seed)
-    if env_id is None:
+    if env is None:
         batches = [fields_to_numpy(handle.synthetic_obs(2000, gen))]
     else:
         batches = [
             fields_to_numpy(handle.synthetic_obs(1000, gen)),
-            recorded_observations(handle, env_id, 1000, seed),
+            recorded_observations(handle, env, 1000, seed),
         ]
     session = cpu_session(data)
     errors = [max_abs_error(handle, session, b) for b in batches]

@@ -4,12 +4,14 @@ or `.pt`.
 Nothing read from a file imports a module, calls a factory or builds an env: the policy is rebuilt
 from the env spec the file carries (or its weights' shapes) and the model settings of its config.
 An env is built only for `recorded_observations`, and only the one the user names on the command
-line (`--env`).
+line (`--env`), with only the kwargs they type there (`--env-kwargs`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,14 +111,33 @@ def load_policy(path: str | Path, relay_only: bool = False, policy: str | None =
     return _relay_checkpoint(raw, p.name, policy)
 
 
-def _named_env(handle: PolicyHandle, env_id: str) -> EnvConfig:
-    """The env the user named. When it is the run's own id, the run's stored preprocessing and time
-    limit apply (settings, not code), but never its stored `env.kwargs`: a file's kwargs would reach
-    the user's factory, and a crafted file could steer what it does (where it writes, say)."""
-    stored = handle.config.env if handle.config is not None else None
-    if stored is not None and stored.id == env_id:
-        return stored.model_copy(update={"num_envs": 8, "vectorization": IN_PROCESS, "kwargs": {}})
-    return EnvConfig(id=env_id, num_envs=8)
+@dataclass(frozen=True)
+class NamedEnv:
+    """The env a user names on the command line: `--env ID`, and the constructor kwargs they type
+    with `--env-kwargs JSON` (JSON values: data). A file's stored `env.kwargs` never reach a
+    constructor: they would reach the user's factory, and a crafted file could steer what it does
+    (where it writes, say)."""
+
+    id: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def config(self, handle: PolicyHandle, num_envs: int) -> EnvConfig:
+        """Its env config. When it is the run's own id, the run's stored preprocessing and time limit
+        apply (settings, not code), with the kwargs typed here in place of the stored ones."""
+        stored = handle.config.env if handle.config is not None else None
+        if stored is not None and stored.id == self.id:
+            return stored.model_copy(update={"num_envs": num_envs, "kwargs": dict(self.kwargs)})
+        return EnvConfig(id=self.id, num_envs=num_envs, kwargs=dict(self.kwargs))
+
+    def kwargs_hint(self, handle: PolicyHandle) -> str:
+        """What to add to an error when the run was trained on this id with kwargs that were not typed
+        here (pistonball with `continuous: false`, say): the stored kwargs, shown, never used."""
+        stored = handle.config.env if handle.config is not None else None
+        if stored is None or stored.id != self.id or not stored.kwargs or dict(self.kwargs) == stored.kwargs:
+            return ""
+        shown = json.dumps(stored.kwargs, default=str)  # ASCII with escapes: one line, whatever it holds
+        shown = shown if len(shown) <= 200 else shown[:197] + "..."
+        return f" (the run was trained with env.kwargs {shown}: type any you want with --env-kwargs)"
 
 
 def scene_policies(handle: PolicyHandle) -> dict[str, tuple[EnvSpec, ActorCritic]]:
@@ -126,52 +147,58 @@ def scene_policies(handle: PolicyHandle) -> dict[str, tuple[EnvSpec, ActorCritic
 
 
 @torch.no_grad()
-def recorded_observations(handle: PolicyHandle, env_id: str, count: int = 1000, seed: int = 0) -> Fields:
-    """Input fields of `count` observations met by the policy acting in `env_id`, which the user
+def recorded_observations(handle: PolicyHandle, env: NamedEnv, count: int = 1000, seed: int = 0) -> Fields:
+    """Input fields of `count` observations met by the policy acting in `env`, which the user
     named (its leaves and masks must be the policy's). A policy group's are met in its scene, the
     other groups of its checkpoint playing their agents."""
-    ec = _named_env(handle, env_id)
+    ec = env.config(handle, 8).model_copy(update={"vectorization": IN_PROCESS})
     try:
         check_env_id(ec.id)
         ec = eval_env_config(ec, ec.num_envs, False, handle.env.columns)  # whole copies of agents
         if handle.group is None:
-            env = make_vector_env(ec)
+            vec = make_vector_env(ec)
         else:
-            env = open_scene(ec, handle.group, scene_policies(handle), seed=seed)[0]
+            vec = open_scene(ec, handle.group, scene_policies(handle), seed=seed)[0]
     except EnvSpecError as err:
         raise PolicyLoadError(str(err)) from None
     except Exception as err:
-        raise PolicyLoadError(f"--env {env_id}: cannot be built ({type(err).__name__}: {err})") from None
+        raise PolicyLoadError(
+            f"--env {env.id}: cannot be built ({type(err).__name__}: {err}){env.kwargs_hint(handle)}"
+        ) from None
     try:
-        return _record(handle, env, env_id, count, seed)
+        return _record(handle, vec, env, count, seed)
     finally:
-        env.close()
+        vec.close()
 
 
 def check_env_fits(
-    handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, info: dict, acting: bool = False
+    handle: PolicyHandle, env: gym.vector.VectorEnv, named: NamedEnv, info: dict, acting: bool = False
 ) -> None:
-    """PolicyLoadError unless `env` observes what the policy reads (its leaves and shapes) and,
-    when the policy will `act` in it, takes the actions it chooses."""
+    """PolicyLoadError unless `env` (built from `named`) observes what the policy reads (its leaves
+    and shapes) and, when the policy will `act` in it, takes the actions it chooses."""
+    env_id, hint = named.id, named.kwargs_hint(handle)
     ec = handle.config.env if handle.config is not None and handle.config.env.id == env_id else None
     try:
-        named = env_spec(env.single_observation_space, env.single_action_space, ec, info)
+        spec = env_spec(env.single_observation_space, env.single_action_space, ec, info)
     except EnvSpecError as err:
-        raise PolicyLoadError(f"--env {env_id}: {err}") from None
-    if [(f.field, f.shape) for f in named.obs_leaves] != [(f.field, f.shape) for f in handle.env.obs_leaves]:
+        raise PolicyLoadError(f"--env {env_id}: {err}{hint}") from None
+    if [(f.field, f.shape) for f in spec.obs_leaves] != [(f.field, f.shape) for f in handle.env.obs_leaves]:
         raise PolicyLoadError(
-            f"--env {env_id} observes {named.describe_obs()}, the policy reads {handle.env.describe_obs()}"
+            f"--env {env_id} observes {spec.describe_obs()}, "
+            f"the policy reads {handle.env.describe_obs()}{hint}"
         )
-    if acting and named.action != handle.env.action:
+    if acting and spec.action != handle.env.action:
         raise PolicyLoadError(
-            f"--env {env_id} takes {named.action.describe()}, "
-            f"the policy chooses {handle.env.action.describe()}"
+            f"--env {env_id} takes {spec.action.describe()}, "
+            f"the policy chooses {handle.env.action.describe()}{hint}"
         )
 
 
-def _record(handle: PolicyHandle, env: gym.vector.VectorEnv, env_id: str, count: int, seed: int) -> Fields:
+def _record(
+    handle: PolicyHandle, env: gym.vector.VectorEnv, named: NamedEnv, count: int, seed: int
+) -> Fields:
     obs, info = env.reset(seed=seed)
-    check_env_fits(handle, env, env_id, info)
+    check_env_fits(handle, env, named, info)
     reader = ObsReader(handle.env, env.num_envs)
     gen = torch.Generator().manual_seed(seed)
     out: list[Fields] = []

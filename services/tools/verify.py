@@ -35,7 +35,7 @@ from ...services.tools.handle import (
     concat_fields,
     rows_of,
 )
-from ...services.tools.load import recorded_observations
+from ...services.tools.load import NamedEnv, recorded_observations
 
 DTYPES = {"float32": torch.float32, **AMP_DTYPES}
 
@@ -174,20 +174,20 @@ class VerifyOptions:
     min_cosine: float = 0.999
     max_abs: float = 0.01
     seed: int = 0
-    env_id: str | None = None  # record observations in this env too (named on the command line)
+    env: NamedEnv | None = None  # record observations in this env too (named on the command line)
 
 
-def verification_observations(handle: PolicyHandle, seed: int, env_id: str | None) -> Fields:
+def verification_observations(handle: PolicyHandle, seed: int, env: NamedEnv | None) -> Fields:
     obs = handle.as_input(fields_to_numpy(handle.synthetic_obs(100, torch.Generator().manual_seed(seed))))
-    if env_id is not None:
-        obs = concat_fields([obs, recorded_observations(handle, env_id, 100, seed)])
+    if env is not None:
+        obs = concat_fields([obs, recorded_observations(handle, env, 100, seed)])
     return obs
 
 
 def run_verify(handle: PolicyHandle, opts: VerifyOptions) -> tuple[str, bool]:
     """The full report as text, and whether every requested dtype passed."""
     dev = resolve_device(opts.device)
-    obs = verification_observations(handle, opts.seed, opts.env_id)
+    obs = verification_observations(handle, opts.seed, opts.env)
     rows = precision_table(handle, dev, opts.dtypes, obs, opts.min_cosine, opts.max_abs)
     lines = [
         f"model: {handle.source}  obs_dim={handle.obs_dim}  device={dev}  observations={rows_of(obs)}",

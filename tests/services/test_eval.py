@@ -3,6 +3,8 @@ export), scored the way SB3's `evaluate_policy` scores them, with a video of one
 bad inputs (unknown run, a file that names no env, a video folder that is a file, an env that
 cannot render)."""
 
+import contextlib
+import io
 import json
 import subprocess
 from collections.abc import Callable
@@ -175,9 +177,17 @@ def test_a_factory_env_needs_env_gets_no_kwargs_and_cannot_render_but_still_scor
         (["{run}", "--video", "/sys/relay-videos"], "/sys is not a writable folder"),
         (["{run}", "--env", "Acrobot-v1"], "Acrobot-v1 observes"),
         (["{run}", "--env", "NoSuchEnv-v0"], "not a registered"),
+        (["{run}", "--env-kwargs", "{{}}"], "--env-kwargs goes with --env"),
+        (["{run}", "--env", "CartPole-v1", "--env-kwargs", "{{x"], "--env-kwargs: not JSON"),
+        (["{run}", "--env", "CartPole-v1", "--env-kwargs", "[1]"], "a JSON object"),
+        (
+            ["{run}", "--env", "CartPole-v1", "--env-kwargs", '{{"no_such": 1}}'],
+            "unexpected keyword argument",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(run, tmp_path, capsys, args, says):
+    """(Braces in `args` are doubled: each is formatted with the paths.)"""
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
     before = sorted(tmp_path.rglob("*"))
@@ -192,6 +202,57 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(run, tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_env_kwargs_typed_on_the_command_line_reach_the_env(run, capsys):
+    """`--env-kwargs` builds the named env with the user's kwargs: CartPole's Sutton-Barto reward
+    pays 0 a step and -1 at the fall, so every return is 0 or -1 where the default pays 1 a step."""
+    plain = eval_json(capsys, str(run), "--env", "CartPole-v1", "--episodes", "4")
+    typed = eval_json(
+        capsys,
+        str(run),
+        "--env",
+        "CartPole-v1",
+        "--env-kwargs",
+        '{"sutton_barto_reward": true}',
+        "--episodes",
+        "4",
+    )
+    assert plain["return_min"] >= 8 and plain["return_mean"] == plain["len_mean"]
+    assert -1 <= typed["return_min"] <= typed["return_max"] <= 0
+    assert typed["len_mean"] == plain["len_mean"]  # the same greedy episodes, paid differently
+
+
+def _not_an_object(text: str) -> bool:
+    try:
+        return not isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return True
+
+
+@given(st.one_of(st.text(max_size=40), st.just("[" * 100_000), st.just('{"a": 1}' + " " * 10_000)))
+def test_any_env_kwargs_but_a_json_object_is_one_line_exit_2(run, text):
+    """Whatever is typed: a JSON object within the size limit, or one line and exit 2 before any
+    env or policy is loaded (deep nesting, long text, NaN and stray bytes included)."""
+    if not _not_an_object(text) and len(text) <= 10_000:
+        return
+    proc_err = io.StringIO()
+    with contextlib.redirect_stderr(proc_err):
+        code = main(["eval", str(run), "--env", "CartPole-v1", f"--env-kwargs={text}"])
+    assert code == 2 and proc_err.getvalue().count("\n") == 1 and "--env-kwargs" in proc_err.getvalue()
+
+
+def test_a_run_trained_with_kwargs_is_told_them_not_given_them(run, tmp_path, capsys):
+    """The run's env.kwargs are shown in the error when the named env does not fit without them,
+    never passed: a constructor given `no_such` would raise, not report the observation."""
+    state = torch.load(newest(run), weights_only=True)
+    state["config"]["env"].update(id="Acrobot-v1", kwargs={"no_such": 1})
+    crafted = tmp_path / "crafted.pt"
+    torch.save(state, crafted)
+    assert main(["eval", str(crafted), "--env", "Acrobot-v1", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Acrobot-v1 observes" in err, err
+    assert 'trained with env.kwargs {"no_such": 1}: type any you want with --env-kwargs' in err
 
 
 # Every policy kind relay trains, briefly trained, then scored: masks (Taxi's, from its info),

@@ -143,6 +143,25 @@ def test_a_named_env_never_gets_the_files_kwargs(trained, tmp_path):
     assert main(["export", str(crafted), "--out", str(tmp_path / "p.onnx"), "--env", env]) == 0
     assert main(["verify", str(crafted), "--dtypes", "float32", "--batch", "4", "--env", env]) == 0
     assert not marker.exists()
+    typed = json.dumps({"record_to": str(marker)})  # what the user types does reach it
+    assert (
+        main(
+            [
+                "verify",
+                str(crafted),
+                "--dtypes",
+                "float32",
+                "--batch",
+                "4",
+                "--env",
+                env,
+                "--env-kwargs",
+                typed,
+            ]
+        )
+        == 0
+    )
+    assert marker.exists()
 
 
 RELAY = Path(sys.executable).parent / "relay"
