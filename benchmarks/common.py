@@ -112,13 +112,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def train_relay(
-    config: str, sets: list[str], inspect: Callable[[Path], None] | None = None
+    config: str, sets: list[str], inspect: Callable[[Path], None] | None = None, run_dir: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Run `python -m relay_rl.services.train CONFIG` (quiet, in a temporary run dir) and return its metrics
-    lines; `inspect` is handed the run dir before it goes (to read its checkpoints)."""
+    """Run `python -m relay_rl.services.train CONFIG` (quiet, in a temporary run dir, or in `run_dir`,
+    which stays) and return its metrics lines; `inspect` is handed the run dir before it goes (to
+    read its checkpoints)."""
     root = Path(__file__).parents[1]
     with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
+        run = Path(tmp) / "run" if run_dir is None else run_dir
         cmd = [
             sys.executable,
             "-m",

@@ -2,6 +2,7 @@
 several seeds: its peak, the mean over the last third of the run, and the share of the gain kept.
 
     python benchmarks/retention.py [--configs cartpole_ppo,taxi_ppo] [--seeds 0,1,2] [--scale 1.0]
+                                   [--runs-dir DIR]
 
 Each run is `relay train configs/<name>.yaml` with its return stop lifted (a config that stops
 when solved never shows what comes after) and a fixed budget of env steps (BUDGETS, times
@@ -12,6 +13,11 @@ pistonball all 20 pistons of one): `first` the first value, `peak` the highest, 
 the mean of the values in the last third of the run's env steps. `kept` = (last third - first)
 / (peak - first): the share of what the run gained that it still holds at the end, whatever the
 sign of the returns (Pendulum's are negative). A config keeps what it learns where every seed keeps >= 0.8.
+
+`--runs-dir DIR` keeps each run in `DIR/<config>-seed<S>` and reads, instead of training again, a
+run already there that reached its budget with the same settings (every section but metrics,
+checkpoint, eval and the run's name): pistonball's three seeds are three hours here, more than one
+sitting. A folder holding anything else (an unfinished run, other settings) is refused.
 
 A line's return is the mean of the last 20 episodes, so on a task whose episodes vary a lot
 (simple_spread, MiniGrid-Memory's right-or-wrong fork) the highest line is partly that noise, and
@@ -27,8 +33,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table, train_relay
+from common import machine_header, read_metrics, table, train_relay
+
+from relay_rl.contracts.config import config_data, load_config
 
 # Env steps per run: about twice what each needs to solve on these two cores (docs/benchmarks.md).
 # pistonball's is the issue's 1.5M agent steps (about half an hour a run here).
@@ -95,14 +105,63 @@ def _verdict(shares: list[float], name: str) -> str:
     return f"{'keeps' if holds else 'does not keep'} what it learns by {name} ({span})"
 
 
-def run(config: str, seed: int, env_steps: int) -> dict[str, float] | None:
+# Sections that change what a run is, not what it learns: a kept run is read whatever they say.
+NOT_LEARNING = ("metrics", "checkpoint", "eval", "name")
+
+
+class RunsDirError(Exception):
+    pass
+
+
+def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix[:-1]: data}
+    return {k: v for key, value in data.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
+
+
+def settings_differ(stored: dict[str, Any], config: str, sets: list[str]) -> list[str]:
+    """The dotted settings on which a kept run's stored config (its config.yaml) differs from
+    `configs/<config>.yaml` with `sets`, leaving out NOT_LEARNING's sections."""
+    want = config_data(load_config(Path(__file__).parents[1] / "configs" / f"{config}.yaml", sets))
+    a = _leaves({k: v for k, v in stored.items() if k not in NOT_LEARNING})
+    b = _leaves({k: v for k, v in want.items() if k not in NOT_LEARNING})
+    return sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+
+
+def kept_run(folder: Path, config: str, sets: list[str], env_steps: int) -> list[dict[str, Any]] | None:
+    """The metrics lines of a finished run of these settings in `folder`; None where the folder is
+    new; RunsDirError where it holds anything else."""
+    if not folder.exists():
+        return None
+    lines = read_metrics(folder)
+    stored_path = folder / "config.yaml"
+    if not lines or not stored_path.is_file():
+        raise RunsDirError(f"{folder}: not a finished run (remove it, or finish it with relay resume)")
+    if lines[-1]["env_steps"] < env_steps:
+        raise RunsDirError(
+            f"{folder}: stopped at {lines[-1]['env_steps']:,} of {env_steps:,} env steps "
+            "(finish it with relay resume, or remove it)"
+        )
+    differ = settings_differ(yaml.safe_load(stored_path.read_text()) or {}, config, sets)
+    if differ:
+        raise RunsDirError(f"{folder}: trained with other settings ({', '.join(differ[:5])}); remove it")
+    return lines
+
+
+def run(config: str, seed: int, env_steps: int, runs_dir: Path | None = None) -> dict[str, float] | None:
     sets = [
         f"env.seed={seed}",
         "stop.episode_return_mean=null",
         f"stop.env_steps={env_steps}",
         "checkpoint.interval=1000000",
     ]
-    return curve_summary(train_relay(f"configs/{config}.yaml", sets))
+    if runs_dir is None:
+        return curve_summary(train_relay(f"configs/{config}.yaml", sets))
+    folder = runs_dir / f"{config}-seed{seed}"
+    lines = kept_run(folder, config, sets, env_steps)
+    return curve_summary(
+        lines if lines is not None else train_relay(f"configs/{config}.yaml", sets, run_dir=folder)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every budget by this")
+    parser.add_argument("--runs-dir", type=Path, help="keep the runs here, and read those already done")
     args = parser.parse_args(argv)
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in BUDGETS]
@@ -136,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         kept: list[float] = []
         smoothed: list[float] = []
         for seed in seeds:
-            s = run(config, seed, budget)
+            try:
+                s = run(config, seed, budget, args.runs_dir)
+            except RunsDirError as err:
+                print(f"retention.py: {err}", file=sys.stderr)
+                return 2
             if s is None:
                 rows.append([config, seed, budget, "no episode", "", "", "", "", "", ""])
                 kept.append(float("nan"))

@@ -2,6 +2,7 @@
 without an accelerator (the device tests on the CPU, every report section printed or skipped with
 its reason, the log kept), and the refusal of a flag a benchmark section does not read."""
 
+import json
 import os
 import subprocess
 import sys
@@ -179,3 +180,61 @@ def test_retention_is_the_share_of_the_gain_a_run_still_holds():
     team[0]["team_return_mean"] = None
     assert retention.return_key(team) == "team_return_mean"
     assert retention.curve_summary(team)["first"] == 40 and retention.curve_summary(team)["peak"] == 120
+
+
+def test_retention_reads_a_kept_run_only_when_it_is_finished_with_the_same_settings(tmp_path):
+    """`retention.py --runs-dir`: a folder holding a finished run of the config's settings is read
+    (whatever its metrics or checkpoint sections say); an unfinished one, one of other learning
+    settings or one with no config is refused in one line naming why; a missing one is trained."""
+    import importlib.util
+
+    import yaml
+
+    from relay_rl.contracts.config import config_data, load_config
+
+    spec = importlib.util.spec_from_file_location("retention", ROOT / "benchmarks" / "retention.py")
+    retention = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(retention)
+
+    sets = [
+        "env.seed=1",
+        "stop.episode_return_mean=null",
+        "stop.env_steps=3000",
+        "checkpoint.interval=1000000",
+    ]
+    stored = config_data(load_config(ROOT / "configs" / "cartpole_ppo.yaml", sets))
+
+    def folder(name, config, steps):
+        f = tmp_path / name
+        f.mkdir()
+        (f / "config.yaml").write_text(yaml.safe_dump(config))
+        (f / "metrics.jsonl").write_text(
+            "".join(json.dumps({"env_steps": s, "episode_return_mean": 1.0}) + "\n" for s in steps)
+        )
+        return f
+
+    assert retention.kept_run(tmp_path / "new", "cartpole_ppo", sets, 3000) is None
+    other_metrics = {
+        **stored,
+        "metrics": {**stored["metrics"], "progress": "none"},
+        "checkpoint": {"interval": 20},
+    }
+    done = folder("done", other_metrics, [1000, 2000, 3000])
+    assert [line["env_steps"] for line in retention.kept_run(done, "cartpole_ppo", sets, 3000)] == [
+        1000,
+        2000,
+        3000,
+    ]
+    short = folder("short", stored, [1000, 2000])
+    with pytest.raises(retention.RunsDirError, match="stopped at 2,000 of 3,000 env steps"):
+        retention.kept_run(short, "cartpole_ppo", sets, 3000)
+    lr = folder("lr", {**stored, "learner": {**stored["learner"], "lr": 0.5}}, [3000])
+    with pytest.raises(retention.RunsDirError, match=r"other settings \(learner.lr\)"):
+        retention.kept_run(lr, "cartpole_ppo", sets, 3000)
+    seed = folder("seed", {**stored, "env": {**stored["env"], "seed": 2}}, [3000])
+    with pytest.raises(retention.RunsDirError, match=r"other settings \(env.seed\)"):
+        retention.kept_run(seed, "cartpole_ppo", sets, 3000)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(retention.RunsDirError, match="not a finished run"):
+        retention.kept_run(tmp_path / "empty", "cartpole_ppo", sets, 3000)
