@@ -14,10 +14,11 @@ the mean of the values in the last third of the run's env steps. `kept` = (last 
 / (peak - first): the share of what the run gained that it still holds at the end, whatever the
 sign of the returns (Pendulum's are negative). A config keeps what it learns where every seed keeps >= 0.8.
 
-`--runs-dir DIR` keeps each run in `DIR/<config>-seed<S>` and reads, instead of training again, a
-run already there that reached its budget with the same settings (every section but metrics,
-checkpoint, eval and the run's name): pistonball's three seeds are three hours here, more than one
-sitting. A folder holding anything else (an unfinished run, other settings) is refused.
+`--runs-dir DIR` keeps each run in `DIR/<config>-seed<S>`, with its config's checkpoints, and
+reads, instead of training again, a run already there that reached its budget with the same
+settings (every section but metrics, checkpoint, eval and the run's name): pistonball's three
+seeds are three hours here, more than one sitting. A folder holding anything else is refused in
+one line: an unfinished run (finish it with `relay resume`), other settings.
 
 A line's return is the mean of the last 20 episodes, so on a task whose episodes vary a lot
 (simple_spread, MiniGrid-Memory's right-or-wrong fork) the highest line is partly that noise, and
@@ -149,14 +150,10 @@ def kept_run(folder: Path, config: str, sets: list[str], env_steps: int) -> list
 
 
 def run(config: str, seed: int, env_steps: int, runs_dir: Path | None = None) -> dict[str, float] | None:
-    sets = [
-        f"env.seed={seed}",
-        "stop.episode_return_mean=null",
-        f"stop.env_steps={env_steps}",
-        "checkpoint.interval=1000000",
-    ]
-    if runs_dir is None:
-        return curve_summary(train_relay(f"configs/{config}.yaml", sets))
+    sets = [f"env.seed={seed}", "stop.episode_return_mean=null", f"stop.env_steps={env_steps}"]
+    if runs_dir is None:  # a temporary run: no checkpoints to write
+        return curve_summary(train_relay(f"configs/{config}.yaml", [*sets, "checkpoint.interval=1000000"]))
+    # A kept run keeps the config's checkpoints: one cut short is finished with `relay resume`.
     folder = runs_dir / f"{config}-seed{seed}"
     lines = kept_run(folder, config, sets, env_steps)
     return curve_summary(
