@@ -406,3 +406,27 @@ def test_sigterm_stops_an_eval_with_video_in_bounded_time(run, tmp_path):
     assert proc.returncode == 143, err[-2000:]
     assert time.monotonic() - t0 < 30 and "relay eval: terminated" in err
     assert not list(videos.glob("*.mp4"))
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=20),
+        st.one_of(st.text(max_size=400), st.integers(), st.floats(), st.booleans(), st.none()),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_the_stored_kwargs_hint_is_one_short_line_whatever_they_hold(stored):
+    """The hint quotes a file's kwargs in an error line: newlines, control characters, non-ASCII and
+    NaN never break it into more lines, and it never grows past its cap."""
+    from types import SimpleNamespace
+
+    from relay_rl.contracts.config import EnvConfig
+    from relay_rl.services.tools.load import NamedEnv
+
+    handle = SimpleNamespace(config=SimpleNamespace(env=EnvConfig(id="CartPole-v1", kwargs=stored)))
+    hint = NamedEnv("CartPole-v1").kwargs_hint(handle)
+    assert hint.startswith(" (the run was trained with env.kwargs {") and hint.isascii()
+    assert "\n" not in hint and "\r" not in hint and len(hint) < 300
+    assert NamedEnv("CartPole-v1", stored).kwargs_hint(handle) == ""  # typed: nothing to tell
+    assert NamedEnv("Acrobot-v1").kwargs_hint(handle) == ""  # another env: the run's kwargs are not its
