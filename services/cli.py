@@ -366,7 +366,9 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.format == "hf":
         if args.env or args.env_kwargs or args.policy or args.force:
-            raise InputError("--format hf takes no --env, --policy or --force (it never replaces a folder)")
+            raise InputError(
+                "--format hf takes no --env, --env-kwargs, --policy or --force (it never replaces a folder)"
+            )
         folder = export_hf(Path(_best(args.checkpoint, args.best)), Path(args.out) if args.out else None)
         print(
             f"wrote {folder} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained loads it and "
