@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.runs_dir is not None and args.runs_dir.exists() and not args.runs_dir.is_dir():
+        print(f"retention.py: --runs-dir {args.runs_dir}: not a folder", file=sys.stderr)
+        return 2
     rows, verdicts = [], []
     for config in configs:
         budget = int(BUDGETS[config] * args.scale)

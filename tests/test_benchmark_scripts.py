@@ -86,6 +86,11 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
             "and a scale in (0, 100]",
         ),
         (
+            "retention.py",
+            ["--runs-dir", str(ROOT / "README.md")],
+            f"retention.py: --runs-dir {ROOT / 'README.md'}: not a folder",
+        ),
+        (
             "device_report.py",
             ["--only", "1,7"],
             "device_report.py: --only '1,7': section numbers 1-6, comma-separated",
