@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_header, read_metrics, table, train_relay
 
 from relay_rl.contracts.config import config_data, load_config
+from relay_rl.services.tracking import flatten
 
 # Env steps per run: about twice what each needs to solve on these two cores (docs/benchmarks.md).
 # pistonball's is the issue's 1.5M agent steps (about half an hour a run here).
@@ -114,18 +115,12 @@ class RunsDirError(Exception):
     pass
 
 
-def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict):
-        return {prefix[:-1]: data}
-    return {k: v for key, value in data.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
-
-
 def settings_differ(stored: dict[str, Any], config: str, sets: list[str]) -> list[str]:
     """The dotted settings on which a kept run's stored config (its config.yaml) differs from
     `configs/<config>.yaml` with `sets`, leaving out NOT_LEARNING's sections."""
     want = config_data(load_config(Path(__file__).parents[1] / "configs" / f"{config}.yaml", sets))
-    a = _leaves({k: v for k, v in stored.items() if k not in NOT_LEARNING})
-    b = _leaves({k: v for k, v in want.items() if k not in NOT_LEARNING})
+    a = flatten({k: v for k, v in stored.items() if k not in NOT_LEARNING})
+    b = flatten({k: v for k, v in want.items() if k not in NOT_LEARNING})
     return sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
 
 
