@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table
+from common import machine_header, run_training, table
 
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
@@ -42,7 +42,7 @@ def run(tree: Path, config: str, sets: list[str], seconds: float) -> float:
         for kv in [*sets, "metrics.progress=none", "stop.env_steps=1000000000", f"stop.wall_s={seconds}"]:
             cmd += ["--set", kv]
         env = {**os.environ, "PYTHONPATH": str(tree)}  # the tree's own packages first
-        subprocess.run(cmd, cwd=tree, check=True, env=env)
+        run_training(cmd, tree, env)
         lines = [json.loads(x) for x in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
     rates = [x["env_steps_per_s"] for x in lines[len(lines) // 2 :] if x.get("env_steps_per_s")]
     return statistics.median(rates)

@@ -6,10 +6,12 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -111,6 +113,40 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+# The signals a training run stops cleanly on (services/driver/signals.py): handed on to it.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    """`subprocess.run(cmd, cwd=cwd, env=env, check=True)` for a training that stops with this
+    script. Run plainly, a SIGTERM to the script left the training running on, orphaned, into a run
+    dir nobody would read. The child runs in its own session, so a terminal's Ctrl-C reaches this
+    script only; a Ctrl-C, SIGTERM or SIGHUP here is handed to the child as the same signal and the
+    child is waited for, so its clean stop (metrics flushed, a final checkpoint) ends before this
+    script exits with 128 + the signal. As in relay, a later Ctrl-C is handed on too (it cuts the
+    stop short) and a later SIGTERM or SIGHUP is not."""
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def hand_on(signum: int, frame: object) -> None:
+        if not received or signum == signal.SIGINT:
+            proc.send_signal(signum)
+        received.append(signum)
+
+    # Handlers can only be set from the main thread; elsewhere the child is waited for as before.
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, hand_on) for sig in _STOP_SIGNALS} if main else {}
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if received:
+        raise SystemExit(128 + received[0])
+    if code:
+        raise subprocess.CalledProcessError(code, list(cmd))
+
+
 def train_relay(
     config: str, sets: list[str], inspect: Callable[[Path], None] | None = None, run_dir: Path | None = None
 ) -> list[dict[str, Any]]:
@@ -132,7 +168,7 @@ def train_relay(
         ]
         for kv in sets:
             cmd += ["--set", kv]
-        subprocess.run(cmd, cwd=root, check=True)
+        run_training(cmd, root)
         if inspect is not None:
             inspect(run)
         return read_metrics(run)

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, read_metrics, table
+from common import machine_header, read_metrics, run_training, table
 
 ROOT = Path(__file__).parents[1]
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # CartPole's renders need no display
@@ -114,7 +114,7 @@ def trained(config: str, sets: list[str], tmp: Path) -> Path:
     ]
     for kv in sets:
         cmd += ["--set", kv]
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    run_training(cmd, ROOT)
     return run
 
 
@@ -272,7 +272,7 @@ def throughput(extra: list[str], seconds: float) -> float:
         ]
         for kv in extra:
             cmd += ["--set", kv]
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        run_training(cmd, ROOT)
         lines = read_metrics(run)
         evals = sum("eval_return_mean" in x for x in lines)
         # From the 10th line on: start-up and Ray's first calls are not what is compared.

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from common import machine_header, read_metrics, table
+from common import machine_header, read_metrics, run_training, table
 
 ROOT = Path(__file__).parents[1]
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
@@ -217,12 +217,10 @@ def selfplay(args: argparse.Namespace) -> None:
 
 
 def _run_relay(config: str, run: Path, sets: list[str]) -> None:
-    import subprocess
-
     cmd = [sys.executable, "-m", "relay_rl.services.train", config, "--run-dir", str(run)]
     for kv in sets:
         cmd += ["--set", kv]
-    subprocess.run(cmd, cwd=ROOT, check=True)
+    run_training(cmd, ROOT)
 
 
 def _relay_lines(config: str, sets: list[str]) -> list[dict[str, Any]]:

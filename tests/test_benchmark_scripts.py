@@ -1,11 +1,14 @@
 """The benchmark scripts as a user runs them: benchmarks/device_check.sh's CPU path on a machine
 without an accelerator (the device tests on the CPU, every report section printed or skipped with
-its reason, the log kept), and the refusal of a flag a benchmark section does not read."""
+its reason, the log kept), the refusal of a flag a benchmark section does not read, and a
+benchmark that a signal stops taking its training with it."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -243,3 +246,59 @@ def test_retention_reads_a_kept_run_only_when_it_is_finished_with_the_same_setti
     (tmp_path / "empty").mkdir()
     with pytest.raises(retention.RunsDirError, match="not a finished run"):
         retention.kept_run(tmp_path / "empty", "cartpole_ppo", sets, 3000)
+
+
+# A stand-in training for `run_training`: it records the signal it stops on, takes a moment over its
+# clean stop, says it finished, and exits as relay does (128 + the signal).
+_CHILD = """
+import os, signal, sys, time
+log = sys.argv[1]
+def stop(signum, frame):
+    with open(log, "a") as f:
+        f.write(f"got {signum}\\n")
+    time.sleep(0.5)
+    with open(log, "a") as f:
+        f.write("stopped cleanly\\n")
+    sys.exit(128 + signum)
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, stop)
+with open(log, "a") as f:
+    f.write(f"ready {os.getpid()}\\n")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_benchmark_stopped_by_a_signal_stops_its_training_and_waits_for_it(tmp_path, sig):
+    """benchmarks/common.run_training: a SIGTERM to `retention.py` once left its training running on,
+    orphaned. The signal is now handed to the training, whose clean stop ends before the script exits
+    with 128 + the signal."""
+    log = tmp_path / "child.log"
+    driver = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from pathlib import Path; "
+        f"from common import run_training; "
+        f"run_training([sys.executable, '-c', {_CHILD!r}, {str(log)!r}], Path({str(tmp_path)!r}))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.monotonic() + 60
+    while "ready" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    child = int(log.read_text().split()[1])
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == 128 + sig
+    assert log.read_text().splitlines()[1:] == [f"got {int(sig)}", "stopped cleanly"]
+    with pytest.raises(ProcessLookupError):  # gone, not orphaned
+        os.kill(child, 0)
+
+
+def test_a_failed_training_is_an_error_as_before(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    run_training = common.run_training
+    with pytest.raises(subprocess.CalledProcessError):
+        run_training([sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+    run_training([sys.executable, "-c", "pass"], tmp_path)
