@@ -125,19 +125,26 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     child is waited for, so its clean stop (metrics flushed, a final checkpoint) ends before this
     script exits with 128 + the signal. As in relay, a later Ctrl-C is handed on too (it cuts the
     stop short) and a later SIGTERM or SIGHUP is not."""
-    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, start_new_session=True)
+    children: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
+    handed: list[int] = []
 
     def hand_on(signum: int, frame: object) -> None:
-        if not received or signum == signal.SIGINT:
-            proc.send_signal(signum)
         received.append(signum)
+        if children and (not handed or signum == signal.SIGINT):
+            handed.append(signum)
+            children[0].send_signal(signum)
 
     # Handlers can only be set from the main thread; elsewhere the child is waited for as before.
+    # Set before the child starts, so a signal in between is handed on once it has.
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, hand_on) for sig in _STOP_SIGNALS} if main else {}
     try:
-        code = proc.wait()
+        children.append(subprocess.Popen(list(cmd), cwd=cwd, env=env, start_new_session=True))
+        if received and not handed:
+            handed.append(received[0])
+            children[0].send_signal(received[0])
+        code = children[0].wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -24,6 +24,9 @@ A line's return is the mean of the last 20 episodes, so on a task whose episodes
 (simple_spread, MiniGrid-Memory's right-or-wrong fork) the highest line is partly that noise, and
 `kept` reads noise as forgetting. `smoothed` is the same share with the first value and the peak
 taken as means over windows of a tenth of the run's lines (the last third is a mean already).
+A run still rising at its budget fails both, with nothing forgotten: its last third averages the
+rise. `at end` is the share of the smoothed gain its last window (a tenth of its lines) holds:
+1.00 where the run ends at its best, low where it rose and fell back.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def curve_summary(lines: list[dict[str, Any]]) -> dict[str, float] | None:
         "kept": (last_mean - first) / gain if gain > 0 else float("nan"),
         "smooth_peak": max(smooth),
         "smoothed": (last_mean - smooth[0]) / smooth_gain if smooth_gain > 0 else float("nan"),
+        "at_end": (smooth[-1] - smooth[0]) / smooth_gain if smooth_gain > 0 else float("nan"),
         "env_steps": end,
     }
 
@@ -190,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         budget = int(BUDGETS[config] * args.scale)
         kept: list[float] = []
         smoothed: list[float] = []
+        at_end: list[float] = []
         for seed in seeds:
             try:
                 s = run(config, seed, budget, args.runs_dir)
@@ -197,12 +202,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"retention.py: {err}", file=sys.stderr)
                 return 2
             if s is None:
-                rows.append([config, seed, budget, "no episode", "", "", "", "", "", ""])
+                rows.append([config, seed, budget, "no episode", "", "", "", "", "", "", ""])
                 kept.append(float("nan"))
                 smoothed.append(float("nan"))
+                at_end.append(float("nan"))
                 continue
             kept.append(s["kept"])
             smoothed.append(s["smoothed"])
+            at_end.append(s["at_end"])
             rows.append(
                 [
                     config,
@@ -215,10 +222,12 @@ def main(argv: list[str] | None = None) -> int:
                     "yes" if s["kept"] >= KEEPS else "no",
                     f"{s['smooth_peak']:.1f}",
                     f"{s['smoothed']:.2f}",
+                    f"{s['at_end']:.2f}",
                 ]
             )
         verdicts.append(
-            f"{config}: {_verdict(kept, 'kept')}; {_verdict(smoothed, 'smoothed')} (seeds {args.seeds})"
+            f"{config}: {_verdict(kept, 'kept')}; {_verdict(smoothed, 'smoothed')}; "
+            f"{_verdict(at_end, 'at end')} (seeds {args.seeds})"
         )
     print(
         machine_header(
@@ -237,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         ">= 0.8",
         "smoothed peak",
         "smoothed",
+        "at end",
     ]
     print(table(headers, rows))
     print("\n".join(verdicts))

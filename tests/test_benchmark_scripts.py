@@ -183,6 +183,13 @@ def test_retention_is_the_share_of_the_gain_a_run_still_holds():
     assert noisy["smooth_peak"] == pytest.approx(0.7) and noisy["smoothed"] == pytest.approx(
         (0.5 - 0.4) / 0.3
     )
+    # A run still rising at its budget fails `kept` and `smoothed` (its last third averages the
+    # rise) and holds all of its gain at the end; one that rose and fell back holds little there.
+    rising = retention.curve_summary(lines([float(x * x) for x in range(20)]))
+    assert rising["kept"] < 0.8 and rising["smoothed"] < 0.8 and rising["at_end"] == pytest.approx(1.0)
+    fell = retention.curve_summary(lines([0.0] * 4 + [10.0] * 4 + [2.0] * 12))
+    assert fell["smooth_peak"] == 10.0 and fell["at_end"] == pytest.approx(0.2)
+    assert held["at_end"] == pytest.approx((495 - 10) / (500 - 10))  # 8 lines: windows of one line
     # A multi-agent run's curve is its team return (100 episodes), not its agents' 20 episodes.
     team = [{**line, "team_return_mean": 20 * (i + 1)} for i, line in enumerate(lines([3.0] * 6))]
     team[0]["team_return_mean"] = None
