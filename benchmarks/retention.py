@@ -64,6 +64,21 @@ BUDGETS: dict[str, int] = {
 }
 DEFAULT_CONFIGS = ("cartpole_ppo", "cartpole_grpo", "taxi_ppo", "pendulum_ppo")
 KEEPS = 0.8
+# The shares a config is judged by (curve_summary's keys), each with the name its verdict gives.
+SHARES = {"kept": "kept", "smoothed": "smoothed", "at_end": "at end"}
+HEADERS = [
+    "config",
+    "seed",
+    "env steps",
+    "first",
+    "peak (at steps)",
+    "last third",
+    "kept",
+    ">= 0.8",
+    "smoothed peak",
+    "smoothed",
+    "at end",
+]
 
 
 def return_key(lines: list[dict[str, Any]]) -> str:
@@ -192,24 +207,18 @@ def main(argv: list[str] | None = None) -> int:
     rows, verdicts = [], []
     for config in configs:
         budget = int(BUDGETS[config] * args.scale)
-        kept: list[float] = []
-        smoothed: list[float] = []
-        at_end: list[float] = []
+        shares: dict[str, list[float]] = {key: [] for key in SHARES}
         for seed in seeds:
             try:
                 s = run(config, seed, budget, args.runs_dir)
             except RunsDirError as err:
                 print(f"retention.py: {err}", file=sys.stderr)
                 return 2
+            for key, values in shares.items():
+                values.append(float("nan") if s is None else s[key])
             if s is None:
-                rows.append([config, seed, budget, "no episode", "", "", "", "", "", "", ""])
-                kept.append(float("nan"))
-                smoothed.append(float("nan"))
-                at_end.append(float("nan"))
+                rows.append([config, seed, budget, "no episode", *[""] * (len(HEADERS) - 4)])
                 continue
-            kept.append(s["kept"])
-            smoothed.append(s["smoothed"])
-            at_end.append(s["at_end"])
             rows.append(
                 [
                     config,
@@ -225,30 +234,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{s['at_end']:.2f}",
                 ]
             )
-        verdicts.append(
-            f"{config}: {_verdict(kept, 'kept')}; {_verdict(smoothed, 'smoothed')}; "
-            f"{_verdict(at_end, 'at end')} (seeds {args.seeds})"
-        )
+        judged = "; ".join(_verdict(shares[key], name) for key, name in SHARES.items())
+        verdicts.append(f"{config}: {judged} (seeds {args.seeds})")
     print(
         machine_header(
             f"Retention: shipped configs past their solve point, stop.episode_return_mean lifted, "
             f"seeds {args.seeds} (multi-agent runs: team_return_mean)"
         )
     )
-    headers = [
-        "config",
-        "seed",
-        "env steps",
-        "first",
-        "peak (at steps)",
-        "last third",
-        "kept",
-        ">= 0.8",
-        "smoothed peak",
-        "smoothed",
-        "at end",
-    ]
-    print(table(headers, rows))
+    print(table(HEADERS, rows))
     print("\n".join(verdicts))
     return 0
 

@@ -15,6 +15,17 @@ import pytest
 from tests.helpers import ROOT
 
 
+def benchmark_module(name: str):
+    """benchmarks/<name>.py as a module, its own `from common import ...` resolved."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.slow
 def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
@@ -159,12 +170,7 @@ def test_the_sweep_benchmark_refuses_no_repeats():
 
 def test_retention_is_the_share_of_the_gain_a_run_still_holds():
     """benchmarks/retention.py's summary of one run's curve, on returns of either sign."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("retention", ROOT / "benchmarks" / "retention.py")
-    retention = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(retention)
+    retention = benchmark_module("retention")
 
     def lines(returns):
         return [{"env_steps": 1000 * (i + 1), "episode_return_mean": r} for i, r in enumerate(returns)]
@@ -201,16 +207,11 @@ def test_retention_reads_a_kept_run_only_when_it_is_finished_with_the_same_setti
     """`retention.py --runs-dir`: a folder holding a finished run of the config's settings is read
     (whatever its metrics or checkpoint sections say); an unfinished one, one of other learning
     settings or one with no config is refused in one line naming why; a missing one is trained."""
-    import importlib.util
-
     import yaml
 
     from relay_rl.contracts.config import config_data, load_config
 
-    spec = importlib.util.spec_from_file_location("retention", ROOT / "benchmarks" / "retention.py")
-    retention = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(retention)
+    retention = benchmark_module("retention")
 
     sets = [
         "env.seed=1",
@@ -300,12 +301,7 @@ def test_a_benchmark_stopped_by_a_signal_stops_its_training_and_waits_for_it(tmp
 
 
 def test_a_failed_training_is_an_error_as_before(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_common", ROOT / "benchmarks" / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
-    run_training = common.run_training
+    run_training = benchmark_module("common").run_training
     with pytest.raises(subprocess.CalledProcessError):
         run_training([sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
     run_training([sys.executable, "-c", "pass"], tmp_path)
