@@ -113,10 +113,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-# The signals a training run stops cleanly on (services/driver/signals.py): handed on to it.
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
     """`subprocess.run(cmd, cwd=cwd, env=env, check=True)` for a training that stops with this
     script. Run plainly, a SIGTERM to the script left the training running on, orphaned, into a run
@@ -125,6 +121,10 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     child is waited for, so its clean stop (metrics flushed, a final checkpoint) ends before this
     script exits with 128 + the signal. As in relay, a later Ctrl-C is handed on too (it cuts the
     stop short) and a later SIGTERM or SIGHUP is not."""
+    # The signals a relay training stops cleanly on, from relay's own list (imported here: the
+    # other helpers serve scripts that do not import relay).
+    from relay_rl.services.driver.signals import STOP_SIGNALS
+
     children: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
     handed: list[int] = []
@@ -138,7 +138,8 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     # Handlers can only be set from the main thread; elsewhere the child is waited for as before.
     # Set before the child starts, so a signal in between is handed on once it has.
     main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, hand_on) for sig in _STOP_SIGNALS} if main else {}
+    stops = (signal.SIGINT, *STOP_SIGNALS)
+    previous = {sig: signal.signal(sig, hand_on) for sig in stops} if main else {}
     try:
         children.append(subprocess.Popen(list(cmd), cwd=cwd, env=env, start_new_session=True))
         if received and not handed:
