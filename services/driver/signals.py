@@ -127,13 +127,26 @@ def sigterm_raises() -> Iterator[None]:
 @contextmanager
 def signals_held() -> Iterator[None]:
     """Stop signals (Ctrl-C, SIGTERM, SIGHUP) wait until the block ends, then arrive as usual: a
-    cleanup (Ray's shutdown, the last files) is never cut halfway by one. Main thread only."""
+    cleanup (Ray's shutdown, the last files) is never cut halfway by one. Main thread only.
+
+    They are held by a handler that only records them, and sent again, in order, once the block's
+    handlers are put back. Blocking them with pthread_sigmask did not hold them: the mask is the
+    main thread's alone, the kernel hands a process-wide signal to any thread that does not block
+    it (Ray and Tune run several), and Python then runs the handler in the main thread inside the
+    block (a sweep's second Ctrl-C cut its cleanup short and it exited 1, not 130)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held: list[int] = []
+
+    def record(signum: int, _frame: FrameType | None) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        for signum in held:
+            signal.raise_signal(signum)

@@ -340,6 +340,7 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
     done_before = sum(1 for s in states.values() if s.get("status") in ENDED)
     remaining = plan.samples - done_before if plan.options.search == "optuna" else len(specs)
     code = 0
+    tuner: Any = None  # dropped before ray.shutdown() (the finally)
     try:
         with graceful_signals() as seen:
             if remaining > 0:
@@ -378,14 +379,17 @@ def execute(plan: SweepPlan, address: str | None, max_concurrent: int | None) ->
         # them while Ray is up, and raise the same stop bare after the cleanup.
         stop = err.with_traceback(None)
         stop.__context__ = None
-        tuner = None
         raise stop from None
     finally:
-        gc.collect()
         # A second Ctrl-C lands here, cutting Tune's stop short; a third must not cut this short
         # too: a Ray half shut down leaves agents that ignore SIGTERM, and Tune's exit hook then
         # waits a minute on a GCS that is gone (exit 1). Signals wait until the cleanup is done.
         with signals_held():
+            # Tune's objects go while Ray is up, on every path: whatever leaves this frame later
+            # (a stop's traceback holds it) is freed after ray.shutdown(), and a Ray handle freed
+            # then ends the process with exit 1.
+            tuner = None
+            gc.collect()
             try:
                 rows = summarize(plan.root, plan.options.metric, plan.options.mode)
                 best = write_outcome(plan, rows)

@@ -6,11 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid
-from relay_rl.services.driver.signals import Terminated, raise_pending, sigterm_raises, stop_reason
+from relay_rl.services.driver.signals import (
+    Terminated,
+    raise_pending,
+    signals_held,
+    sigterm_raises,
+    stop_reason,
+)
 from tests.helpers_proc import ROOT, metrics_lines, start_train, wait_for
 
 LOCAL = ("rollout.num_workers=0", "learner.buffer_size=512", "checkpoint.interval=1000")
@@ -86,3 +93,43 @@ def test_later_sigterms_are_ignored_once_one_was_taken():
         assert stop_reason(caught.value) == "terminated"
         os.kill(os.getpid(), signal.SIGTERM)  # the clean stop is under way: not cut short
         raise_pending()  # and nothing is left pending
+
+
+def _signal_on_another_thread(sig: int) -> None:
+    """The kernel hands a process-wide signal to any thread that does not block it (Ray and Tune
+    run several): here a helper thread takes it, and Python runs the handler in the main thread."""
+    helper = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(), sig))
+    helper.start()
+    helper.join()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_held_stop_taken_by_another_thread_arrives_once_after_the_block(sig):
+    """The hold once blocked the main thread's mask only, and a second Ctrl-C taken by one of
+    Ray's threads cut a sweep's cleanup short (exit 1). Each of the three stop signals waits."""
+    seen: list[str] = []
+    previous = signal.signal(sig, lambda *_: seen.append("handled"))
+    try:
+        with signals_held():
+            _signal_on_another_thread(sig)
+            for _ in range(10_000):  # bytecode boundaries, where Python runs pending handlers
+                pass
+            os.kill(os.getpid(), sig)  # and one the main thread may take itself
+            seen.append("cleanup done")
+        assert seen == ["cleanup done", "handled", "handled"]
+    finally:
+        signal.signal(sig, previous)
+
+
+def test_a_held_ctrl_c_raises_after_the_cleanup_as_it_would_have_without_the_hold():
+    done = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), signals_held():
+            _signal_on_another_thread(signal.SIGINT)
+            for _ in range(10_000):
+                pass
+            done.append(True)
+        assert done == [True]
+    finally:
+        signal.signal(signal.SIGINT, previous)
