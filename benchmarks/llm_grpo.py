@@ -4,7 +4,7 @@
     python benchmarks/llm_grpo.py memory [--layers 10]
     python benchmarks/llm_grpo.py generate [--layers 10] [--rows 16] [--new 128] [--tiny]
     python benchmarks/llm_grpo.py weight-sync
-    python benchmarks/llm_grpo.py overlap [--seconds 60] [--compile]
+    python benchmarks/llm_grpo.py overlap [--seconds 60] [--compile] [--pairs 1]
 
 side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), the same task
 (configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -198,68 +199,79 @@ def side_by_side(seconds: float) -> None:
     print()
 
 
-def overlap(seconds: float, compiled: bool) -> None:
-    """generation.max_staleness 0 vs 1 on Ray: the shipped tiny config with its generation on one
-    generator actor (placement=workers), the same seconds each; the wall each takes to a reward
-    both reach (90% of the lower of their best 5-step means)."""
-    rows, curves = [], {}
+def _overlap_run(
+    model: Path, prompts: Path, staleness: int, seconds: float, compiled: bool
+) -> dict[str, Any]:
+    """One run of the shipped tiny config with its generation on one generator actor: its
+    (wall s, reward) points, completions/s and mean policy lag."""
+    lines = train_relay(
+        "configs/tiny_lm_grpo.yaml",
+        [
+            f"model.path={model}",
+            f"prompts.train={prompts}",
+            "rollout.num_workers=1",
+            "generation.placement=workers",
+            f"generation.max_staleness={staleness}",
+            f"generation.compile={str(compiled).lower()}",
+            "learner.device=cpu",
+            f"stop.wall_s={seconds}",
+            "checkpoint.interval=100000",
+        ],
+    )
+    return {
+        "points": [(x["wall_s"], x["reward_mean"]) for x in lines if x.get("reward_mean") is not None],
+        "rate": lines[-1]["completions"] / lines[-1]["wall_s"],
+        "lag": sum(x["policy_lag_mean"] for x in lines) / len(lines),
+    }
+
+
+def overlap(seconds: float, compiled: bool, pairs: int = 1) -> None:
+    """generation.max_staleness 0 vs 1 on Ray, the same seconds each, `pairs` times (the pair's
+    order alternating, so a machine that slows down over the runs favours neither); per pair the
+    wall each takes to a reward both reach (90% of the lower of their best 5-step means), then
+    the median of the pairs' ratios: one pair's ratio moves by a fifth from run to run."""
+    rows, ratios, rate_ratios = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model_folder(Path(tmp) / "model")
         prompts = write_jsonl(Path(tmp) / "sums.jsonl", sums_rows())
-        for staleness in (0, 1):
-            lines = train_relay(
-                "configs/tiny_lm_grpo.yaml",
-                [
-                    f"model.path={model}",
-                    f"prompts.train={prompts}",
-                    "rollout.num_workers=1",
-                    "generation.placement=workers",
-                    f"generation.max_staleness={staleness}",
-                    f"generation.compile={str(compiled).lower()}",
-                    "learner.device=cpu",
-                    f"stop.wall_s={seconds}",
-                    "checkpoint.interval=100000",
-                ],
-            )
-            points = [(x["wall_s"], x["reward_mean"]) for x in lines if x.get("reward_mean") is not None]
-            curves[staleness] = points
-            lag = sum(x["policy_lag_mean"] for x in lines) / len(lines)
-            rows.append(
-                [
-                    staleness,
-                    len(points),
-                    smoothed_best(points),
-                    lines[-1]["completions"] / lines[-1]["wall_s"],
-                    lag,
-                ]
-            )
-    target = 0.9 * min(smoothed_best(c) for c in curves.values())
-    walls = [first_reach(curves[s], target) for s in (0, 1)]
+        for pair in range(pairs):
+            order = (0, 1) if pair % 2 == 0 else (1, 0)
+            runs = {s: _overlap_run(model, prompts, s, seconds, compiled) for s in order}
+            target = 0.9 * min(smoothed_best(r["points"]) for r in runs.values())
+            walls = {s: first_reach(r["points"], target) for s, r in runs.items()}
+            for s in (0, 1):
+                r = runs[s]
+                rows.append(
+                    [
+                        pair + 1,
+                        s,
+                        len(r["points"]),
+                        smoothed_best(r["points"]),
+                        r["rate"],
+                        r["lag"],
+                        target,
+                        walls[s],
+                    ]
+                )
+            if walls[0] and walls[1]:
+                ratios.append(walls[0] / walls[1])
+            rate_ratios.append(runs[1]["rate"] / runs[0]["rate"])
     how = "compiled" if compiled else "eager"
     print(
         machine_header(
             f"One-step off-policy generation: the tiny task on Ray, one generator actor ({how} "
-            f"decoding), {seconds:.0f} s each"
+            f"decoding), {seconds:.0f} s each, {pairs} pair(s)"
         )
     )
+    headers = ["pair", "max_staleness", "steps", "best reward (5-step mean)", "completions/s", "policy lag"]
+    print(table([*headers, "equal reward", "wall to it (s)"], rows))
+    shown = ", ".join(f"{r:.2f}x" for r in ratios)
     print(
-        table(
-            [
-                "max_staleness",
-                "steps",
-                "best reward (5-step mean)",
-                "completions/s",
-                "policy lag",
-                f"wall to {target:.2f} (s)",
-            ],
-            [[*row, wall] for row, wall in zip(rows, walls, strict=True)],
-        )
+        f"\nwall to equal reward, staleness 0 / staleness 1: median {statistics.median(ratios):.2f}x "
+        f"({shown}); completions/s: median {statistics.median(rate_ratios):.2f}x"
+        if ratios
+        else "\nno pair reached a common reward"
     )
-    if all(walls):
-        print(
-            f"\nwall to {target:.2f}: staleness 0 / staleness 1 = {walls[0] / walls[1]:.2f}x; "
-            f"completions/s: {rows[1][3] / rows[0][3]:.2f}x"
-        )
 
 
 def trl_version() -> str:
@@ -544,11 +556,18 @@ def main() -> None:
     o = sub.add_parser("overlap")
     o.add_argument("--seconds", type=float, default=60.0)
     o.add_argument("--compile", action="store_true", help="generation.compile on the generator")
+    o.add_argument("--pairs", type=int, default=1, help="run the pair this many times; the median ratio")
     args = parser.parse_args()
+    if args.what == "overlap" and not (1 <= args.pairs <= 50 and args.seconds > 0):
+        parser.exit(
+            2,
+            f"llm_grpo.py overlap: --pairs {args.pairs} --seconds {args.seconds}: "
+            "1 to 50 pairs, seconds > 0\n",
+        )
     if args.what == "side-by-side":
         side_by_side(args.seconds)
     elif args.what == "overlap":
-        overlap(args.seconds, args.compile)
+        overlap(args.seconds, args.compile, args.pairs)
     elif args.what == "memory":
         memory(args.layers)
     elif args.what == "generate":
