@@ -105,6 +105,11 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
             f"retention.py: --runs-dir {ROOT / 'README.md'}: not a folder",
         ),
         (
+            "llm_grpo.py",
+            ["overlap", "--pairs", "0"],
+            "llm_grpo.py overlap: --pairs 0 --seconds 60.0: 1 to 50 pairs, seconds > 0",
+        ),
+        (
             "device_report.py",
             ["--only", "1,7"],
             "device_report.py: --only '1,7': section numbers 1-6, comma-separated",
