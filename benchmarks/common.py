@@ -123,7 +123,7 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     stop short) and a later SIGTERM or SIGHUP is not."""
     # The signals a relay training stops cleanly on, from relay's own list (imported here: the
     # other helpers serve scripts that do not import relay).
-    from relay_rl.services.driver.signals import STOP_SIGNALS
+    from relay_rl.services.driver.signals import ALL_STOP_SIGNALS
 
     children: list[subprocess.Popen[bytes]] = []
     received: list[int] = []
@@ -138,8 +138,7 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     # Handlers can only be set from the main thread; elsewhere the child is waited for as before.
     # Set before the child starts, so a signal in between is handed on once it has.
     main = threading.current_thread() is threading.main_thread()
-    stops = (signal.SIGINT, *STOP_SIGNALS)
-    previous = {sig: signal.signal(sig, hand_on) for sig in stops} if main else {}
+    previous = {sig: signal.signal(sig, hand_on) for sig in ALL_STOP_SIGNALS} if main else {}
     try:
         children.append(subprocess.Popen(list(cmd), cwd=cwd, env=env, start_new_session=True))
         if received and not handed:

@@ -28,6 +28,8 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 # The signals that stop a run cleanly besides Ctrl-C, and the word a stop is reported with.
 STOP_SIGNALS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hangup"}
 STOP_CODES = {"interrupted": EXIT_INTERRUPTED, **{word: 128 + sig for sig, word in STOP_SIGNALS.items()}}
+# Every signal that stops a run: Ctrl-C and the others.
+ALL_STOP_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
 
 
 class Terminated(KeyboardInterrupt):
@@ -114,7 +116,7 @@ def sigterm_raises() -> Iterator[None]:
         if not isinstance(info.exc_value, KeyboardInterrupt):
             default_hook(info)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    previous = {sig: signal.signal(sig, handler) for sig in ALL_STOP_SIGNALS}
     default_hook, sys.unraisablehook = sys.unraisablehook, unraisable
     try:
         yield
@@ -130,10 +132,11 @@ def signals_held() -> Iterator[None]:
     cleanup (Ray's shutdown, the last files) is never cut halfway by one. Main thread only.
 
     They are held by a handler that only records them, and sent again, in order, once the block's
-    handlers are put back. Blocking them with pthread_sigmask did not hold them: the mask is the
-    main thread's alone, the kernel hands a process-wide signal to any thread that does not block
-    it (Ray and Tune run several), and Python then runs the handler in the main thread inside the
-    block (a sweep's second Ctrl-C cut its cleanup short and it exited 1, not 130)."""
+    handlers are put back (until one of them raises: the stop it starts is the one that counts).
+    Blocking them with pthread_sigmask did not hold them: the mask is the main thread's alone, the
+    kernel hands a process-wide signal to any thread that does not block it (Ray and Tune run
+    several), and Python then runs the handler in the main thread inside the block (a sweep's
+    second Ctrl-C cut its cleanup short and it exited 1, not 130)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -142,7 +145,7 @@ def signals_held() -> Iterator[None]:
     def record(signum: int, _frame: FrameType | None) -> None:
         held.append(signum)
 
-    previous = {sig: signal.signal(sig, record) for sig in (signal.SIGINT, *STOP_SIGNALS)}
+    previous = {sig: signal.signal(sig, record) for sig in ALL_STOP_SIGNALS}
     try:
         yield
     finally:
