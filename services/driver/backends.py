@@ -29,6 +29,7 @@ from ...services.driver.health import FleetHealth, actor_record
 from ...services.driver.lm_backend import LanguageBackend
 from ...services.driver.loop import Backend, LearnerLost
 from ...services.driver.preflight import PreflightError
+from ...services.driver.signals import signals_held
 from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
 
@@ -73,6 +74,9 @@ class LocalBackend:
 
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
         return None  # no round ever runs ahead here
+
+    def taken(self) -> None:
+        pass  # step's round ended inside step
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it
@@ -145,6 +149,7 @@ class RayBackend:
         # Rounds submitted to the learner whose results are not taken yet, oldest first: the
         # round training and (async, run ahead) the next one; each [(info ref, weights ref)].
         self._rounds: deque[list[Any]] = deque()
+        self._returned = False  # whether `_rounds[0]` was returned by step or drain (see `taken`)
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
@@ -182,13 +187,16 @@ class RayBackend:
     def step(self, progress: float, ahead: bool = False) -> RoundResult:
         """One round: the learner trains on a round of segments and publishes. With `ahead` (async
         mode) the round after it is submitted behind it before this one's result is in."""
+        if self._returned:  # the caller asks for the next round: it counted the last one
+            self.taken()
         sampling: dict[Any, Any] = {}
         if not self._rounds:
             if self.cfg.rollout.mode == "sync":
                 sampling, self._next_round = self._next_round or self._sample_round(), None
-                self._rounds.append(self._train(list(sampling), progress, []))
+                self._submit(list(sampling), progress, [])
             else:
-                self._rounds.append(self._train_next(self._next_async_round(), progress))
+                refs = self._next_async_round()
+                self._submit(refs, progress, [ref for _, ref in self._ready])
         calls = self._rounds[0]
         if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
             self._submit_ahead(calls, progress)
@@ -199,21 +207,36 @@ class RayBackend:
             # The next round starts sampling with the new weights now (policy lag stays 0), so
             # the driver's metrics and checkpoint writing overlap it instead of delaying it.
             self._next_round = self._sample_round()
-        # Last: a stop that lands before this leaves the round to `drain`, counted once.
-        self._rounds.popleft()
+        self._returned = True  # kept until `taken`: a stop before the loop counts it leaves it to `drain`
         return out
 
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
         """The oldest submitted round's result not yet taken (one a stop interrupted, one
-        submitted ahead), or None. Taken before the learner's state is read, so that its state
-        and the run's counters stay one."""
+        submitted ahead, one `step` returned that a stop kept the loop from counting), or None.
+        Taken before the learner's state is read, so that its state and the run's counters stay
+        one."""
         if not self._rounds:
             return None
         # The fleet's accounting stays out of it: after a signal the workers were ended on
         # purpose (stop_sampling), which is no fleet lost.
         out = self._result(self._rounds[0], timeout_s, drop_dead=False)
-        self._rounds.popleft()
+        self._returned = True
         return out
+
+    def taken(self) -> None:
+        """The round `step` or `drain` last returned is counted (the loop calls this with stop
+        signals held, as it counts it): forget it."""
+        if self._returned:
+            self._rounds.popleft()
+            self._returned = False
+
+    def _submit(self, refs: list[Any], progress: float, upcoming: list[Any]) -> None:
+        """A round's learner calls, submitted and recorded in `_rounds` with stop signals held: a
+        stop landing between the two would leave a round the learner trains that no one takes
+        (the final checkpoint's version one past its iteration). A signal that arrives while Ray
+        submits is run by Python as soon as the call returns, so that gap is not a rare one."""
+        with signals_held():
+            self._rounds.append(self._train(refs, progress, upcoming))
 
     def _train(self, refs: list[Any], progress: float, upcoming: list[Any]) -> list[Any]:
         """Submit a round's learner calls: [(info ref, weights ref)], one per learner."""
@@ -221,10 +244,6 @@ class RayBackend:
         if n > 1:
             upcoming = []  # each replica takes its own share; no prefetch across shares
         return [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
-
-    def _train_next(self, refs: list[Any], progress: float) -> list[Any]:
-        # Finished segments of the next rounds: the learner fetches them while it updates.
-        return self._train(refs, progress, [ref for _, ref in self._ready])
 
     def _submit_ahead(self, calls: list[Any], progress: float) -> None:
         """While `calls` run, wait for the next round's segments and submit its calls behind them
@@ -245,7 +264,7 @@ class RayBackend:
             )
             self._collect_finished(wait=False)
         refs = self._take_ready(top_up=False)
-        self._rounds.append(self._train_next(refs, progress))
+        self._submit(refs, progress, [ref for _, ref in self._ready])
         self._top_up()  # counting the round ahead
 
     def _result(
@@ -385,6 +404,7 @@ class RayBackend:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
         self._rounds.clear()  # the caller drained them first (TrainingLoop): no result is wanted
+        self._returned = False
         self._take_weights(self._publish_now())
         self._next_round = None  # sampled with weights that are no longer current
 
@@ -404,6 +424,7 @@ class RayBackend:
         self._take_weights(self._publish_now())
         self._next_round = None
         self._rounds.clear()  # calls to the learner that died
+        self._returned = False
 
     def evaluation_runner(self) -> EvalRunner:
         """The evaluation actor, placed now (it must not wait for CPUs the fleet holds)."""

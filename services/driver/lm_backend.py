@@ -339,6 +339,9 @@ class LanguageBackend:
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
         return None  # no learner call outlives step()
 
+    def taken(self) -> None:
+        pass  # step's round ended inside step()
+
     def stop_sampling(self) -> None:
         pass  # generation runs inside step(): a stop already interrupted it
 

@@ -83,3 +83,47 @@ def test_a_signal_takes_the_rounds_the_learner_was_given_before_the_final_checkp
     assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
     path, ckpt = load_newest_valid(run / "checkpoints")
     assert ckpt.counters.iteration == len(lines) == ckpt.learner["version"], (path.name, len(lines))
+
+
+def _interrupted_run(cfg_sets, run, monkeypatch, where: str, at: int):
+    """A run whose Ctrl-C lands at the `at`-th return of RayBackend.`where` (placed there by
+    raising the signal: the moment a real one is run by Python after a Ray call returns)."""
+    from relay_rl.services.driver.backends import RayBackend
+
+    plain = getattr(RayBackend, where)
+    calls = []
+
+    def signalling(self, *args, **kwargs):
+        out = plain(self, *args, **kwargs)
+        calls.append(where)
+        if len(calls) == at:
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(RayBackend, where, signalling)
+    cfg = load_config("configs/cartpole_ppo.yaml", [*cfg_sets, "checkpoint.interval=1000", "stop.wall_s=120"])
+    loop, backend = ray_loop(cfg, run)
+    try:
+        assert loop.run_until_stop() == "interrupted"
+    finally:
+        backend.close()
+    return [json.loads(x) for x in loop.run.metrics_path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("mode", "where"), [("async", "_train"), ("sync", "_train"), ("async", "step"), ("sync", "step")]
+)
+def test_a_signal_in_the_gaps_around_a_round_leaves_no_round_trained_and_uncounted(
+    local_ray, tmp_path, monkeypatch, mode, where
+):
+    """Two gaps the CI caught once (a final checkpoint at version 12 under iteration 11): a stop
+    after the learner's calls were submitted but before the backend recorded them (`_train`), and
+    one after `step` returned its round but before the loop counted it (`step`). Either way the
+    learner trained a round no line counts. Now the first is held, and the second is left to
+    `drain` until the loop says it is `taken`."""
+    lines = _interrupted_run([*ASYNC, f"rollout.mode={mode}"], tmp_path / "run", monkeypatch, where, at=4)
+    assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
+    assert len(lines) >= 3
+    path, ckpt = load_newest_valid(tmp_path / "run" / "checkpoints")
+    assert ckpt.counters.iteration == len(lines), path.name
+    assert ckpt.learner["version"] == len(lines), (path.name, len(lines))

@@ -49,6 +49,9 @@ class FakeBackend:
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
         return None  # its rounds never run ahead
 
+    def taken(self) -> None:
+        pass
+
     def stop_sampling(self) -> None:
         self.stopped_sampling = True
 
