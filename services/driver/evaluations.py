@@ -160,18 +160,19 @@ class Evaluations:
         self.last_return: float | None = None
         self._said: set[str] = set()  # notes already printed (an env that cannot render: once)
 
-    def after_iteration(self, iteration: int, counters: RunCounters) -> dict[str, Any]:
-        """Take a finished evaluation (its metrics for this line) and start one when due."""
-        out: dict[str, Any] = {}
+    def take_finished(self, counters: RunCounters) -> dict[str, Any]:
+        """A finished evaluation's metrics for this iteration's line (its best model saved), or {}."""
         done = self.runner.poll()
-        if done is not None:
-            out = self._take(*done, counters)
+        return self._take(*done, counters) if done is not None else {}
+
+    def start_if_due(self, iteration: int) -> None:
+        """Start this iteration's evaluation when one is due and none runs. (A language run's
+        runs to its end here: the loop calls this outside its signal hold, so a stop cuts it.)"""
         ev = self.cfg.eval
         if iteration % ev.every_iterations == 0 and not self.runner.busy():
             video = ev.video_every > 0 and self.submitted % ev.video_every == 0
             self.runner.submit(iteration, video)
             self.submitted += 1
-        return out
 
     def _take(
         self, report: EvalReport, weights: Callable[[], Weights], counters: RunCounters

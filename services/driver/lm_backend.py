@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from ...rollout_workers.worker import adopt_workdir
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
 from ...services.driver.loop import LearnerLost
+from ...services.driver.signals import signals_held
 
 
 def language_spec(cfg: RelayConfig, vocab_size: int) -> EnvSpec:
@@ -107,6 +109,20 @@ class LanguageLearnerActor:
         self.learner.load_state_dict(state)
 
 
+@dataclass
+class _Training:
+    """A round whose update was submitted to the learner actor: the call, what the round's line
+    is made of, and (once counted) its result."""
+
+    ref: Any
+    gens: list[dict[str, Any]]
+    scores: list[Scored]
+    reward_s: float
+    gen_s: float
+    started: float  # when the update was submitted (perf_counter)
+    out: RoundResult | None = None
+
+
 class LanguageBackend:
     """Generation and updates on the learner, rewards on CPU actors (see the module docstring)."""
 
@@ -129,6 +145,7 @@ class LanguageBackend:
         self.overlap = cfg.generation.max_staleness > 0
         self._inflight: tuple[list[Any], float] | None = None
         self._syncing: list[Any] = []
+        self._training: _Training | None = None  # the round `step` submitted, until `taken`
         self.completions = 0
         self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
         self._warned: set[str] = set()
@@ -159,8 +176,12 @@ class LanguageBackend:
     def _call(self, method: str, *args: Any) -> Any:
         if not self.remote:
             return getattr(self.learner, method)(*args)
+        return self._learner_answer(getattr(self.learner, method).remote(*args))
+
+    def _learner_answer(self, ref: Any, timeout_s: float | None = None) -> Any:
+        """ray.get of a learner call; a dead learner actor becomes LearnerLost."""
         try:
-            return ray.get(getattr(self.learner, method).remote(*args))
+            return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.ActorDiedError as err:
             raise LearnerLost(str(err).splitlines()[0]) from None
 
@@ -257,12 +278,18 @@ class LanguageBackend:
     def step(self, progress: float, ahead: bool = False) -> RoundResult:
         """One GRPO step (`ahead` is for env rounds: a language run overlaps by
         generation.overlap, generating the next round while this one trains)."""
+        self._training = None  # the caller asks for the next round: it counted the last one
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
         if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
             self._inflight = self._dispatch()
         t2 = time.perf_counter()
-        metrics = self._call("train", train_rewards)
-        skipped = int(metrics.pop("amp_skipped", 0))
+        if not self.remote:
+            metrics = self._call("train", train_rewards)
+        else:
+            with signals_held():  # submitted and recorded as one (see RayBackend._submit)
+                call = self.learner.train.remote(train_rewards)
+                self._training = _Training(call, gens, scores, reward_s, gen_s, t2)
+            metrics = self._learner_answer(self._training.ref)
         if self.generators:
             self.version = int(metrics["weights_version"])
             if self.overlap:
@@ -273,6 +300,22 @@ class LanguageBackend:
                 metrics["weight_sync_s"] = max(synced) if synced else None
             else:
                 metrics["weight_sync_s"] = self._sync_weights()
+        return self._count(self._training or _Training(None, gens, scores, reward_s, gen_s, t2), metrics)
+
+    def _count(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:
+        """The round's result, its completions and reward faults counted: once, with stop signals
+        held, and kept for `drain` until the loop has `taken` it."""
+        with signals_held():
+            if self._training is not None and self._training.out is not None:
+                return self._training.out  # counted already: `drain` after a stop
+            out = self._result(round_, metrics)
+            if self._training is not None:
+                self._training.out = out
+        return out
+
+    def _result(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:
+        gens, scores = round_.gens, round_.scores
+        skipped = int(metrics.pop("amp_skipped", 0))
         t3 = time.perf_counter()
         sc = Scored.concat(scores)
         for kind, count in sc.faults.items():
@@ -290,6 +333,7 @@ class LanguageBackend:
         values = [r for r, _ in scored]
         mean = sum(values) / len(values) if values else None
         gen_tokens = sum(int(gen["gen_tokens"]) for gen in gens)
+        gen_s, reward_s = round_.gen_s, round_.reward_s
         line = {
             **metrics,
             "reward_mean": mean,
@@ -318,7 +362,7 @@ class LanguageBackend:
             # The learner computes while it generates (placement=learner) and while it updates; it
             # waits for rewards, and for generator actors where they sample.
             phases={
-                "update_s": (0.0 if self.generators else gen_s) + (t3 - t2),
+                "update_s": (0.0 if self.generators else gen_s) + (t3 - round_.started),
                 "wait_s": reward_s + (gen_s if self.generators else 0.0),
             },
         )
@@ -337,10 +381,18 @@ class LanguageBackend:
         ]
 
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
-        return None  # no learner call outlives step()
+        """The round whose update a stop interrupted (the learner finishes it: its state would
+        count an update no line does) or kept the loop from counting, or None. Its weights are
+        not sent to the generators: the run is ending."""
+        pending = self._training
+        if pending is None:
+            return None
+        if pending.out is not None:
+            return pending.out
+        return self._count(pending, self._learner_answer(pending.ref, timeout_s))
 
     def taken(self) -> None:
-        pass  # step's round ended inside step()
+        self._training = None
 
     def stop_sampling(self) -> None:
         pass  # generation runs inside step(): a stop already interrupted it
@@ -357,6 +409,7 @@ class LanguageBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._call("load_state_dict", state)
+        self._training = None  # the loop drained it before the restore
         self.completions = int(state.get("completions", 0))
         saved = state.get("reward_faults") or {}
         self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
@@ -370,6 +423,7 @@ class LanguageBackend:
             ray.kill(self.learner, no_restart=True)
         self.learner = self._make_learner()
         self._inflight = None  # its prompts were the lost learner's
+        self._training = None  # a call to the learner that died
         if self.generators:  # a fresh learner's weights, until a checkpoint is restored into it
             self.version = 0
             self._sync_weights()

@@ -368,13 +368,15 @@ class TrainingLoop:
             self._idle_rounds = 0
             self.c.iteration += 1
             evals = self.evals if not final else None
-            scores = evals.after_iteration(self.c.iteration, self.c) if evals is not None else {}
+            scores = evals.take_finished(self.c) if evals is not None else {}
             rec = self._record(
                 {**out.metrics, **self._take_phases(), **scores}, startup_s if self.c.iteration == 1 else None
             )
             writer.write(rec)  # before the checkpoint: a resume truncates metrics to the checkpoint
             self.run.append_samples(self.c.iteration, out.samples)
         progress.update(rec)
+        if evals is not None:  # not held: a language run's evaluation runs here, and a stop may cut it
+            evals.start_if_due(self.c.iteration)
         if self.fleet is not None and not final:
             target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)
             if target != self.backend.num_workers:

@@ -131,3 +131,52 @@ def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     )
     with pytest.raises(StaleWeightsError, match="holds weights version 3, was asked to sample with 4"):
         gen.generate(4, ids, (ids != 0).astype(np.int64))
+
+
+@pytest.mark.parametrize("where", ["during", "after"])
+def test_a_stop_during_the_update_or_before_it_is_counted_leaves_no_update_uncounted(
+    local_ray, tmp_path, monkeypatch, where
+):
+    """A Ctrl-C while the learner actor runs round 3's update (`during`: the driver's wait for it
+    is cut, the actor finishes it) or after step returned it but before the loop counted it
+    (`after`): the final checkpoint's learner version is its iteration, and every update has its
+    line. Before, a stopped language run's checkpoint held version 3 under iteration 2."""
+    import signal
+
+    from relay_rl.services.driver.checkpoints import load_newest_valid
+    from relay_rl.services.driver.lm_backend import LanguageBackend
+
+    monkeypatch.chdir(tmp_path)
+    name = "_learner_answer" if where == "during" else "step"
+    plain, calls = getattr(LanguageBackend, name), []
+
+    def signalling(self, *args, **kwargs):
+        if where == "after" or (self._training is not None and args[0] is self._training.ref):
+            calls.append(name)  # a step, or the wait for an update (not the other learner calls)
+        if where == "during" and len(calls) == 3:
+            signal.raise_signal(signal.SIGINT)  # Python runs it inside the wait for the update
+        out = plain(self, *args, **kwargs)
+        if where == "after" and len(calls) == 3:
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(LanguageBackend, name, signalling)
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    (tmp_path / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
+        "generation: {max_new_tokens: 6}\n"
+        "learner: {group_size: 4, lr: 0.003, device: cpu}\n"
+        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
+        "checkpoint: {interval: 1000}\n"
+        "stop: {env_steps: 100000}\n"
+        "metrics: {progress: none}\n"
+    )
+    run = tmp_path / "runs" / "r"
+    assert main(["train", "run.yaml", "--run-dir", str(run)]) == 130
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["iteration"] for x in lines] == [1, 2, 3]
+    path, ckpt = load_newest_valid(run / "checkpoints")
+    assert ckpt.counters.iteration == 3 == ckpt.learner["version"], path.name
+    assert ckpt.learner["completions"] == 3 * 16  # counted once, not again by drain

@@ -105,6 +105,37 @@ def test_evaluations_on_eval_prompts_keep_the_best_model(workdir, monkeypatch):
     assert (workdir / "best-hf" / "model.safetensors").is_file()
 
 
+def test_a_stop_during_an_evaluation_cuts_it_short(workdir, monkeypatch):
+    """A language run's evaluation runs between rounds in the driver's loop: a Ctrl-C during one
+    stops it there (before, the loop held signals around it, and the stop waited for every eval
+    completion), and the run still ends with a final checkpoint that counts every line."""
+    import signal
+
+    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.services.driver.checkpoints import load_newest_valid
+
+    monkeypatch.chdir(workdir)
+    write_jsonl(workdir / "eval.jsonl", sums_rows()[:4])
+    plain, finished = LanguageLearner.evaluate, []
+
+    def stopped(self, limit, greedy):
+        signal.raise_signal(signal.SIGINT)
+        finished.append(1)  # not reached when the stop is not held
+        return plain(self, limit, greedy)
+
+    monkeypatch.setattr(LanguageLearner, "evaluate", stopped)
+    run = workdir / "runs" / "cut"
+    sets = ["prompts.eval=eval.jsonl", "eval.every_iterations=2", "eval.episodes=4"]
+    args = ["train", "run.yaml", "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 130
+    assert finished == []
+    assert [x["iteration"] for x in _lines(run)] == [1, 2]
+    _, ckpt = load_newest_valid(run / "checkpoints")
+    assert ckpt.counters.iteration == 2 == ckpt.learner["version"]
+
+
 @pytest.mark.parametrize(
     ("sets", "said"),
     [
