@@ -41,20 +41,25 @@ def local_ray():
     ray.shutdown()
 
 
-def _train_on_ray(folder: Path, prompts: str, generation: str, env_steps: int) -> list[dict]:
-    """`relay train` of the tiny model on the sums in `folder` (the working folder) with one
-    worker: its metrics lines."""
+def _write_run(folder: Path, prompts: str, generation: str, env_steps: int, group_size: int = 8) -> None:
+    """The tiny model, the sums and a run.yaml with one worker in `folder` (the working folder)."""
     tiny_model_folder(folder / "model")
     write_jsonl(folder / "sums.jsonl", sums_rows())
     (folder / "run.yaml").write_text(
         "model: {kind: causal_lm, path: model}\n"
         f"prompts: {{train: sums.jsonl, max_prompt_tokens: 8, {prompts}}}\n"
         f"generation: {generation}\n"
-        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
+        f"learner: {{group_size: {group_size}, lr: 0.003, device: cpu}}\n"
         "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
+        "checkpoint: {interval: 1000}\n"
         f"stop: {{env_steps: {env_steps}}}\n"
         "metrics: {progress: none}\n"
     )
+
+
+def _train_on_ray(folder: Path, prompts: str, generation: str, env_steps: int) -> list[dict]:
+    """`relay train` of the tiny model on the sums in `folder` with one worker: its metrics lines."""
+    _write_run(folder, prompts, generation, env_steps)
     run = folder / "runs" / "r"
     assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -161,18 +166,7 @@ def test_a_stop_during_the_update_or_before_it_is_counted_leaves_no_update_uncou
         return out
 
     monkeypatch.setattr(LanguageBackend, name, signalling)
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
-    (tmp_path / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
-        "generation: {max_new_tokens: 6}\n"
-        "learner: {group_size: 4, lr: 0.003, device: cpu}\n"
-        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
-        "checkpoint: {interval: 1000}\n"
-        "stop: {env_steps: 100000}\n"
-        "metrics: {progress: none}\n"
-    )
+    _write_run(tmp_path, "rewards: ['regex:7'], batch_size: 4", "{max_new_tokens: 6}", 100000, group_size=4)
     run = tmp_path / "runs" / "r"
     assert main(["train", "run.yaml", "--run-dir", str(run)]) == 130
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
