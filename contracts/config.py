@@ -556,7 +556,11 @@ class ModelConfig(_EntrySections):
 
 
 class StopConfig(_Section):
-    env_steps: int | None = Field(100_000, ge=1, description="Stop after this many valid env steps.")
+    env_steps: int | None = Field(
+        100_000,
+        ge=1,
+        description="Stop at the first update that brings the run to this many valid env steps.",
+    )
     episode_return_mean: float | None = Field(
         None, description="Stop once the mean return of the last 20 episodes reaches this."
     )

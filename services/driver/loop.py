@@ -130,7 +130,9 @@ class TrainingLoop:
     def stop_reason(self) -> str | None:
         """The stop criterion met now, or None."""
         s = self.cfg.stop
-        if s.env_steps is not None and self.c.env_steps >= s.env_steps:
+        # Not right after a round that did not update (a lost segment's): its steps wait in the
+        # learner's buffer, untrained, and the run's last line would count fewer than the budget.
+        if s.env_steps is not None and self.c.env_steps >= s.env_steps and self._idle_rounds == 0:
             return "env_steps"
         mean_return = _mean(self.c.returns)
         if (

@@ -108,6 +108,18 @@ def test_stops_on_the_step_budget_with_checkpoints_on_the_interval_and_at_the_en
     assert ckpt.counters.iteration == 11 and ckpt.env == FakeBackend.env_spec
 
 
+def test_the_step_budget_ends_on_a_round_that_updated(tmp_path):
+    """A round that did not update (a segment lost: the learner's buffer is not full) still counts
+    its steps; the budget met by it waits for the next update, so the last line counts the budget
+    (before, it said 900 of a 1,000-step budget: seen under load in the stuck-worker test)."""
+    loop = _loop(
+        tmp_path, lambda i: RoundResult(env_steps=100) if i == 10 else updated(), "stop.env_steps=1000"
+    )
+    assert loop.run_until_stop() == "env_steps"
+    lines = _lines(loop)
+    assert len(lines) == 10 and lines[-1]["env_steps"] == 1100
+
+
 def test_the_return_target_needs_a_full_window(tmp_path):
     loop = _loop(tmp_path, lambda i: updated(returns=(500.0,) * 3), "stop.episode_return_mean=475")
     assert loop.run_until_stop() == "episode_return_mean"
