@@ -108,6 +108,7 @@ class LanguageLearner:
         self.skipped_steps = 0
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
+        self._order_before: dict[str, int] | None = None  # the prompt order before the last prepare_round
         self._kept: list[dict[str, torch.Tensor]] = []  # groups set aside for the update (refills)
         self._eval_prompts: PromptSet | None = None
         self.wire = wire_for(cfg)
@@ -125,6 +126,7 @@ class LanguageLearner:
     def prepare_round(self) -> dict[str, np.ndarray]:
         """The round's prompts: prompts.batch_size rows, each repeated learner.group_size times
         (members of a group adjacent), left-padded to their bucket: ids and mask [B, P]."""
+        self._order_before = self.order.state_dict()  # where a resume takes these prompts again
         idx = [i for i in self.order.next() for _ in range(self.cfg.learner.group_size)]
         prompts, token_ids, columns = self.prompts.rows(idx)
         ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
@@ -480,7 +482,13 @@ class LanguageLearner:
         self.policy.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
+        """The learner's state. `in_flight`: the last prepared round is out being generated and not
+        trained (generation.max_staleness=1): its prompts go back to the order, so a resume
+        samples them again instead of skipping them."""
+        order = (
+            self._order_before if in_flight and self._order_before is not None else self.order.state_dict()
+        )
         return {
             "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
@@ -489,7 +497,7 @@ class LanguageLearner:
             else {k: v.cpu() for k, v in self.reference.state_dict().items()},
             "version": self.version,
             "updates": self.updates,
-            "prompt_order": self.order.state_dict(),
+            "prompt_order": dict(order),
             "generator": self.generator.get_state(),
         }
 

@@ -102,8 +102,8 @@ class LanguageLearnerActor:
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         return self.learner.train(rewards)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.learner.state_dict()
+    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
+        return self.learner.state_dict(in_flight)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)
@@ -401,10 +401,12 @@ class LanguageBackend:
         return []
 
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+        # Under overlap the next round's prompts are out being generated: not trained, not counted.
+        in_flight = self._inflight is not None
         if self.remote:
-            state = ray.get(self.learner.state_dict.remote(), timeout=timeout_s)
+            state = ray.get(self.learner.state_dict.remote(in_flight), timeout=timeout_s)
         else:
-            state = self.learner.state_dict()
+            state = self.learner.state_dict(in_flight)
         return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

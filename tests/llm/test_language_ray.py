@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from relay_rl.contracts.prompts import PromptOrder
 from relay_rl.services.cli import main
+from relay_rl.services.driver.checkpoints import load_newest_valid
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 pytestmark = pytest.mark.ray
@@ -113,6 +115,13 @@ def test_one_step_off_policy_generation_overlaps_the_update_and_learns(local_ray
     assert all(x["weight_sync_s"] > 0 for x in lines[2:])
     # One version of staleness on top of bf16 weights: still a small gap, weights near 1.
     assert all(0 < x["gen_logp_gap"] < 0.2 and abs(x["is_weight_mean"] - 1) < 0.2 for x in lines)
+    # The final checkpoint's prompt order is where the trained rounds left it: the round out being
+    # generated at the stop gives its prompts back (before, a resume skipped them).
+    _, ckpt = load_newest_valid(tmp_path / "runs" / "r" / "checkpoints")
+    order = PromptOrder(len(sums_rows()), 8, seed=0, shuffle=True)
+    for _ in lines:
+        order.next()
+    assert ckpt.learner["prompt_order"] == order.state_dict() and ckpt.counters.iteration == len(lines)
 
 
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
@@ -148,7 +157,6 @@ def test_a_stop_during_the_update_or_before_it_is_counted_leaves_no_update_uncou
     line. Before, a stopped language run's checkpoint held version 3 under iteration 2."""
     import signal
 
-    from relay_rl.services.driver.checkpoints import load_newest_valid
     from relay_rl.services.driver.lm_backend import LanguageBackend
 
     monkeypatch.chdir(tmp_path)
