@@ -17,7 +17,9 @@ def test_an_evaluation_actor_scores_published_weights_while_training_goes_on(tmp
     assert train_in_process("cartpole_ppo.yaml", run, *sets, *evals) == 0
     lines = metrics_lines(run)
     scored = [line for line in lines if "eval_return_mean" in line]
-    assert len(scored) >= 2
+    # At least one: the niced evaluator finishes as many as the CPU training leaves it allows
+    # (two of a loaded CI run's 48k steps once finished only one); each on the every-2 schedule.
+    assert scored and all(line["eval_iteration"] % 2 == 0 for line in scored)
     # Training does not wait for evaluations: the evaluated weights trail the newest ones.
     assert all(line["eval_weights_version"] <= line["weights_version"] for line in scored)
     assert any(line["eval_iteration"] < line["iteration"] for line in scored)
