@@ -196,7 +196,7 @@ class RayBackend:
                 self._submit(list(sampling), progress, [])
             else:
                 refs = self._next_async_round()
-                self._submit(refs, progress, [ref for _, ref in self._ready])
+                self._submit(refs, progress, self._upcoming())
         calls = self._rounds[0]
         if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
             self._submit_ahead(calls, progress)
@@ -245,6 +245,10 @@ class RayBackend:
             upcoming = []  # each replica takes its own share; no prefetch across shares
         return [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
 
+    def _upcoming(self) -> list[Any]:
+        # Finished segments of the next rounds: the learner fetches them while it updates.
+        return [ref for _, ref in self._ready]
+
     def _submit_ahead(self, calls: list[Any], progress: float) -> None:
         """While `calls` run, wait for the next round's segments and submit its calls behind them
         (an actor runs its calls in order), unless `calls` finish first. The next round trains
@@ -264,7 +268,7 @@ class RayBackend:
             )
             self._collect_finished(wait=False)
         refs = self._take_ready(top_up=False)
-        self._submit(refs, progress, [ref for _, ref in self._ready])
+        self._submit(refs, progress, self._upcoming())
         self._top_up()  # counting the round ahead
 
     def _result(

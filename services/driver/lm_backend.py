@@ -303,15 +303,12 @@ class LanguageBackend:
         return self._count(self._training or _Training(None, gens, scores, reward_s, gen_s, t2), metrics)
 
     def _count(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:
-        """The round's result, its completions and reward faults counted: once, with stop signals
-        held, and kept for `drain` until the loop has `taken` it."""
+        """The round's result, its completions and reward faults counted with stop signals held,
+        and kept on the round for `drain` (which returns it rather than count it again) until the
+        loop has `taken` it."""
         with signals_held():
-            if self._training is not None and self._training.out is not None:
-                return self._training.out  # counted already: `drain` after a stop
-            out = self._result(round_, metrics)
-            if self._training is not None:
-                self._training.out = out
-        return out
+            round_.out = self._result(round_, metrics)
+        return round_.out
 
     def _result(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:
         gens, scores = round_.gens, round_.scores
