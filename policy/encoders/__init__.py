@@ -5,7 +5,8 @@ A new encoder is one module with a `LeafEncoder` subclass plus one line in ENCOD
 
 The rule, per leaf (overridable per path in `model.encoders`): a uint8 3-D Box large enough for
 the Nature CNN -> `nature_cnn`; Discrete and MultiDiscrete -> `one_hot`; MultiBinary -> `binary`;
-any other Box -> `flat` (normalized). The features are the flat leaves, concatenated and
+any other Box -> `flat` (normalized); `minigrid` (MiniGrid's symbolic view) is chosen by name only,
+since its ids are only MiniGrid's by convention. The features are the flat leaves, concatenated and
 normalized, then every other leaf's encoding in leaf order: [B, out_dim].
 """
 
@@ -23,6 +24,7 @@ from ...policy.encoders.base import LeafEncoder
 from ...policy.encoders.binary import BinaryEncoder
 from ...policy.encoders.cnn import CnnEncoder, image_layout
 from ...policy.encoders.flat import FlatEncoder
+from ...policy.encoders.minigrid import MiniGridEncoder
 from ...policy.encoders.one_hot import OneHotEncoder
 
 ENCODERS: dict[str, LeafEncoder] = {
@@ -30,6 +32,7 @@ ENCODERS: dict[str, LeafEncoder] = {
     "one_hot": OneHotEncoder(),
     "binary": BinaryEncoder(),
     "nature_cnn": CnnEncoder(),
+    "minigrid": MiniGridEncoder(),
 }
 
 

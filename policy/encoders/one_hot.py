@@ -39,14 +39,18 @@ class OneHotEncoder(LeafEncoder):
             else "one_hot reads Discrete and MultiDiscrete leaves"
         )
 
+    def nvec(self, leaf: ObsLeaf) -> tuple[int, ...]:
+        """The number of choices of each of the leaf's numbers, in C order."""
+        return leaf.nvec
+
     def out_dim(self, leaf: ObsLeaf) -> int:
-        return int(sum(leaf.nvec))
+        return int(sum(self.nvec(leaf)))
 
     def module(self, leaf: ObsLeaf) -> nn.Module:
-        return OneHot(leaf.nvec)
+        return OneHot(self.nvec(leaf))
 
     def np_encode(self, leaf: ObsLeaf, x: np.ndarray) -> np.ndarray:
-        nvec = np.asarray(leaf.nvec)
+        nvec = np.asarray(self.nvec(leaf))
         ids = np.minimum(np.maximum(x.reshape(x.shape[0], -1), 0), nvec - 1) + np.cumsum((0, *nvec[:-1]))
         out = np.zeros((x.shape[0], int(nvec.sum())), dtype=np.float32)
         np.put_along_axis(out, ids, 1.0, axis=1)

@@ -72,7 +72,8 @@ def test_the_rule_picks_an_encoder_per_leaf():
 
 
 @pytest.mark.parametrize(
-    "name, leaf", [("one_hot", LEAVES[1]), ("one_hot", LEAVES[2]), ("binary", LEAVES[3])]
+    "name, leaf",
+    [("one_hot", LEAVES[1]), ("one_hot", LEAVES[2]), ("binary", LEAVES[3]), ("minigrid", LEAVES[4])],
 )
 def test_each_encoders_numpy_mirror_matches_its_module(name, leaf):
     gen = torch.Generator().manual_seed(0)
@@ -84,6 +85,34 @@ def test_each_encoders_numpy_mirror_matches_its_module(name, leaf):
     np.testing.assert_array_equal(got, want.numpy())
     if name == "one_hot":
         assert (want.sum(-1) == (len(leaf.nvec))).all()
+    if name == "minigrid":  # one id of each kind per cell, ids past MiniGrid's clamped (x is 0-255)
+        assert (want.sum(-1) == leaf.numbers).all()
+
+
+def test_the_minigrid_encoder_one_hots_each_cells_object_colour_and_state():
+    """Its sizes are minigrid's constants (written out in the policy layer, which imports no env
+    package), and a real MiniGrid view encodes to one block per id, in the view's C order."""
+    import gymnasium as gym
+    from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
+
+    from relay_rl.policy.encoders.minigrid import CELL_IDS
+    from relay_rl.rollout_workers.envs import env_spec
+
+    assert (len(OBJECT_TO_IDX), len(COLOR_TO_IDX), len(STATE_TO_IDX)) == CELL_IDS
+    env = gym.make("MiniGrid-MemoryS7-v0")
+    spec = env_spec(env.observation_space, env.action_space)
+    plan = dict((leaf.path, name) for leaf, name in encoder_plan(spec, {"image": "minigrid"}).leaves)
+    assert plan == {"direction": "one_hot", "image": "minigrid"}
+    leaf = next(leaf for leaf in spec.obs_leaves if leaf.path == "image")
+    obs, _ = env.reset(seed=3)
+    view = obs["image"][None]
+    got = ENCODERS["minigrid"].np_encode(leaf, view).reshape(7 * 7, sum(CELL_IDS))
+    cells = view.reshape(7 * 7, 3)
+    offsets = np.cumsum((0, *CELL_IDS[:-1]))
+    assert (np.flatnonzero(got[5]) == cells[5] + offsets).all()  # cell 5's object, colour, state
+    assert got.sum() == 7 * 7 * 3
+    with pytest.raises(ValueError, match="minigrid reads MiniGrid's symbolic view"):
+        encoder_plan(spec, {"direction": "minigrid"})
 
 
 @pytest.mark.parametrize("kind", sorted(ACTIONS))
