@@ -150,6 +150,14 @@ class EnvConfig(_Section):
         description="Keys of a Dict observation the policy reads (default: all but Text ones, which "
         "are skipped with one line saying so).",
     )
+    actions: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        description="Keep only these of a Discrete action space's choices, in this order (MiniGrid's "
+        "turns and forward: [0, 1, 2]): the policy chooses among them, and acting, exports and serving "
+        "give the env's own action. Not with an env action mask.",
+    )
     action_mask: str = Field(
         "auto",
         max_length=300,

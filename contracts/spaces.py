@@ -60,7 +60,8 @@ class ActionSpec:
     discrete: one of `size` choices (the env's are `start[0]` .. `start[0] + size - 1`);
     multi_discrete: `len(nvec)` components, component i one of nvec[i] choices from start[i];
     multi_binary: `size` bits; continuous: `size` floats (the env's Box of shape `env_shape`,
-    flattened for the Gaussian, reshaped for the env).
+    flattened for the Gaussian, reshaped for the env). A discrete spec with `choices` (`env.actions`)
+    is a subset of the env's choices: the policy's choice i is the env's `choices[i]`.
     """
 
     kind: ActionKind
@@ -68,6 +69,7 @@ class ActionSpec:
     nvec: tuple[int, ...] = ()  # multi_discrete: choices per component
     start: tuple[int, ...] = ()  # discrete / multi_discrete: the env's first choice (0 if empty)
     env_shape: tuple[int, ...] = ()  # continuous / multi_binary: the env's shape (flat if empty)
+    choices: tuple[int, ...] = ()  # discrete: the env's action for each choice (all of them if empty)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -113,7 +115,10 @@ class ActionSpec:
 
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Policy actions [B, *shape] (choices from 0, flat vectors) as the env's space holds them:
-        choices moved to `start`, vectors and bits in `env_shape` (no clipping here)."""
+        choices moved to `start` (or looked up in `choices`), vectors and bits in `env_shape` (no
+        clipping here)."""
+        if self.choices:
+            return np.asarray(self.choices, dtype=np.int64)[actions]
         if self.start:
             actions = actions + self.offsets
         return actions.reshape(actions.shape[0], *self.env_shape) if self.env_shape else actions
@@ -121,7 +126,7 @@ class ActionSpec:
     def describe(self) -> str:
         """'Discrete(6)', 'MultiDiscrete([3 2])', 'MultiBinary(4)', 'Box of 3 floats'."""
         if self.kind == "discrete":
-            return f"Discrete({self.size})"
+            return f"Discrete({self.size})" + (f" of the env's {list(self.choices)}" if self.choices else "")
         if self.kind == "multi_discrete":
             return f"MultiDiscrete({list(self.nvec)})"
         if self.kind == "multi_binary":
@@ -130,7 +135,7 @@ class ActionSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "size": self.size}
-        for name in ("nvec", "start", "env_shape"):
+        for name in ("nvec", "start", "env_shape", "choices"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
         return out
@@ -146,6 +151,9 @@ class ActionSpec:
         nvec = _sizes(data.get("nvec", []), "action spec nvec", most=1024)
         start = _sizes(data.get("start", []), "action spec start", low=-(1 << 62), high=1 << 62, most=1024)
         env_shape = _sizes(data.get("env_shape", []), "action spec env_shape")
+        choices = _sizes(
+            data.get("choices", []), "action spec choices", low=-(1 << 62), high=1 << 62, most=size
+        )
         if kind == "multi_discrete" and (not nvec or sum(nvec) != size):
             raise SpecError(f"a multi_discrete action spec needs nvec summing to its size {size}")
         if kind != "multi_discrete" and nvec:
@@ -155,7 +163,11 @@ class ActionSpec:
         numbers = len(nvec) if kind == "multi_discrete" else size
         if env_shape and int(np.prod(env_shape)) != numbers:
             raise SpecError(f"action spec env_shape {list(env_shape)} does not hold {numbers} numbers")
-        return ActionSpec(kind, size, nvec, start, env_shape)
+        if choices and (kind != "discrete" or start or len(choices) != size or len(set(choices)) != size):
+            raise SpecError(
+                "action spec choices must be a discrete spec's size distinct env actions, without start"
+            )
+        return ActionSpec(kind, size, nvec, start, env_shape, choices)
 
 
 @dataclass(frozen=True)

@@ -309,6 +309,29 @@ def mask_source(
     return setting
 
 
+def kept_choices(action: ActionSpec, actions: list[int], mask: str | None) -> ActionSpec:
+    """`env.actions`: the discrete spec whose choice i is the env's `actions[i]`; EnvSpecError (one
+    line) for another action kind, a choice the env lacks, a repeat, or an env action mask (whose
+    flags are the env's choices, not the kept ones)."""
+    setting = f"env.actions={actions}"
+    if action.kind != "discrete":
+        raise EnvSpecError(f"{setting}: keeps choices of a Discrete action space, not {action.describe()}")
+    first = int(action.offsets)
+    outside = [a for a in actions if not first <= a < first + action.size]
+    if outside:
+        raise EnvSpecError(
+            f"{setting}: {outside[0]} is not one of the env's choices {first}..{first + action.size - 1}"
+        )
+    if len(set(actions)) != len(actions):
+        raise EnvSpecError(f"{setting}: names a choice twice")
+    if mask is not None:
+        raise EnvSpecError(
+            f"{setting}: the env's action masks ({mask}) flag all its choices; set env.action_mask=none "
+            "or keep every choice"
+        )
+    return ActionSpec("discrete", len(actions), choices=tuple(actions))
+
+
 def needs_reset_info(ec: EnvConfig | None, act: gym.Space) -> bool:
     """Whether resolving the mask source needs one reset's info (auto, or info:<key>, on choices)."""
     return (
@@ -335,6 +358,8 @@ def env_spec(
     api, agents, global_state, global_image = multi_agent
     action = action_spec(act)
     mask = mask_source(ec, obs, act, reset_info)
+    if ec is not None and ec.actions is not None:
+        action = kept_choices(action, ec.actions, mask)
     if (
         mask is not None
         and mask.startswith("info:")

@@ -159,12 +159,14 @@ class DeterministicPolicy(nn.Module):
     entering and leaving the step (the caller carries it, zeros at an episode's start).
 
     `action` is what the env takes, [B, *env action shape]: the greedy allowed choice per component
-    from the space's start (int64), bits with p > 0.5 (int64), or the mean after the source's action
-    transform (float32). Continuous actions add `mean` and `std` [B, A]; the others `logits`
-    [B, param_size] (as the head outputs them, unmasked).
+    from the space's start (the env's own where env.actions keeps some of them; int64), bits with
+    p > 0.5 (int64), or the mean after the source's action transform (float32). Continuous actions
+    add `mean` and `std` [B, A]; the others `logits` [B, param_size] (as the head outputs them,
+    unmasked).
     """
 
     offsets: Tensor | None  # the env's first choice per component, where it is not 0
+    choices: Tensor | None  # the env's action for each choice, where env.actions keeps some
 
     def __init__(self, handle: PolicyHandle) -> None:
         super().__init__()
@@ -175,6 +177,11 @@ class DeterministicPolicy(nn.Module):
         self.env_shape = spec.env_shape
         self.register_buffer(
             "offsets", torch.from_numpy(spec.offsets) if spec.start else None, persistent=False
+        )
+        self.register_buffer(  # env.actions: the env's action for each of the policy's choices
+            "choices",
+            torch.tensor(spec.choices, dtype=torch.long) if spec.choices else None,
+            persistent=False,
         )
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
@@ -190,6 +197,8 @@ class DeterministicPolicy(nn.Module):
         action = self.model.dist.deterministic(self.model.action, params, fields.get("action_mask"))
         if self.offsets is not None:
             action = action + self.offsets
+        if self.choices is not None:
+            action = self.choices[action]
         if self.env_shape:
             action = action.reshape(-1, *self.env_shape)
         return action, params, *carried

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 
 REFUSED: dict[str, int] = {"pick": 0, "bits": 0, "matrix": 0, "start": 0}
+STARTED: dict[int, int] = {}  # StartEnv: each action it was given, counted
 
 
 class _Episodes(gym.Env):
@@ -126,6 +127,7 @@ class StartEnv(_Episodes):
         return np.zeros(1, np.float32)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        STARTED[int(action)] = STARTED.get(int(action), 0) + 1
         if int(action) not in (1, 2, 3):
             REFUSED["start"] += 1
             raise ValueError(f"StartEnv got {action!r}")

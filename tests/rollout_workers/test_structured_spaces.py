@@ -4,10 +4,13 @@
 MultiBinary, a 2-D Box action, Discrete(3, start=1)). Every segment field is checked against
 the layout, and every action the envs received against their spaces and masks."""
 
+import re
+
 import numpy as np
 import pytest
 
 from relay_rl.contracts.segment import SegmentLayout
+from relay_rl.contracts.spaces import ActionSpec, SpecError
 from relay_rl.learner.algorithms import algorithm_traits
 from relay_rl.learner.buffer import SegmentRingBuffer
 from relay_rl.rollout_workers.envs import EnvSpecError, probe_env_spec
@@ -102,6 +105,55 @@ def test_bits_matrix_and_start_actions_reach_their_envs_in_range():
         assert seg.env_faults.get("raised", 0) == 0 and structured_envs.REFUSED[key] == before, name
     sampler, (seg,) = _sample(_cfg(f"{ENVS}:MatrixEnv"))
     assert sampler.spec.action.env_shape == (2, 2) and seg["actions"].shape == (32, 4, 4)
+
+
+def test_env_actions_keeps_some_choices_and_the_env_gets_its_own():
+    """env.actions=[3, 1] of Discrete(3, start=1): the policy picks between two (stored 0 and 1 in
+    segments, as its log-probs are), and the env receives 3 and 1, never 2."""
+    structured_envs.STARTED.clear()
+    before = structured_envs.REFUSED["start"]
+    sampler, segs = _sample(_cfg(f"{ENVS}:StartEnv", "env.actions=[3, 1]"), segments=2)
+    action = sampler.spec.action
+    assert (action.kind, action.size, action.choices) == ("discrete", 2, (3, 1))
+    assert action.describe() == "Discrete(2) of the env's [3, 1]"
+    for seg in segs:
+        assert set(np.unique(seg["actions"])) == {0, 1} and seg.env_faults.get("raised", 0) == 0
+    assert set(structured_envs.STARTED) == {1, 3} and structured_envs.REFUSED["start"] == before
+    assert sum(structured_envs.STARTED.values()) == 2 * 32 * 4
+
+
+def test_kept_choices_travel_with_the_spec_and_bad_ones_are_refused():
+    """A checkpoint's action spec is data: its choices come back as written, and a spec whose
+    choices could not be the env's (another kind, a repeat, a count apart from its size, with a
+    start) is refused on load."""
+    kept = ActionSpec("discrete", 2, choices=(3, 1))
+    assert ActionSpec.from_dict(kept.to_dict()) == kept
+    assert "choices" not in ActionSpec("discrete", 2).to_dict()  # earlier checkpoints read as they were
+    np.testing.assert_array_equal(kept.to_env(np.array([0, 1, 1, 0])), [3, 1, 1, 3])
+    for bad in (
+        {"kind": "multi_discrete", "size": 3, "nvec": [3], "choices": [0, 1, 2]},
+        {"kind": "discrete", "size": 2, "choices": [1, 1]},
+        {"kind": "discrete", "size": 2, "choices": [1, 2, 3]},
+        {"kind": "discrete", "size": 2, "start": [1], "choices": [1, 2]},
+        {"kind": "discrete", "size": 1, "choices": ["1"]},
+    ):
+        with pytest.raises(SpecError):
+            ActionSpec.from_dict(bad)
+
+
+@pytest.mark.parametrize(
+    "env_id, setting, message",
+    [
+        ("Pendulum-v1", "env.actions=[0]", "keeps choices of a Discrete action space, not Box of 1 floats"),
+        (f"{ENVS}:StartEnv", "env.actions=[0, 1]", "0 is not one of the env's choices 1..3"),
+        (f"{ENVS}:StartEnv", "env.actions=[2, 2]", "names a choice twice"),
+        ("Taxi-v4", "env.actions=[0, 1, 2, 3]", "the env's action masks (info:action_mask) flag all"),
+        (f"{ENVS}:PickEnv", "env.actions=[1]", "not MultiDiscrete([3, 4])"),
+    ],
+)
+def test_env_actions_that_cannot_be_kept_are_one_line(env_id, setting, message):
+    with pytest.raises(EnvSpecError, match=re.escape(message)):
+        probe_env_spec(_cfg(env_id, setting).env)
 
 
 @pytest.mark.parametrize(

@@ -281,6 +281,9 @@ def _nested(depth: int) -> str:
         (["model.encoders={'': one_hot}"], "model.encoders chooses encoders for the leaves"),
         (["env.id=Taxi-v4", "env.action_mask=obs:action_mask"], "the observation has no key 'action_mask'"),
         (["env.action_mask=maybe"], "env.action_mask must be auto, none, obs:<key> or info:<key>"),
+        (["env.actions=[0, 5]"], "env.actions=[0, 5]: 5 is not one of the env's choices 0..1"),
+        (["env.actions=[]"], "env.actions"),
+        (["env.id=Pendulum-v1", "env.actions=[0]"], "keeps choices of a Discrete action space"),
         (
             ["env.id=Pendulum-v1", "env.action_mask=info:action_mask"],
             "masks apply to Discrete and MultiDiscrete",

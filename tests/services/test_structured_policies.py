@@ -1,6 +1,7 @@
 """Every space through every place a policy goes: checkpoints of short runs on real envs with
 structured spaces (Taxi's Discrete observations and info masks, MiniGrid's Dict, relay's own Dict +
-MultiDiscrete with an obs mask, MultiBinary, a Tuple with a 2-D Box action, Discrete(3, start=1))
+MultiDiscrete with an obs mask, MultiBinary, a Tuple with a 2-D Box action, Discrete(3, start=1),
+and two of its choices kept by env.actions)
 go through `relay export` (one named input per leaf plus the mask), onnxruntime, `relay verify`
 (of the checkpoint and of the ONNX file, which the importer reads back and cross-checks), and the
 serving service (JSON trees, both runtimes, 400 naming the bad leaf)."""
@@ -31,6 +32,7 @@ RUNS = {
     "bits": [f"env.id={ENVS}:BitsEnv"],
     "matrix": [f"env.id={ENVS}:MatrixEnv"],
     "start": [f"env.id={ENVS}:StartEnv"],
+    "kept": [f"env.id={ENVS}:StartEnv", "env.actions=[3, 1]"],
 }
 # One request body per run: a tree (or a lone leaf), in the env's own values.
 BODIES = {
@@ -40,6 +42,7 @@ BODIES = {
     "bits": {"obs": [1, 0, 0, 1]},
     "matrix": {"obs": [[0.5, -0.2, 0.1], 1]},
     "start": {"obs": [0.0]},
+    "kept": {"obs": [0.0]},
 }
 
 
@@ -99,6 +102,7 @@ def test_exported_actions_are_the_envs_own(checkpoints, tmp_path):
     answers [B, 2, 2], and a masked choice is never the greedy one."""
     for name, check in {
         "start": lambda a: set(np.unique(a)) <= {1, 2, 3},
+        "kept": lambda a: set(np.unique(a)) <= {1, 3},  # env.actions=[3, 1]: never 2
         "matrix": lambda a: a.shape[1:] == (2, 2),
         "pick": lambda a: (a[:, 0] >= 1).all() and (a[:, 0] <= 3).all() and (a[:, 1] >= -1).all(),
     }.items():
@@ -134,6 +138,8 @@ def test_the_service_answers_json_trees_with_the_envs_actions(checkpoints, name,
         assert all(a[0] in (0, 2) for a in [sampled[0]["actions"]])
     if name == "start":
         assert answer[0] in (1, 2, 3)
+    if name == "kept":
+        assert answer[0] in (1, 3) and sampled[0]["actions"][0] in (1, 3)
     if name == "matrix":
         assert np.asarray(answer).shape == (1, 2, 2)
     meta = service.metadata()
