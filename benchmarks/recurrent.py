@@ -178,7 +178,7 @@ def cue_success(checkpoint: Path, episodes: int = 400) -> tuple[float, float, fl
                     fields_to_torch(handle.as_input(fields)), draw_noise(handle.model.action, 1, gen)
                 )
             state = after.numpy() if after is not None else state
-            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+            obs, reward, terminated, truncated, _ = env.step(int(handle.env.action.to_env(action.numpy())[0]))
             done = terminated or truncated
             saw = saw or (not done and core.agent_sees(*cue))
         counts[saw][0] += 1
