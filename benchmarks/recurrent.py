@@ -194,7 +194,9 @@ def memory_table(env_steps: int) -> str:
     from relay_rl.services.driver.checkpoints import list_checkpoints
 
     runs, cues = {}, {}
-    for name, sets in (("lstm 128", []), ("no memory", ["model.recurrent=none", "learner.minibatch=steps"])):
+    # the post-core layer sits on the core: without one, the heads read the trunk as they always do
+    no_memory = ["model.recurrent=none", "learner.minibatch=steps", "model.post_core_size=0"]
+    for name, sets in (("lstm 128", []), ("no memory", no_memory)):
         print(f"... MemoryS7, {name}", file=sys.stderr, flush=True)
         base = [f"stop.env_steps={env_steps}", "stop.episode_return_mean=null", "checkpoint.interval=1000"]
 
