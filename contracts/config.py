@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -29,6 +30,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -53,9 +55,52 @@ class ConfigError(ValueError):
     """A config that cannot run; the message is one line a person can act on."""
 
 
+def _admits_bool(tp: Any) -> bool:
+    """Whether a field typed `tp` takes true/false as itself (bool, Any, a Literal of bools)."""
+    if tp is bool or tp is Any:
+        return True
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _admits_bool(args[0])
+    if origin is Literal:
+        return any(isinstance(a, bool) for a in args)
+    if origin in (Union, types.UnionType):
+        return any(_admits_bool(a) for a in args)
+    return False
+
+
+def _misread_bool(value: Any, tp: Any) -> bool:
+    """Whether `value` holds a true/false where `tp` wants something else. Pydantic's lax mode
+    reads true as 1 and false as 0 for a number (`env.num_envs: true` would run one env), so a
+    bool is refused wherever the field, or the list or mapping item it sits in, is not a bool."""
+    if isinstance(value, bool):
+        return not _admits_bool(tp)
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return _misread_bool(value, args[0])
+    members = args if origin in (Union, types.UnionType) else (tp,)
+    if isinstance(value, list | tuple):
+        items = [
+            a for m in members if get_origin(m) in (list, tuple) for a in get_args(m) if a is not Ellipsis
+        ]
+        return bool(items) and any(all(_misread_bool(v, a) for a in items) for v in value)
+    if isinstance(value, dict):
+        values = [get_args(m)[1] for m in members if get_origin(m) is dict and len(get_args(m)) == 2]
+        return bool(values) and any(all(_misread_bool(v, a) for a in values) for v in value.values())
+    return False
+
+
 class _Section(BaseModel):
     # A typo must never be silently ignored; NaN or inf is never a setting.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _misread_bool(value, field.annotation):
+            raise PydanticCustomError("bool_misread", "true/false is not a value of this setting")
+        return value
 
 
 class EntrySection(_Section):

@@ -121,3 +121,37 @@ def test_secrets_are_redacted_wherever_a_config_is_written():
         == "failed: http://u:***@127.0.0.1:1/api (refused)"
     )
     assert redact_text("http://127.0.0.1:5000 a:b@c") == "http://127.0.0.1:5000 a:b@c"
+
+
+def _validate_all(overrides: list[str]) -> None:
+    from relay_rl.services.config_sections import resolve_sections
+
+    resolve_sections(build_config({}, overrides))
+
+
+def test_true_or_false_is_never_read_as_a_number():
+    """Pydantic's lax mode reads true as 1: `env.num_envs: true` ran one env. Every numeric leaf,
+    the registry entries' own sections included, refuses a bool in one line naming it; every
+    yes/no leaf still takes one."""
+    from relay_rl.services.config_sections import all_leaves
+
+    numeric = bools = 0
+    for path, default, _ in all_leaves():
+        if isinstance(default, bool):
+            try:  # a yes/no leaf may need others set with it (autoscale needs async): not this rule
+                _validate_all([f"{path}=true"])
+            except ConfigError as err:
+                assert "true/false" not in str(err)
+            bools += 1
+        elif isinstance(default, int | float):
+            with pytest.raises(ConfigError, match=rf"{path}: true/false is not a value of this setting"):
+                _validate_all([f"{path}=true"])
+            numeric += 1
+    assert numeric > 40 and bools > 10
+    # inside lists and mappings of numbers too, and whatever else the leaf holds
+    for bad in ("env.actions=[0, true]", "model.hidden_sizes=[64, false]", "learner.ray_resources={x: true}"):
+        with pytest.raises(ConfigError, match=r": true/false is not a value of this setting$"):
+            _validate_all([bad])
+    # where a bool is one of the leaf's values, or the leaf holds anything, it stays one
+    cfg = build_config({}, ["learner.use_amp=false", "env.kwargs={render: true, size: [1, true]}"])
+    assert cfg.learner.use_amp is False and cfg.env.kwargs == {"render": True, "size": [1, True]}
