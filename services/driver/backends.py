@@ -43,6 +43,7 @@ class LocalBackend:
         self.learner = make_learner(cfg, self.env_spec)
         self.wire = wire_for(cfg)
         self.stuck_reporter = LocalStuckReporter(SegmentWatchdog(cfg.rollout.segment_timeout_s))
+        self._untaken: RoundResult | None = None  # a round trained that `step` could not return
 
     @staticmethod
     def actors_per_worker(cfg: RelayConfig) -> int:
@@ -70,13 +71,23 @@ class LocalBackend:
         t0 = time.perf_counter()
         with self.stuck_reporter:
             sampled = self.sampler.sample()  # the learner waits for it: one process does both
-        return self.learner.train_round([sampled], progress, wait_s=time.perf_counter() - t0)  # type: ignore[list-item]
+        # A stop waits for the update: cut halfway, it would leave weights between two versions
+        # for the final checkpoint. The round then reaches the loop through `drain`.
+        with signals_held():
+            self._untaken = self.learner.train_round(
+                [sampled],  # type: ignore[list-item]
+                progress,
+                wait_s=time.perf_counter() - t0,
+            )
+        return self._untaken
 
     def drain(self, timeout_s: float | None = None) -> RoundResult | None:
-        return None  # no round ever runs ahead here
+        """The round a stop signal met as `step` ended, once (no round ever runs ahead here)."""
+        out, self._untaken = self._untaken, None
+        return out
 
     def taken(self) -> None:
-        pass  # step's round ended inside step
+        self._untaken = None  # the loop counts step's round
 
     def stop_sampling(self) -> None:
         pass  # the sampler runs in this process: a stop already interrupted it

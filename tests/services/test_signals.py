@@ -133,3 +133,46 @@ def test_a_held_ctrl_c_raises_after_the_cleanup_as_it_would_have_without_the_hol
         assert done == [True]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_during_a_local_update_waits_for_the_update_and_counts_its_round(tmp_path, monkeypatch):
+    """Local mode learns in the driver's own thread, so a Ctrl-C there used to land between two
+    optimizer steps: the final checkpoint held weights halfway through round k under iteration
+    k - 1. Now the update finishes, its round is counted, and the checkpoint is the one an
+    uninterrupted run of k rounds writes, bit for bit (a seed fixes a local run)."""
+    import torch
+
+    from relay_rl.learner.learner import Learner
+    from relay_rl.services.driver.checkpoints import load_checkpoint
+    from tests.helpers import train_local
+
+    sets = (
+        "learner.buffer_size=512",
+        "learner.lr_anneal=false",  # the budget would set the learning rate
+        "checkpoint.interval=1000",
+        "stop.episode_return_mean=null",
+    )
+    assert train_local("cartpole_ppo.yaml", tmp_path / "whole", *sets, "stop.env_steps=1024") == 0
+
+    rounds, plain_round, plain_step = [], Learner.train_round, torch.optim.Adam.step
+
+    def counting(self, *args, **kwargs):
+        rounds.append(1)
+        return plain_round(self, *args, **kwargs)
+
+    def interrupting(self, *args, **kwargs):
+        out = plain_step(self, *args, **kwargs)
+        if len(rounds) == 4:  # the fourth round's update, after its first optimizer step
+            rounds.append(1)
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(Learner, "train_round", counting)
+    monkeypatch.setattr(torch.optim.Adam, "step", interrupting)
+    assert train_local("cartpole_ppo.yaml", tmp_path / "cut", *sets, "stop.env_steps=1000000") == 130
+    assert len(metrics_lines(tmp_path / "cut")) == 4
+    whole = load_checkpoint(list_checkpoints(tmp_path / "whole" / "checkpoints")[-1])
+    cut = load_checkpoint(list_checkpoints(tmp_path / "cut" / "checkpoints")[-1])
+    assert cut.counters.iteration == whole.counters.iteration == cut.learner["version"] == 4
+    for name, tensor in whole.learner["model"].items():
+        assert torch.equal(cut.learner["model"][name], tensor), name
