@@ -54,7 +54,7 @@ BUDGETS: dict[str, int] = {
     "taxi_ppo": 300_000,
     "pendulum_ppo": 300_000,
     "minigrid_doorkey_ppo": 300_000,
-    # MiniGrid-MemoryS7: its memory step came at 1.1-1.3M env steps on seed 0 (docs/benchmarks.md).
+    # MiniGrid-MemoryS7: its memory step came at 0.8-1.3M env steps on seeds 0-2 (docs/benchmarks.md).
     "minigrid_memory_lstm_ppo": 2_000_000,
     # simple_spread has no solve point here, and its curves still rise at the shipped configs'
     # 2M agent steps: 2.4M, past that stop (docs/benchmarks.md, "simple_spread at 2.4M").
