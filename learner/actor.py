@@ -220,9 +220,10 @@ def learner_resources(cfg: RelayConfig) -> dict[str, float]:
 
 # Ray starts every worker process at niceness 15 and its own processes (GCS, raylet, agents, the
 # driver) at 0, so that actors never starve the cluster's bookkeeping. The learner is the one actor
-# the whole pipeline waits on: at 15 it lost its core to whatever of Ray's ran beside it, and
-# computed more slowly beside the fleet than alone (docs/benchmarks.md, "Pipeline efficiency").
-# It runs at a driver's niceness; the rollout workers keep Ray's 15 and fill the CPU it leaves.
+# the whole pipeline waits on: at 15 it shared its core evenly with rollout workers that use more
+# CPU than they ask Ray for (AsyncVectorEnv's process per env, fractional num_cpus_per_worker).
+# It runs at a driver's niceness; the rollout workers keep Ray's 15 and fill the CPU it leaves
+# (1.18x end to end on a crowded node, docs/benchmarks.md, "Pipeline efficiency").
 # A RAY_worker_niceness the user exported names every worker's, the learner's included.
 LEARNER_NICENESS = "0"
 NICENESS_VAR = "RAY_worker_niceness"  # Ray's own spelling (ray_constants.RAY_WORKER_NICENESS)

@@ -120,6 +120,7 @@ class _Training:
     gen_s: float
     started: float  # when the update was submitted (perf_counter)
     out: RoundResult | None = None
+    metrics: dict[str, Any] | None = None  # the update's, where it ran in this process (local mode)
 
 
 class LanguageBackend:
@@ -283,7 +284,11 @@ class LanguageBackend:
             self._inflight = self._dispatch()
         t2 = time.perf_counter()
         if not self.remote:
-            metrics = self._call("train", train_rewards)
+            # The update runs in this thread: a stop waits for it (cut halfway, it would leave
+            # weights between two versions), and `drain` counts its round.
+            with signals_held():
+                metrics = self._call("train", train_rewards)
+                self._training = _Training(None, gens, scores, reward_s, gen_s, t2, metrics=metrics)
         else:
             with signals_held():  # submitted and recorded as one (see RayBackend._submit)
                 call = self.learner.train.remote(train_rewards)
@@ -385,6 +390,8 @@ class LanguageBackend:
             return None
         if pending.out is not None:
             return pending.out
+        if pending.metrics is not None:
+            return self._count(pending, pending.metrics)
         return self._count(pending, self._learner_answer(pending.ref, timeout_s))
 
     def taken(self) -> None:
