@@ -117,3 +117,29 @@ def vtrace_of(fn, *, gamma: float, lam: float = 1.0, rho_bar: float = 1.0, c_bar
 
     args = (seg["target_logp"], seg["behaviour_logp"], seg["rewards"], seg["values"], EpisodeEnds.of(seg))
     return fn(*args, gamma=gamma, clip=Clipping(lam, rho_bar, c_bar))
+
+
+def interrupt_during_update(monkeypatch, learner_class: type, method: str, update: int) -> None:
+    """A Ctrl-C raised inside the `update`-th call of `learner_class.method`, right after its
+    first optimizer step (Adam's): where a stop lands when the learner runs in the driver's
+    own thread (local mode), halfway through an update."""
+    import signal
+
+    import torch
+
+    calls: list[int] = []
+    plain_update, plain_step = getattr(learner_class, method), torch.optim.Adam.step
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return plain_update(self, *args, **kwargs)
+
+    def interrupting(self, *args, **kwargs):
+        out = plain_step(self, *args, **kwargs)
+        if len(calls) == update:
+            calls.append(1)  # once
+            signal.raise_signal(signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(learner_class, method, counting)
+    monkeypatch.setattr(torch.optim.Adam, "step", interrupting)

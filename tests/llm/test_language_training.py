@@ -241,10 +241,9 @@ def test_a_stop_during_a_local_update_waits_for_it_and_counts_its_round(workdir,
     steps used to leave the final checkpoint with weights past iteration k's under k. Now the
     update finishes and its round is counted: the checkpoint equals the one an uninterrupted run
     wrote at that iteration, bit for bit (a seed fixes a local run)."""
-    import signal
-
     from relay_rl.learner.lm_learner import LanguageLearner
     from relay_rl.services.driver.checkpoints import list_checkpoints, load_checkpoint
+    from tests.helpers import interrupt_during_update
 
     monkeypatch.chdir(workdir)
     every = ["--set", "checkpoint.interval=3", "--set", "checkpoint.keep=10"]
@@ -252,21 +251,7 @@ def test_a_stop_during_a_local_update_waits_for_it_and_counts_its_round(workdir,
     # A round generates at most 4 prompts x 8 x 6 tokens: past 576 it has run at least 4 rounds.
     assert main(["train", "run.yaml", "--run-dir", str(whole), "--set", "stop.env_steps=577", *every]) == 0
 
-    updates, plain_train, plain_step = [], LanguageLearner.train, torch.optim.Adam.step
-
-    def counting(self, *args, **kwargs):
-        updates.append(1)
-        return plain_train(self, *args, **kwargs)
-
-    def interrupting(self, *args, **kwargs):
-        out = plain_step(self, *args, **kwargs)
-        if len(updates) == 3:  # during the third round's update, after an optimizer step
-            updates.append(1)
-            signal.raise_signal(signal.SIGINT)
-        return out
-
-    monkeypatch.setattr(LanguageLearner, "train", counting)
-    monkeypatch.setattr(torch.optim.Adam, "step", interrupting)
+    interrupt_during_update(monkeypatch, LanguageLearner, "train", update=3)
     cut = workdir / "runs" / "cut-update"
     assert main(["train", "run.yaml", "--run-dir", str(cut), *every]) == 130
     assert [x["iteration"] for x in _lines(cut)] == [1, 2, 3]

@@ -144,7 +144,7 @@ def test_a_ctrl_c_during_a_local_update_waits_for_the_update_and_counts_its_roun
 
     from relay_rl.learner.learner import Learner
     from relay_rl.services.driver.checkpoints import load_checkpoint
-    from tests.helpers import train_local
+    from tests.helpers import interrupt_during_update, train_local
 
     sets = (
         "learner.buffer_size=512",
@@ -154,21 +154,7 @@ def test_a_ctrl_c_during_a_local_update_waits_for_the_update_and_counts_its_roun
     )
     assert train_local("cartpole_ppo.yaml", tmp_path / "whole", *sets, "stop.env_steps=1024") == 0
 
-    rounds, plain_round, plain_step = [], Learner.train_round, torch.optim.Adam.step
-
-    def counting(self, *args, **kwargs):
-        rounds.append(1)
-        return plain_round(self, *args, **kwargs)
-
-    def interrupting(self, *args, **kwargs):
-        out = plain_step(self, *args, **kwargs)
-        if len(rounds) == 4:  # the fourth round's update, after its first optimizer step
-            rounds.append(1)
-            signal.raise_signal(signal.SIGINT)
-        return out
-
-    monkeypatch.setattr(Learner, "train_round", counting)
-    monkeypatch.setattr(torch.optim.Adam, "step", interrupting)
+    interrupt_during_update(monkeypatch, Learner, "train_round", update=4)
     assert train_local("cartpole_ppo.yaml", tmp_path / "cut", *sets, "stop.env_steps=1000000") == 130
     assert len(metrics_lines(tmp_path / "cut")) == 4
     whole = load_checkpoint(list_checkpoints(tmp_path / "whole" / "checkpoints")[-1])
