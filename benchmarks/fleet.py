@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import psutil
@@ -167,6 +168,15 @@ PIPELINE = [
 ]
 
 
+def _run_at_niceness(sets: list[str], seconds: float, niceness: str | None) -> dict[str, Any]:
+    """`_run_inprocess` with the learner actor at `niceness` (None: relay's own), through the
+    variable the learner reads as it is created; the environment is as it was afterwards."""
+    from relay_rl.learner.actor import NICENESS_VAR
+
+    with mock.patch.dict(os.environ, {} if niceness is None else {NICENESS_VAR: niceness}):
+        return _run_inprocess(sets, seconds)
+
+
 # The end-to-end runs: (mode, the learner actor's niceness). Ray starts workers at 15 and relay's
 # learner at 0 (learner/actor.py); the async run at Ray's 15 is the learner as it ran before.
 PIPELINE_RUNS = [("sync", None), ("async", "15"), ("async", None)]
@@ -175,7 +185,7 @@ PIPELINE_RUNS = [("sync", None), ("async", "15"), ("async", None)]
 def pipeline(seconds: float) -> None:
     import ray
 
-    from relay_rl.learner.actor import LEARNER_NICENESS, NICENESS_VAR
+    from relay_rl.learner.actor import LEARNER_NICENESS
 
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
@@ -183,12 +193,7 @@ def pipeline(seconds: float) -> None:
         sampling_alone = _sampling_alone(1, seconds, PIPELINE)
         rows = []
         for mode, niceness in PIPELINE_RUNS:
-            if niceness is not None:
-                os.environ[NICENESS_VAR] = niceness  # read as the learner actor is created
-            try:
-                run = _run_inprocess([*PIPELINE, f"rollout.mode={mode}"], seconds)
-            finally:
-                os.environ.pop(NICENESS_VAR, None)
+            run = _run_at_niceness([*PIPELINE, f"rollout.mode={mode}"], seconds, niceness)
             bound = min(learner_alone, sampling_alone)
             rows.append(
                 [
@@ -226,7 +231,7 @@ def crowded(seconds: float, rounds: int) -> None:
     worker niceness (15) and at relay's (0), alternating pair by pair."""
     import ray
 
-    from relay_rl.learner.actor import LEARNER_NICENESS, NICENESS_VAR
+    from relay_rl.learner.actor import LEARNER_NICENESS
 
     sets = [
         "rollout.mode=async",
@@ -241,11 +246,7 @@ def crowded(seconds: float, rounds: int) -> None:
     try:
         for pair in range(rounds):
             for niceness in ("15", LEARNER_NICENESS) if pair % 2 == 0 else (LEARNER_NICENESS, "15"):
-                os.environ[NICENESS_VAR] = niceness  # read as the learner actor is created
-                try:
-                    run = _run_inprocess(sets, seconds)
-                finally:
-                    os.environ.pop(NICENESS_VAR, None)
+                run = _run_at_niceness(sets, seconds, niceness)
                 rates[niceness].append(run["steps_per_s"])
                 rows.append([pair + 1, niceness, run["steps_per_s"], f"{run['learner_busy']:.2f}"])
     finally:
