@@ -4,7 +4,6 @@ object store, several object stores, and Sample Factory side by side.
     pip install -e ".[cpu,bench]" && pip install "ray[rllib]==2.60.0"    # a venv of its own (gymnasium 1.2.2)
     python benchmarks/fleet.py lag [--seeds 0,1,2] [--lags 1,2,4,8]
     python benchmarks/fleet.py pipeline [--seconds 20]
-    python benchmarks/fleet.py crowded [--seconds 20] [--rounds 2]
     python benchmarks/fleet.py wide [--workers 1,2,4,8,16,32,64] [--seconds 20]
     python benchmarks/fleet.py nodes [--seconds 20] [--rounds 3]
     python benchmarks/fleet.py elastic
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +25,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import psutil
@@ -168,37 +165,20 @@ PIPELINE = [
 ]
 
 
-def _run_at_niceness(sets: list[str], seconds: float, niceness: str | None) -> dict[str, Any]:
-    """`_run_inprocess` with the learner actor at `niceness` (None: relay's own), through the
-    variable the learner reads as it is created; the environment is as it was afterwards."""
-    from relay_rl.learner.actor import NICENESS_VAR
-
-    with mock.patch.dict(os.environ, {} if niceness is None else {NICENESS_VAR: niceness}):
-        return _run_inprocess(sets, seconds)
-
-
-# The end-to-end runs: (mode, the learner actor's niceness). Ray starts workers at 15 and relay's
-# learner at 0 (learner/actor.py); the async run at Ray's 15 is the learner as it ran before.
-PIPELINE_RUNS = [("sync", None), ("async", "15"), ("async", None)]
-
-
 def pipeline(seconds: float) -> None:
     import ray
-
-    from relay_rl.learner.actor import LEARNER_NICENESS
 
     ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         learner_alone = _learner_alone(seconds, PIPELINE)
         sampling_alone = _sampling_alone(1, seconds, PIPELINE)
         rows = []
-        for mode, niceness in PIPELINE_RUNS:
-            run = _run_at_niceness([*PIPELINE, f"rollout.mode={mode}"], seconds, niceness)
+        for mode in ("sync", "async"):
+            run = _run_inprocess([*PIPELINE, f"rollout.mode={mode}"], seconds)
             bound = min(learner_alone, sampling_alone)
             rows.append(
                 [
                     mode,
-                    niceness or LEARNER_NICENESS,
                     learner_alone,
                     sampling_alone,
                     run["steps_per_s"],
@@ -213,56 +193,8 @@ def pipeline(seconds: float) -> None:
             "pipeline efficiency: CartPole, 1 worker x 8 envs x 128 steps, 5 epochs of 256 per update"
         )
     )
-    headers = [
-        "mode",
-        "learner niceness",
-        "learner alone",
-        "sampling alone",
-        "end to end",
-        "efficiency",
-        "learner_busy",
-    ]
+    headers = ["mode", "learner alone", "sampling alone", "end to end", "efficiency", "learner_busy"]
     print(table(headers, rows))
-
-
-def crowded(seconds: float, rounds: int) -> None:
-    """The learner's niceness where the rollout workers ask for less CPU than they use: async
-    CartPole, 8 workers at 0.25 CPU each beside the learner on this machine, the learner at Ray's
-    worker niceness (15) and at relay's (0), alternating pair by pair."""
-    import ray
-
-    from relay_rl.learner.actor import LEARNER_NICENESS
-
-    sets = [
-        "rollout.mode=async",
-        "rollout.num_workers=8",
-        "rollout.num_cpus_per_worker=0.25",
-        "rollout.rollout_len=32",
-        "learner.buffer_size=2048",
-        "learner.batch_size=256",
-    ]
-    rows, rates = [], {"15": [], LEARNER_NICENESS: []}
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        for pair in range(rounds):
-            for niceness in ("15", LEARNER_NICENESS) if pair % 2 == 0 else (LEARNER_NICENESS, "15"):
-                run = _run_at_niceness(sets, seconds, niceness)
-                rates[niceness].append(run["steps_per_s"])
-                rows.append([pair + 1, niceness, run["steps_per_s"], f"{run['learner_busy']:.2f}"])
-    finally:
-        ray.shutdown()
-    print(
-        machine_header(
-            "a crowded node: async CartPole, 8 workers x 8 envs x 32 steps at 0.25 CPU each, "
-            f"{seconds:.0f} s a run, {rounds} pair(s)"
-        )
-    )
-    print(table(["pair", "learner niceness", "end to end", "learner_busy"], rows))
-    ratios = [a / b for a, b in zip(rates[LEARNER_NICENESS], rates["15"], strict=True)]
-    print(
-        f"end to end, learner at {LEARNER_NICENESS} / at 15: median {statistics.median(ratios):.2f}x "
-        f"({', '.join(f'{r:.2f}x' for r in ratios)})"
-    )
 
 
 # ---- 3. a wide fleet on one object store ------------------------------------------------------------
@@ -551,30 +483,21 @@ def sample_factory(seconds: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "section", choices=["lag", "pipeline", "crowded", "wide", "nodes", "elastic", "sample-factory"]
-    )
+    parser.add_argument("section", choices=["lag", "pipeline", "wide", "nodes", "elastic", "sample-factory"])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--lags", default="1,2,4,8")
     parser.add_argument("--budget", type=int, default=300_000)
     parser.add_argument("--workers", default="1,2,4,8,16,32,64")
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument(
-        "--rounds", type=int, help="nodes: rounds the layouts alternate over (default 3); crowded: pairs (2)"
-    )
+    parser.add_argument("--rounds", type=int, help="nodes: rounds the layouts alternate over (default 3)")
     args = parser.parse_args()
-    if args.rounds is not None and args.section not in ("nodes", "crowded"):
-        print(
-            f"fleet.py: --rounds does not apply to {args.section} (only to nodes and crowded)",
-            file=sys.stderr,
-        )
+    if args.rounds is not None and args.section != "nodes":
+        print(f"fleet.py: --rounds does not apply to {args.section} (only to nodes)", file=sys.stderr)
         sys.exit(2)
     if args.section == "lag":
         lag([int(s) for s in args.seeds.split(",")], [int(n) for n in args.lags.split(",")], args.budget)
     elif args.section == "pipeline":
         pipeline(args.seconds)
-    elif args.section == "crowded":
-        crowded(args.seconds, args.rounds or 2)
     elif args.section == "wide":
         wide([int(w) for w in args.workers.split(",")], args.seconds)
     elif args.section == "nodes":

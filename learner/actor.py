@@ -14,7 +14,6 @@ reads that one copy; and weights the driver owns outlive a learner that dies.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -218,27 +217,6 @@ def learner_resources(cfg: RelayConfig) -> dict[str, float]:
     }
 
 
-# Ray starts every worker process at niceness 15 and its own processes (GCS, raylet, agents, the
-# driver) at 0, so that actors never starve the cluster's bookkeeping. The learner is the one actor
-# the whole pipeline waits on: at 15 it shared its core evenly with rollout workers that use more
-# CPU than they ask Ray for (AsyncVectorEnv's process per env, fractional num_cpus_per_worker).
-# It runs at a driver's niceness; the rollout workers keep Ray's 15 and fill the CPU it leaves
-# (1.18x end to end on a crowded node, docs/benchmarks.md, "Pipeline efficiency").
-# A RAY_worker_niceness the user exported names every worker's, the learner's included.
-LEARNER_NICENESS = "0"
-NICENESS_VAR = "RAY_worker_niceness"  # Ray's own spelling (ray_constants.RAY_WORKER_NICENESS)
-
-
-def learner_actor_options(cfg: RelayConfig) -> dict[str, Any]:
-    """Ray options of a learner actor (an env run's or a language run's): its resources, and
-    Ray's worker niceness for it alone (Ray merges the job's runtime env into this one)."""
-    niceness = os.environ.get(NICENESS_VAR, LEARNER_NICENESS)
-    return {
-        **ray_options(learner_resources(cfg)),
-        "runtime_env": {"env_vars": {NICENESS_VAR: niceness}},
-    }
-
-
 def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:
-    options = learner_actor_options(cfg)
+    options = ray_options(learner_resources(cfg))
     return ray.remote(LearnerActor).options(**options).remote(cfg.model_dump(mode="json"), env)

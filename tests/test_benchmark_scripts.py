@@ -82,11 +82,7 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
 @pytest.mark.parametrize(
     "script, args, says",
     [
-        (
-            "fleet.py",
-            ["wide", "--rounds", "2"],
-            "fleet.py: --rounds does not apply to wide (only to nodes and crowded)",
-        ),
+        ("fleet.py", ["wide", "--rounds", "2"], "fleet.py: --rounds does not apply to wide (only to nodes)"),
         ("serve.py", ["--wait-ms", "2,-1"], "serve.py: --wait-ms '2,-1': comma-separated milliseconds >= 0"),
         ("serve.py", ["--wait-ms", "soon"], "serve.py: --wait-ms 'soon': comma-separated milliseconds >= 0"),
         (

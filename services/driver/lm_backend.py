@@ -23,8 +23,9 @@ from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.rounds import RoundResult
 from ...contracts.spaces import ActionSpec, EnvSpec
-from ...learner.actor import learner_actor_options
+from ...learner.actor import learner_resources
 from ...learner.algorithms.grpo import grpo_settings
+from ...learner.device import ray_options
 from ...learner.lm_learner import LanguageLearner
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators, generator_count
@@ -166,7 +167,7 @@ class LanguageBackend:
     def _make_learner(self) -> Any:
         if not self.remote:
             return LanguageLearner(self.cfg)
-        options = learner_actor_options(self.cfg)
+        options = ray_options(learner_resources(self.cfg))
         return (
             ray.remote(LanguageLearnerActor)
             .options(**options)

@@ -91,30 +91,3 @@ def test_learner_actor_reserves_and_uses_its_cpus(local_ray):
         wait_for(lambda: ray.available_resources().get("CPU", 0.0) == total - 3, 10, "3 CPUs reserved")
     finally:
         ray.kill(actor)
-
-
-def test_the_learner_runs_at_a_drivers_niceness_and_the_workers_at_rays(local_ray, tmp_path, monkeypatch):
-    """Ray starts its workers at niceness 15, below its own processes and the driver; the learner,
-    which the whole pipeline waits on, gets the driver's 0 through its runtime env, and the
-    rollout workers keep 15. A RAY_worker_niceness the user exported names the learner's too."""
-    import os
-
-    import psutil
-    import ray
-
-    from relay_rl.contracts.config import load_config
-    from tests.helpers import ray_loop
-
-    def niceness(backend):
-        pid = ray.get(backend.learners[0].__ray_call__.remote(lambda self: os.getpid()))
-        return psutil.Process(pid).nice(), sorted(psutil.Process(p).nice() for p in backend.worker_pids())
-
-    cfg = load_config("configs/cartpole_ppo.yaml", ["rollout.num_workers=2", "metrics.progress=none"])
-    for exported, learner in ((None, 0), ("7", 7)):
-        if exported is not None:
-            monkeypatch.setenv("RAY_worker_niceness", exported)
-        _, backend = ray_loop(cfg, tmp_path / f"run{learner}")
-        try:
-            assert niceness(backend) == (learner, [15, 15])
-        finally:
-            backend.close()
