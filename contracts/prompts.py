@@ -166,6 +166,32 @@ def as_completions(prompts: list[Any], texts: list[str]) -> list[Any]:
     ]
 
 
+def rewards_input(
+    prompts: list[Any],
+    columns: dict[str, list[Any]],
+    ids_list: list[list[int]],
+    texts: list[str],
+    ended: list[bool],
+    gen_s: float,
+    prompt_width: int,
+) -> dict[str, Any]:
+    """A generated round as the rewards and the round's metrics line take it, whoever sampled
+    it: per row (prompts.batch_size x learner.group_size) the prompt, its dataset columns, the
+    completion's token ids through its end token and its text, and whether it ended by EOS."""
+    lengths = [len(ids) for ids in ids_list]
+    return {
+        "prompts": prompts,
+        "completions": as_completions(prompts, texts),
+        "completion_ids": ids_list,
+        "columns": columns,
+        "lengths": lengths,
+        "ended": [bool(e) for e in ended],
+        "gen_s": gen_s,
+        "gen_tokens": sum(lengths),
+        "prompt_width": prompt_width,
+    }
+
+
 class PromptOrder:
     """Which rows each round takes: every row once per epoch, in a seeded random order (or file
     order), `batch` rows at a time; its position is part of the checkpoint."""

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..contracts.config import RelayConfig
-from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left
+from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
 from ..learner import lm_grpo
 from ..learner.algorithms.grpo import grpo_settings
 from ..learner.device import DeviceContext, resolve_device
@@ -123,22 +123,23 @@ class LanguageLearner:
             "precision": self.amp_dtype if self.amp else "float32",
         }
 
-    def prepare_round(self) -> dict[str, np.ndarray]:
+    def prepare_round(self) -> dict[str, Any]:
         """The round's prompts: prompts.batch_size rows, each repeated learner.group_size times
-        (members of a group adjacent), left-padded to their bucket: ids and mask [B, P]."""
+        (members of a group adjacent), left-padded to their bucket: ids and mask [B, P], and
+        the rows' prompts and dataset columns (what the rewards take beside the completions)."""
         self._order_before = self.order.state_dict()  # where a resume takes these prompts again
         idx = [i for i in self.order.next() for _ in range(self.cfg.learner.group_size)]
         prompts, token_ids, columns = self.prompts.rows(idx)
         ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
         self._pending = {"prompts": prompts, "columns": columns, "ids": ids, "mask": mask}
-        return {"ids": ids, "mask": mask}
+        return dict(self._pending)
 
     def generate_round(self) -> dict[str, Any]:
         """`generation.placement: learner`: sample the round's completions here, on the device.
 
-        Returns what the rewards need (prompts and columns repeated per member, completion texts,
-        or assistant messages for chat prompts) and the round's generation figures; the token
-        tensors stay on the device for `train`."""
+        Returns what the rewards need (`contracts/prompts.py` rewards_input: prompts and columns
+        repeated per member, completion texts, or assistant messages for chat prompts) and the
+        round's generation figures; the token tensors stay on the device for `train`."""
         batch = self.prepare_round()
         gen = self.cfg.generation
         ids_t = torch.from_numpy(batch["ids"]).to(self.dev.device)
@@ -149,7 +150,14 @@ class LanguageLearner:
         with self.dev.autocast(self.amp, self.amp_dtype):
             out = self._generate(ids_t, mask_t, gen.top_k, self.generator)
         self.dev.synchronize()
-        return self._accept(out.tokens, out.mask, out.logp, out.ended, time.perf_counter() - t0, None)
+        gen_s = time.perf_counter() - t0
+        self._accept(out.tokens, out.mask, out.logp, None)
+        ids_list = completion_ids(out.tokens.cpu(), out.mask.cpu())
+        texts = self.tokenizer.batch_decode(ids_list, skip_special_tokens=True)
+        ended = out.ended.cpu().numpy().tolist()
+        return rewards_input(
+            batch["prompts"], batch["columns"], ids_list, texts, ended, gen_s, int(batch["ids"].shape[1])
+        )
 
     def _generate(
         self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator
@@ -160,38 +168,28 @@ class LanguageLearner:
         decode = self.decoder if self.decoder is not None else self.policy.generate
         return decode(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
 
-    def accept_generated(self, parts: list[dict[str, np.ndarray]], gen_s: float) -> dict[str, Any]:
+    def accept_generated(self, *parts: dict[str, np.ndarray]) -> None:
         """`generation.placement: workers`: the generators' completions of `prepare_round`'s
-        prompts, in row order ([b, C] tokens, mask, log-probs, ended and the weights version of
-        each part). Returns what `generate_round` returns."""
+        prompts, in row order ([b, C] tokens, mask, log-probs and the weights version of each
+        part), kept for `train`. The rewards take the texts the generators decoded, so nothing
+        here is waited for (the driver queues this call and goes on)."""
         dev = self.dev.device
 
         def cat(key: str, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.concatenate([p[key] for p in parts])).to(dev, dtype)
 
         versions = [int(p["version"]) for p in parts]
-        return self._accept(
-            cat("tokens", torch.long),
-            cat("mask", torch.float32),
-            cat("logp", torch.float32),
-            cat("ended", torch.bool),
-            gen_s,
-            min(versions),
+        self._accept(
+            cat("tokens", torch.long), cat("mask", torch.float32), cat("logp", torch.float32), min(versions)
         )
 
     def _accept(
-        self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor,
-        logp: torch.Tensor,
-        ended: torch.Tensor,
-        gen_s: float,
-        generator_version: int | None,
-    ) -> dict[str, Any]:
+        self, tokens: torch.Tensor, mask: torch.Tensor, logp: torch.Tensor, generator_version: int | None
+    ) -> None:
+        """The prepared round's completions [B, C], kept on the device for `train`."""
         pending, self._pending = self._pending, None
         if pending is None:
             raise RuntimeError("completions accepted before prepare_round()")
-        prompts = pending["prompts"]
         self._round = {
             "prompt_ids": torch.from_numpy(pending["ids"]).to(self.dev.device),
             "prompt_mask": torch.from_numpy(pending["mask"]).to(self.dev.device),
@@ -202,20 +200,6 @@ class LanguageLearner:
         # Sampled elsewhere, with weights of this version: the learner's log-probs are the old
         # policy's, and the generator's differ from them (numerics, precision, staleness).
         self._generated_by = generator_version
-        ids_list = completion_ids(tokens.cpu(), mask.cpu())
-        lengths = [len(ids) for ids in ids_list]
-        completions = as_completions(prompts, self.tokenizer.batch_decode(ids_list, skip_special_tokens=True))
-        return {
-            "prompts": prompts,
-            "completions": completions,
-            "completion_ids": ids_list,
-            "columns": pending["columns"],
-            "lengths": lengths,
-            "ended": ended.cpu().numpy().tolist(),
-            "gen_s": gen_s,
-            "gen_tokens": sum(lengths),
-            "prompt_width": int(pending["ids"].shape[1]),
-        }
 
     def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
         """Completions of the first `limit` prompts of prompts.eval (one each; greedy or sampled),

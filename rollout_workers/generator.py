@@ -18,7 +18,7 @@ import ray
 import torch
 
 from ..contracts.config import RelayConfig
-from ..policy.causal_lm import build_language_policy
+from ..policy.causal_lm import build_language_policy, completion_ids
 from ..policy.compiling import torch_backend
 from ..policy.lm_decoding import StaticDecoder
 from ..policy.weight_wires import load_weights, wire_for
@@ -38,7 +38,8 @@ class Generator:
             adopt_workdir(workdir, cfg)
         torch.set_num_threads(max(1, int(cfg.rollout.num_cpus_per_worker)))
         assert cfg.model.path is not None
-        self.policy = build_language_policy(cfg)[0].eval()
+        policy, self.tokenizer = build_language_policy(cfg)
+        self.policy = policy.eval()
         self.cfg = cfg
         self.wire = wire_for(cfg)
         self.version = -1
@@ -71,8 +72,11 @@ class Generator:
         self.version = version
         return time.perf_counter() - t0
 
-    def generate(self, version: int, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        """Completions of left-padded prompts ids/mask [b, P] with weights `version`."""
+    def generate(self, version: int, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
+        """Completions of left-padded prompts ids/mask [b, P] with weights `version`: tokens,
+        mask and log-probs [b, C] and ended [b] (for the learner), and each row's completion
+        token ids through its end token and its text (for the rewards, which then need not wait
+        for the learner)."""
         if version != self.version:
             raise StaleWeightsError(
                 f"generator holds weights version {self.version}, was asked to sample with {version}"
@@ -87,14 +91,24 @@ class Generator:
             gen.top_k,
             self.generator,
         )
+        seconds = time.perf_counter() - t0
+        ids_list = completion_ids(out.tokens, out.mask)
         return {
             "tokens": out.tokens.numpy(),
             "mask": out.mask.numpy(),
             "logp": out.logp.numpy(),
             "ended": out.ended.numpy(),
             "version": np.asarray(version),
-            "seconds": np.asarray(time.perf_counter() - t0),
+            "seconds": np.asarray(seconds),
+            "completion_ids": ids_list,
+            "texts": self.tokenizer.batch_decode(ids_list, skip_special_tokens=True),
         }
+
+    def generate_rows(self, version: int, batch: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+        """`generate` of rows [lo, hi) of a prepared round (the learner's `prepare_round`, handed
+        over as its object ref: this call starts once the learner has prepared it, without a
+        round trip through the driver)."""
+        return self.generate(version, batch["ids"][lo:hi], batch["mask"][lo:hi])
 
 
 def generator_count(cfg: RelayConfig) -> int:

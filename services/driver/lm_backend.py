@@ -21,6 +21,7 @@ import ray
 
 from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
+from ...contracts.prompts import rewards_input
 from ...contracts.rounds import RoundResult
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
@@ -84,8 +85,8 @@ class LanguageLearnerActor:
     def prepare_round(self) -> dict[str, Any]:
         return self.learner.prepare_round()
 
-    def accept_generated(self, parts: list[dict[str, Any]], gen_s: float) -> dict[str, Any]:
-        return self.learner.accept_generated(parts, gen_s)
+    def accept_generated(self, *parts: dict[str, Any]) -> None:
+        self.learner.accept_generated(*parts)
 
     def keep(self, groups: list[int]) -> None:
         self.learner.keep(groups)
@@ -122,6 +123,28 @@ class _Training:
     started: float  # when the update was submitted (perf_counter)
     out: RoundResult | None = None
     metrics: dict[str, Any] | None = None  # the update's, where it ran in this process (local mode)
+    waited: float = 0.0  # seconds the learner waited for the round's completions and rewards
+
+
+@dataclass
+class _Dispatched:
+    """A round handed to the generator actors: the learner's `prepare_round` (an object ref until
+    fetched), the generators' calls on it, and when they were made (perf_counter)."""
+
+    batch: Any
+    refs: list[Any]
+    started: float
+
+
+@dataclass
+class _Prefetched:
+    """The next round, generated, scored and handed to the learner while this one trained
+    (generation.max_staleness=1), so the next update starts without waiting for them."""
+
+    gen: dict[str, Any]
+    scores: Scored
+    gen_s: float
+    reward_s: float
 
 
 class LanguageBackend:
@@ -142,9 +165,11 @@ class LanguageBackend:
         self.generators: list[Any] = []
         self.version = 0
         # generation.max_staleness=1: the next round's generation, dispatched before this round's
-        # update ((refs, dispatched at)), and the weights sync that follows it on the generators.
+        # update, and the weights sync that follows it on the generators.
         self.overlap = cfg.generation.max_staleness > 0
-        self._inflight: tuple[list[Any], float] | None = None
+        self._inflight: _Dispatched | None = None
+        self._ready: _Prefetched | None = None  # the round after the one training, scored
+        self._accepts: list[Any] = []  # accept_generated calls queued on the learner, not yet checked
         self._syncing: list[Any] = []
         self._training: _Training | None = None  # the round `step` submitted, until `taken`
         self.completions = 0
@@ -212,34 +237,74 @@ class LanguageBackend:
         ray.get(refs)
         return time.perf_counter() - t0
 
-    def _dispatch(self) -> tuple[list[Any], float]:
+    def _dispatch(self) -> _Dispatched:
         """The learner's next prompts handed to the generators, whole groups each, to sample with
-        the weights version they hold; (the parts' refs, when)."""
+        the weights version they hold. Nothing is waited for: each generator takes the learner's
+        prepared round as an object ref and starts once the learner has made it."""
         t0 = time.perf_counter()
-        batch = self._call("prepare_round")
-        rows, g = len(batch["ids"]), self.cfg.learner.group_size
-        groups, k = rows // g, len(self.generators)
+        batch = self.learner.prepare_round.remote()
+        g = self.cfg.learner.group_size
+        groups, k = self.cfg.prompts.batch_size, len(self.generators)
         bounds = [(i * groups // k * g, (i + 1) * groups // k * g) for i in range(k)]
         refs = [
-            gen.generate.remote(self.version, batch["ids"][lo:hi], batch["mask"][lo:hi])
+            gen.generate_rows.remote(self.version, batch, lo, hi)
             for gen, (lo, hi) in zip(self.generators, bounds, strict=True)
             if hi > lo
         ]
-        return refs, t0
+        return _Dispatched(batch, refs, t0)
 
-    def _receive(self, inflight: tuple[list[Any], float]) -> dict[str, Any]:
-        """A dispatched round's completions, accepted by the learner. Its generation seconds: the
+    def _fetch(self, sent: _Dispatched) -> dict[str, Any]:
+        """A dispatched round's completions as the rewards take them. Its generation seconds: the
         wall since dispatch, or under overlap (the update ran meanwhile) the slowest generator's
         own."""
-        refs, t0 = inflight
-        parts = ray.get(refs)
-        gen_s = max(float(p["seconds"]) for p in parts) if self.overlap else time.perf_counter() - t0
-        return self._call("accept_generated", parts, gen_s)
+        batch = self._learner_answer(sent.batch)
+        parts = ray.get(sent.refs)
+        gen_s = (
+            max(float(p["seconds"]) for p in parts) if self.overlap else time.perf_counter() - sent.started
+        )
+        return rewards_input(
+            batch["prompts"],
+            batch["columns"],
+            [ids for p in parts for ids in p["completion_ids"]],
+            [t for p in parts for t in p["texts"]],
+            [bool(e) for p in parts for e in p["ended"]],
+            gen_s,
+            int(batch["ids"].shape[1]),
+        )
+
+    def _accept(self, sent: _Dispatched) -> None:
+        """Queue the dispatched round's completions on the learner (the parts travel from the
+        generators' objects, not through this process); `step` surfaces its errors before the
+        update's."""
+        self._accepts.append(self.learner.accept_generated.remote(*sent.refs))
 
     def _generate_on_workers(self) -> dict[str, Any]:
         """The round the generators sample: the one in flight, or one dispatched now."""
-        inflight, self._inflight = self._inflight, None
-        return self._receive(inflight or self._dispatch())
+        sent = self._inflight or self._dispatch()
+        gen = self._fetch(sent)
+        self._accept(sent)
+        self._inflight = None
+        return gen
+
+    def _prefetch(self) -> None:
+        """While the learner trains: the next round's completions (dispatched before the update),
+        scored and queued on the learner behind the update. A failure here is left for the next
+        round's collection to meet again, where it has always surfaced."""
+        sent = self._inflight
+        if sent is None:
+            return
+        try:
+            gen = self._fetch(sent)
+            t1 = time.perf_counter()
+            assert self.rewards is not None
+            scores = self.rewards.score(
+                gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
+            )
+            reward_s = time.perf_counter() - t1
+        except Exception:
+            return
+        self._accept(sent)
+        self._ready, self._inflight = _Prefetched(gen, scores, gen["gen_s"], reward_s), None
 
     def _collect(self) -> tuple[list[dict[str, Any]], list[Scored], list[float | None], float, float]:
         """(the round's generations, their scores, the rewards of the completions to train on,
@@ -255,11 +320,18 @@ class LanguageBackend:
         train_rewards: list[float | None] = []
         gen_s = reward_s = 0.0
         for attempt in range(attempts):
-            t0 = time.perf_counter()
-            gen = self._generate_on_workers() if self.generators else self._call("generate_round")
-            t1 = time.perf_counter()
-            sc = self.rewards.score(gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"])
-            gen_s, reward_s = gen_s + t1 - t0, reward_s + time.perf_counter() - t1
+            ready, self._ready = self._ready, None
+            if ready is not None:  # generated and scored while the last round trained
+                gen, sc = ready.gen, ready.scores
+                gen_s, reward_s = gen_s + ready.gen_s, reward_s + ready.reward_s
+            else:
+                t0 = time.perf_counter()
+                gen = self._generate_on_workers() if self.generators else self._call("generate_round")
+                t1 = time.perf_counter()
+                sc = self.rewards.score(
+                    gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
+                )
+                gen_s, reward_s = gen_s + t1 - t0, reward_s + time.perf_counter() - t1
             gens.append(gen)
             scores.append(sc)
             if attempts == 1:
@@ -278,8 +350,9 @@ class LanguageBackend:
 
     def step(self, progress: float, ahead: bool = False) -> RoundResult:
         """One GRPO step (`ahead` is for env rounds: a language run overlaps by
-        generation.overlap, generating the next round while this one trains)."""
+        generation.max_staleness, generating the next round while this one trains)."""
         self._training = None  # the caller asks for the next round: it counted the last one
+        t0 = time.perf_counter()
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
         if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
             self._inflight = self._dispatch()
@@ -291,9 +364,14 @@ class LanguageBackend:
                 metrics = self._call("train", train_rewards)
                 self._training = _Training(None, gens, scores, reward_s, gen_s, t2, metrics=metrics)
         else:
+            accepts, self._accepts = self._accepts, []  # this round's, queued before its update
             with signals_held():  # submitted and recorded as one (see RayBackend._submit)
                 call = self.learner.train.remote(train_rewards)
-                self._training = _Training(call, gens, scores, reward_s, gen_s, t2)
+                self._training = _Training(call, gens, scores, reward_s, gen_s, t2, waited=t2 - t0)
+            if self.overlap:
+                self._prefetch()
+            for ref in accepts:  # done before the update began: an error of theirs comes first
+                self._learner_answer(ref)
             metrics = self._learner_answer(self._training.ref)
         if self.generators:
             self.version = int(metrics["weights_version"])
@@ -362,10 +440,11 @@ class LanguageBackend:
             amp_skipped_steps=skipped,
             samples=self._samples(gens[0], scores[0].rewards),
             # The learner computes while it generates (placement=learner) and while it updates; it
-            # waits for rewards, and for generator actors where they sample.
+            # waits for rewards, and for generator actors where they sample (under overlap, only
+            # for what was not ready when its last update ended).
             phases={
                 "update_s": (0.0 if self.generators else gen_s) + (t3 - round_.started),
-                "wait_s": reward_s + (gen_s if self.generators else 0.0),
+                "wait_s": round_.waited if self.generators else reward_s,
             },
         )
 
@@ -406,7 +485,7 @@ class LanguageBackend:
 
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
         # Under overlap the next round's prompts are out being generated: not trained, not counted.
-        in_flight = self._inflight is not None
+        in_flight = self._inflight is not None or self._ready is not None
         if self.remote:
             state = ray.get(self.learner.state_dict.remote(in_flight), timeout=timeout_s)
         else:
@@ -421,14 +500,16 @@ class LanguageBackend:
         self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
         if self.generators:  # the restored weights are the generators' from now on
             self.version = int(state["version"])
-            self._inflight = None  # sampled with other weights: dropped
+            self._inflight = self._ready = None  # sampled with other weights: dropped
+            self._accepts = []
             self._sync_weights()
 
     def restart_learner(self) -> None:
         if self.remote:
             ray.kill(self.learner, no_restart=True)
         self.learner = self._make_learner()
-        self._inflight = None  # its prompts were the lost learner's
+        self._inflight = self._ready = None  # its prompts were the lost learner's
+        self._accepts = []
         self._training = None  # a call to the learner that died
         if self.generators:  # a fresh learner's weights, until a checkpoint is restored into it
             self.version = 0

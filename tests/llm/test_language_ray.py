@@ -43,7 +43,9 @@ def local_ray():
     ray.shutdown()
 
 
-def _write_run(folder: Path, prompts: str, generation: str, env_steps: int, group_size: int = 8) -> None:
+def _write_run(
+    folder: Path, prompts: str, generation: str, env_steps: int, group_size: int = 8, learner: str = ""
+) -> None:
     """The tiny model, the sums and a run.yaml with one worker in `folder` (the working folder)."""
     tiny_model_folder(folder / "model")
     write_jsonl(folder / "sums.jsonl", sums_rows())
@@ -51,7 +53,7 @@ def _write_run(folder: Path, prompts: str, generation: str, env_steps: int, grou
         "model: {kind: causal_lm, path: model}\n"
         f"prompts: {{train: sums.jsonl, max_prompt_tokens: 8, {prompts}}}\n"
         f"generation: {generation}\n"
-        f"learner: {{group_size: {group_size}, lr: 0.003, device: cpu}}\n"
+        f"learner: {{group_size: {group_size}, lr: 0.003, device: cpu{learner}}}\n"
         "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
         "checkpoint: {interval: 1000}\n"
         f"stop: {{env_steps: {env_steps}}}\n"
@@ -122,6 +124,29 @@ def test_one_step_off_policy_generation_overlaps_the_update_and_learns(local_ray
     for _ in lines:
         order.next()
     assert ckpt.learner["prompt_order"] == order.state_dict() and ckpt.counters.iteration == len(lines)
+
+
+def test_refills_under_overlap_take_the_prefetched_round_first(local_ray, tmp_path, monkeypatch):
+    """generation.max_staleness=1 with drop_equal_groups + refill_rounds: each round's first
+    generation was sampled and scored while the last round trained, its refills are sampled
+    after; every batch keeps its groups, each completion is counted once, one update a round."""
+    monkeypatch.chdir(tmp_path)
+    _write_run(
+        tmp_path,
+        "rewards: ['regex:^9'], batch_size: 4",
+        "{max_new_tokens: 6, placement: workers, max_staleness: 1}",
+        1500,
+        group_size=2,
+        learner=", grpo: {drop_equal_groups: true, refill_rounds: 3}",
+    )
+    run = tmp_path / "runs" / "r"
+    assert main(["train", "run.yaml", "--run-dir", str(run)]) == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    refills = [x["refill_rounds"] for x in lines]
+    assert max(refills) >= 1 and all(0 <= r <= 3 for r in refills)
+    done = [4 * 2 * (1 + r) for r in refills]
+    assert [x["completions"] for x in lines] == [sum(done[: i + 1]) for i in range(len(done))]
+    assert [x["weights_version"] for x in lines] == list(range(1, len(lines) + 1))
 
 
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
