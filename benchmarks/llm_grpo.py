@@ -24,6 +24,7 @@ and training tokens/s.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import resource
@@ -435,32 +436,52 @@ def generate(layers: int, rows: int, new: int, tiny: bool = False) -> None:
         def relay_gen() -> None:
             policy.generate(ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
 
-        decoders: dict[bool, StaticDecoder] = {}
+        decoders: dict[tuple[bool, bool], StaticDecoder] = {}
 
-        def relay_compiled(autocast: bool) -> Any:
+        def relay_compiled(autocast: bool, cast_once: bool = True) -> Any:
             def run() -> None:
-                if autocast not in decoders:  # one decoder (one compile) per precision
-                    decoders[autocast] = StaticDecoder(policy, "inductor", width, 1.0, 0)
-                decoders[autocast](ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
+                key = (autocast, cast_once)
+                if key not in decoders:  # one decoder (one compile) per precision and form
+                    decoders[key] = StaticDecoder(policy, "inductor", width, 1.0, 0, cast_once)
+                decoders[key](ids, mask, new, 1.0, 0, torch.Generator().manual_seed(0))
 
             return run
 
         def hf_gen() -> None:
             hf_sample(model, ids, mask, new)
 
+        half = copy.deepcopy(model).to(torch.bfloat16)  # a model loaded in bf16 (no master weights)
+
+        def hf_half() -> None:
+            hf_sample(half, ids, mask, new)
+
         for precision, autocast in (("float32", False), ("bf16 autocast", True)):
             samplers = (
-                ("transformers generate", hf_gen),
-                ("relay eager (KV cache)", relay_gen),
-                ("relay compiled (static cache)", relay_compiled(autocast)),
+                ("transformers generate", hf_gen, autocast),
+                ("relay eager (KV cache)", relay_gen, autocast),
+                ("relay compiled (static cache)", relay_compiled(autocast), autocast),
             )
-            for name, fn in samplers:
-                with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            if autocast:  # the other way to sample in bf16: the model's weights in bf16; and the
+                # compiled step casting its weights every step, as it did before cast_once
+                samplers += (
+                    ("transformers generate, bf16 weights", hf_half, False),
+                    ("relay compiled, casting every step", relay_compiled(True, False), True),
+                )
+            for name, fn, on in samplers:
+                with torch.autocast("cpu", torch.bfloat16, enabled=on):
                     fn()  # warm-up (the compiled step compiles here)
                     best = min(_timed(fn) for _ in range(3))
                 out.append([precision, name, rows, new, rows * new / best])
         compiles = sum(d.compiles for d in decoders.values())
-    params = sum(p.numel() for p in model.parameters())
+    _print_generation(sum(p.numel() for p in model.parameters()), rows, width, new, out, compiles)
+
+
+def _print_generation(
+    params: int, rows: int, width: int, new: int, out: list[list[Any]], compiles: int
+) -> None:
+    """`generate`'s table and ratios: rows 0-2 float32 (transformers, eager, compiled), rows 3-5
+    the same under bf16 autocast, row 6 transformers with bf16 weights, row 7 the compiled step
+    casting its weights every step."""
     print(
         machine_header(
             f"Generation: a {params / 1e6:.2g}M Llama-shaped model, {rows} rows x {width}-token prompts, "
@@ -474,7 +495,10 @@ def generate(layers: int, rows: int, new: int, tiny: bool = False) -> None:
             f"compiled / transformers = {out[i + 2][4] / out[i][4]:.2f}x",
             end="",
         )
-    print(f"\ncompiles: {compiles} (one per precision; none after warm-up)")
+    print(f"; compiled / transformers with bf16 weights = {out[5][4] / out[6][4]:.2f}x", end="")
+    once = out[5][4] / out[7][4]
+    print(f"\nbf16 autocast: compiled, weights cast once per version / casting every step = {once:.2f}x")
+    print(f"compiles: {compiles} (one per precision and form; none after warm-up)")
 
 
 def _timed(fn: Any) -> float:

@@ -15,6 +15,13 @@ for the whole run.
   of their first row and cut after.
 - Sampling is in the graph with its noise as an input (`causal_lm.next_token`'s exponential race);
   greedy decoding is the same graph with noise of ones.
+- Under autocast the matrix products' weights are cast once per weights version, not once per
+  step: autocast's own cache of casts lives inside one eager autocast region, and a compiled graph
+  casts every float32 weight again on every call (for a model whose step is its matrix products,
+  that cast cost more than the products). The decoder keeps each `nn.Linear` weight in the
+  autocast dtype (the bytes autocast would make: the same tokens) and makes them again when the
+  weights change in place (an optimizer step, a load); it costs a low-precision copy of those
+  weights.
 `compiles` counts graphs handed to the backend; after the first call it must not move, and the
 decoder says so on stderr once if it does. No Ray and no device layer here: the caller hands in the
 torch.compile backend (the learner's `DeviceContext.compile_backend`: torchair's graph mode on
@@ -77,10 +84,18 @@ class StaticDecoder:
 
     `backend`: a torch.compile backend or the name of one torch has; `max_prompt`: the widest
     prompt bucket; `temperature` and `top_k`: the run's (a graph constant;
-    top_k=1, greedy, is the same graph with noise of ones and may always be asked)."""
+    top_k=1, greedy, is the same graph with noise of ones and may always be asked);
+    `cast_once`: under autocast, the matrix products' weights cast once per weights version
+    (False: by the graph on every call, the plain form it is tied to)."""
 
     def __init__(
-        self, policy: CausalLMPolicy, backend: Any, max_prompt: int, temperature: float, top_k: int
+        self,
+        policy: CausalLMPolicy,
+        backend: Any,
+        max_prompt: int,
+        temperature: float,
+        top_k: int,
+        cast_once: bool = True,
     ) -> None:
         # Dynamo caches compiled frames on the step's code object, shared by every decoder of the
         # process: a decoder starts from an empty cache so its count is its own.
@@ -96,17 +111,55 @@ class StaticDecoder:
         self._width = 0
         self._cache: Any = None
         self._key = policy._cache  # the forward's KV-cache keyword (cache / past_key_values)
+        self.cast_once = cast_once
+        self._low: dict[str, Tensor] = {}  # nn.Linear weights in the autocast dtype
+        self._low_made: tuple[Any, ...] | None = None  # what they were made from
         self._step = counting_compile(self._decode_step, backend, self._count, fullgraph=True)
 
     def counts(self) -> dict[str, int]:
         """The metrics line's `compiles`."""
         return {"compiles": self.compiles}
 
+    def _low_weights(self, device: torch.device) -> dict[str, Tensor] | None:
+        """The matrix products' weights in the autocast dtype where autocast is on for `device`
+        (else None: the model's own), made again when any of them changed since (an in-place
+        update moves a tensor's version counter; a replaced tensor has another address)."""
+        if not (self.cast_once and torch.is_autocast_enabled(device.type)):
+            return None
+        dtype = torch.get_autocast_dtype(device.type)
+        linear = {
+            f"{name}.weight" if name else "weight": m.weight
+            for name, m in self.policy.model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32
+        }
+        made = (dtype, *((w._version, w.data_ptr()) for w in linear.values()))
+        if made != self._low_made:
+            self._low = {name: w.detach().to(dtype) for name, w in linear.items()}
+            self._low_made = made
+        return self._low
+
+    def _forward(self, low: dict[str, Tensor] | None, **kwargs: Any) -> Any:
+        """The model's forward, with the low-precision weights in place of theirs where given
+        (tied weights stay apart: an embedding tied to the output layer keeps its float32 rows,
+        as under autocast)."""
+        if low is None:
+            return self.policy.model(**kwargs)
+        return torch.func.functional_call(
+            self.policy.model, low, args=(), kwargs=kwargs, tie_weights=False, strict=False
+        )
+
     def _decode_step(
-        self, tok: Tensor, attn: Tensor, pos: Tensor, noise: Tensor, done: Tensor
+        self,
+        tok: Tensor,
+        attn: Tensor,
+        pos: Tensor,
+        noise: Tensor,
+        done: Tensor,
+        low: dict[str, Tensor] | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One token for every row: tok [R] at positions pos [R, 1] under mask attn [R, W]."""
-        out = self.policy.model(
+        out = self._forward(
+            low,
             input_ids=tok.unsqueeze(-1),
             attention_mask=attn,
             position_ids=pos,
@@ -153,7 +206,9 @@ class StaticDecoder:
         attn = torch.ones((rows, self._width), dtype=torch.long, device=device)
         attn[:, :width] = prompt_mask
         pos = positions(prompt_mask)
-        out = self.policy.model(
+        low = self._low_weights(device)
+        out = self._forward(
+            low,
             input_ids=prompt_ids,
             attention_mask=attn,
             position_ids=pos,
@@ -178,7 +233,7 @@ class StaticDecoder:
                 break
             last = last + 1
             noise = sampling_noise(generator, (rows, vocab), device, greedy)
-            tok, logp, live, done = self._step(tok, attn, last, noise, done)
+            tok, logp, live, done = self._step(tok, attn, last, noise, done, low)
         self._count_warm()
         return Completions(tokens[:batch], mask[:batch], logps[:batch], done[:batch])
 

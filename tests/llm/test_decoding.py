@@ -87,6 +87,40 @@ def test_the_inductor_decoder_is_the_eager_loop(tmp_path):
     assert decoder.compiles == 1
 
 
+def test_under_autocast_the_decoder_casts_its_weights_once_per_version(tmp_path):
+    """bf16 autocast: the compiled step takes its matrix products' weights from a bf16 copy (a
+    graph would cast every float32 weight again on every call) and samples, bit for bit, what the
+    same graph samples casting them itself (the reference: `cast_once=False`);
+    after an optimizer step changes the weights in place the copy is made again and the two still
+    agree, through the one graph. Both sample the eager loop's tokens under the same autocast
+    (log-probs within bf16's rounding: the static cache keeps float32 keys and values)."""
+    folder = tiny_model_folder(tmp_path / "m")
+    policy = _policy(folder)
+    decoder = StaticDecoder(policy, "aot_eager", max_prompt=8, temperature=1.0, top_k=0)
+    reference = StaticDecoder(policy, "aot_eager", max_prompt=8, temperature=1.0, top_k=0, cast_once=False)
+    ids, mask = _prompts(folder, ["1+2=", "34+5=", "6", "7+7="] * 2, [4, 8])
+
+    def sample(seed: int):
+        with torch.autocast("cpu", torch.bfloat16):
+            ours, ref, plain = (
+                d(ids, mask, NEW, 1.0, 0, torch.Generator().manual_seed(seed))
+                for d in (decoder, reference, policy.generate)
+            )
+        assert torch.equal(ours.tokens, ref.tokens) and torch.equal(ours.logp, ref.logp)
+        assert torch.equal(ours.tokens, plain.tokens) and torch.allclose(ours.logp, plain.logp, atol=5e-3)
+        return ours
+
+    before = sample(0)
+    assert decoder._low and all(w.dtype == torch.bfloat16 for w in decoder._low.values())
+    opt = torch.optim.SGD(policy.parameters(), lr=5.0)
+    for p in policy.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    after = sample(0)
+    assert not torch.equal(before.logp, after.logp), "the new weights were sampled with"
+    assert decoder.compiles == 1
+
+
 def test_a_decoder_refuses_another_temperature(tmp_path):
     folder = tiny_model_folder(tmp_path / "m")
     decoder = StaticDecoder(_policy(folder), "eager", max_prompt=8, temperature=1.0, top_k=0)
