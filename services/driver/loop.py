@@ -384,6 +384,7 @@ class TrainingLoop:
             if target != self.backend.num_workers:
                 self.backend.resize(target)
         if self.c.iteration % self.cfg.checkpoint.interval == 0:
+            writer.sync()  # the lines it counts on disk first (a resume truncates to it)
             self.checkpoint()
             self._last_ckpt = self.c.iteration
         return rec

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -30,8 +31,14 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+SYNC_EVERY_S = 1.0  # the fewest seconds between two fsyncs of metrics.jsonl (flushes of events/)
+
+
 class MetricsWriter:
-    """Appends one JSON object per line, flushed and fsynced, so a crash never leaves a torn line.
+    """Appends one JSON object per line, flushed at once (a killed process loses no line it wrote);
+    fsynced with the first line SYNC_EVERY_S after the last fsync, before every checkpoint (`sync`)
+    and on close: a power loss can take only lines newer than the newest checkpoint, which a
+    resume drops and writes again. An fsync per line cost a language run about 0.9 ms of its 23 ms rounds.
 
     On reopening a file whose last line was torn by a kill, the fragment is cut off first.
     """
@@ -41,6 +48,8 @@ class MetricsWriter:
         # Appends to the run's own regular file only: never through a link, never into a FIFO.
         self._file: TextIO = os.fdopen(open_no_follow(path), "a", encoding="utf-8")
         self._repair_tail()
+        self._synced = time.monotonic()
+        self._unsynced = False
 
     def _repair_tail(self) -> None:
         """Cut a torn last line (a kill mid-write), looking only at the file's tail."""
@@ -55,9 +64,20 @@ class MetricsWriter:
         line = json.dumps({k: _json_safe(v) for k, v in record.items()}, separators=(",", ":"))
         self._file.write(line + "\n")
         self._file.flush()
-        os.fsync(self._file.fileno())
+        self._unsynced = True
+        if time.monotonic() - self._synced >= SYNC_EVERY_S:
+            self.sync()
+
+    def sync(self) -> None:
+        """Every line written so far on disk."""
+        if self._unsynced:
+            os.fsync(self._file.fileno())
+            self._unsynced = False
+        self._synced = time.monotonic()
 
     def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
         self._file.close()
 
 
@@ -85,12 +105,17 @@ class TensorBoardSink:
 
         self.writer = FileWriter(str(run.events))
         self._summary = Summary
+        self._flushed = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
         # One event holding every scalar: a tenth of the cost of one add_scalar per metric.
         values = [self._summary.Value(tag=k, simple_value=v) for k, v in catalog().lines(record)]
         self.writer.add_summary(self._summary(value=values), int(record["env_steps"]))
-        self.writer.flush()
+        # Flushed with the first round a second after the last flush, for a live TensorBoard (its
+        # writer's own default is 120 s), not every round: that cost a language run 0.4 ms a round.
+        if time.monotonic() - self._flushed >= SYNC_EVERY_S:
+            self.writer.flush()
+            self._flushed = time.monotonic()
 
     def close(self) -> None:
         self.writer.close()
@@ -171,6 +196,10 @@ class MetricsSinks:
                 sink.write(record)
             except Exception as err:  # a metrics backend must never stop training
                 log.warning("metrics sink %s failed: %s", type(sink).__name__, err)
+
+    def sync(self) -> None:
+        """The metrics lines on disk (before a checkpoint that counts them is written)."""
+        self.jsonl.sync()
 
     def close(self) -> None:
         self.jsonl.close()

@@ -75,3 +75,47 @@ def test_truncation_keeps_lines_up_to_the_checkpoint_and_drops_torn_ones(tmp_pat
     truncate_metrics(path, 2)
     assert path.read_text() == '{"iteration": 1}\n{"iteration": 2}\n'
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_metrics_lines_are_on_disk_before_each_checkpoint_and_fsynced_in_batches(tmp_path, monkeypatch):
+    """A local CartPole run of 60 short rounds, a checkpoint every 5: when a checkpoint file is
+    fsynced, every metrics line written so far was fsynced before it (a power loss leaves no
+    checkpoint counting lines the disk lacks), and metrics.jsonl is fsynced far less often than
+    once a line (an fsync per line cost a language run 0.9 ms of each 23 ms round)."""
+    import os
+
+    from relay_rl.services.cli import main
+
+    real_fsync, synced, problems, metric_syncs = os.fsync, {"size": 0}, [], []
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if name.endswith("metrics.jsonl"):
+            synced["size"] = os.fstat(fd).st_size
+            metric_syncs.append(name)
+        elif "ckpt-" in name and os.path.exists(metrics) and os.path.getsize(metrics) != synced["size"]:
+            problems.append((name, os.path.getsize(metrics), synced["size"]))
+
+    run = tmp_path / "r"
+    metrics = str(run / "metrics.jsonl")
+    monkeypatch.setattr(os, "fsync", fsync)
+    sets = [
+        "rollout.num_workers=0",
+        "env.num_envs=4",
+        "rollout.rollout_len=16",
+        "learner.buffer_size=64",
+        "learner.batch_size=64",
+        "learner.epochs=1",
+        "stop.env_steps=3840",
+        "stop.episode_return_mean=null",
+        "checkpoint.interval=5",
+        "metrics.progress=none",
+    ]
+    args = ["train", "configs/cartpole_ppo.yaml", "--run-dir", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 0
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and not problems, problems
+    assert 12 <= len(metric_syncs) < 30, len(metric_syncs)  # one per checkpoint (12), a few more
