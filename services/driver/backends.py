@@ -62,8 +62,9 @@ class LocalBackend:
     def resize(self, target: int) -> None:
         raise RuntimeError("local mode has no rollout workers to add or retire")
 
-    def step(self, progress: float, ahead: bool = False) -> RoundResult:
-        """One round (`ahead` has no meaning here: one process samples, then learns)."""
+    def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult:
+        """One round (`ahead` and `state_after` have no meaning here: one process samples, then
+        learns, and its state is read in between)."""
         if self.sampler.version != self.learner.version:
             # through the run's wire, as a Ray worker receives them: both modes act on the same bits
             packed = self.wire.pack(self.learner.weights())
@@ -161,6 +162,10 @@ class RayBackend:
         # round training and (async, run ahead) the next one; each [(info ref, weights ref)].
         self._rounds: deque[list[Any]] = deque()
         self._returned = False  # whether `_rounds[0]` was returned by step or drain (see `taken`)
+        self._taken = 0  # rounds taken so far
+        # The learner's state asked for behind a round and before the round run ahead of it
+        # (`step(state_after=True)`): (its ref, the count of rounds taken once that round is).
+        self._state_after: tuple[Any, int] | None = None
         self._retiring: list[Any] = []  # workers taking no new samples, killed once drained
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
@@ -195,9 +200,12 @@ class RayBackend:
             self.health.watchdog.started(worker)
         return refs
 
-    def step(self, progress: float, ahead: bool = False) -> RoundResult:
+    def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult:
         """One round: the learner trains on a round of segments and publishes. With `ahead` (async
-        mode) the round after it is submitted behind it before this one's result is in."""
+        mode) the round after it is submitted behind it before this one's result is in; with
+        `state_after` too (the loop checkpoints this round), the learner's state is asked for in
+        between, so the checkpoint reads the state after this round while the learner trains the
+        next one, instead of the learner waiting for the checkpoint."""
         if self._returned:  # the caller asks for the next round: it counted the last one
             self.taken()
         sampling: dict[Any, Any] = {}
@@ -210,6 +218,8 @@ class RayBackend:
                 self._submit(refs, progress, self._upcoming())
         calls = self._rounds[0]
         if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
+            if state_after:  # an actor runs its calls in order: after this round, before the next
+                self._state_after = (self.learner.state_dict.remote(), self._taken + 1)
             self._submit_ahead(calls, progress)
         # A stuck worker would hold the learner's fetch forever.
         self.health.watch([info for info, _ in calls], sampling)
@@ -239,6 +249,7 @@ class RayBackend:
         signals held, as it counts it): forget it."""
         if self._returned:
             self._rounds.popleft()
+            self._taken += 1
             self._returned = False
 
     def _submit(self, refs: list[Any], progress: float, upcoming: list[Any]) -> None:
@@ -414,12 +425,19 @@ class RayBackend:
             ray.kill(worker, no_restart=True)
 
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
-        return cast(dict[str, Any], from_host(_from_learner(self.learner.state_dict.remote(), timeout_s)))
+        """The learner's state after the last round taken: the one `step(state_after=True)` asked
+        for where that round was the last taken, else asked now (no round runs ahead then: the
+        loop asks for the state ahead of every checkpoint a round runs ahead of, and takes every
+        round left before the final one)."""
+        asked, self._state_after = self._state_after, None
+        ref = asked[0] if asked is not None and asked[1] == self._taken else self.learner.state_dict.remote()
+        return cast(dict[str, Any], from_host(_from_learner(ref, timeout_s)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
         self._rounds.clear()  # the caller drained them first (TrainingLoop): no result is wanted
         self._returned = False
+        self._state_after = None
         self._take_weights(self._publish_now())
         self._next_round = None  # sampled with weights that are no longer current
 
@@ -439,6 +457,7 @@ class RayBackend:
         self._take_weights(self._publish_now())
         self._next_round = None
         self._rounds.clear()  # calls to the learner that died
+        self._state_after = None
         self._returned = False
 
     def evaluation_runner(self) -> EvalRunner:

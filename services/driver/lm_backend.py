@@ -348,8 +348,8 @@ class LanguageBackend:
                 break
         return gens, scores, train_rewards, gen_s, reward_s
 
-    def step(self, progress: float, ahead: bool = False) -> RoundResult:
-        """One GRPO step (`ahead` is for env rounds: a language run overlaps by
+    def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult:
+        """One GRPO step (`ahead` and `state_after` are for env rounds: a language run overlaps by
         generation.max_staleness, generating the next round while this one trains)."""
         self._training = None  # the caller asks for the next round: it counted the last one
         t0 = time.perf_counter()

@@ -65,7 +65,7 @@ class Backend(Protocol):
     def backlog(self) -> int: ...
     def resize(self, target: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
-    def step(self, progress: float, ahead: bool = False) -> RoundResult: ...
+    def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult: ...
     def drain(self, timeout_s: float | None = None) -> RoundResult | None: ...
     def taken(self) -> None: ...
     def stop_sampling(self) -> None: ...
@@ -312,17 +312,19 @@ class TrainingLoop:
 
     def _runs_ahead(self) -> bool:
         """Whether the next round may be submitted behind this one (async rounds on Ray, a fixed
-        fleet): not when this round ends on a checkpoint or meets stop.env_steps, whose state
-        read (the checkpoint's, the stop's) must find no round ahead that the counters do not
-        know."""
+        fleet): not when this round meets stop.env_steps, whose state read (the stop's) must find
+        no round ahead that the counters do not know. A round that ends on a checkpoint runs
+        ahead with the checkpoint's state asked for before it (`_checkpoints_next`)."""
         # Not with the elastic fleet: its grow and retire rules read the learner's idle time and
         # the segments waiting between rounds, both measured on rounds that do not run ahead.
         if not self._run_ahead or self.cfg.rollout.mode != "async" or self.cfg.rollout.autoscale:
             return False
-        if (self.c.iteration + 1) % self.cfg.checkpoint.interval == 0:
-            return False
         budget = self.cfg.stop.env_steps
         return budget is None or self.c.env_steps + self.cfg.update_steps < budget
+
+    def _checkpoints_next(self) -> bool:
+        """Whether the next round that updates ends on a checkpoint."""
+        return (self.c.iteration + 1) % self.cfg.checkpoint.interval == 0
 
     def _take_rounds_left(self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float]) -> None:
         """Rounds the learner was given whose results the loop has not taken (one a signal
@@ -339,7 +341,10 @@ class TrainingLoop:
         self, writer: MetricsSinks, progress: Progress, clock: tuple[float, float], startup_s: float | None
     ) -> dict[str, Any] | None:
         """One round: its metrics line when it updated (then a checkpoint on the interval), or None."""
-        out = self.backend.step(self._progress_fraction(), ahead=self._runs_ahead())
+        ahead = self._runs_ahead()
+        out = self.backend.step(
+            self._progress_fraction(), ahead=ahead, state_after=ahead and self._checkpoints_next()
+        )
         return self._take(out, writer, progress, clock, startup_s)
 
     def _take(

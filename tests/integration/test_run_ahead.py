@@ -29,14 +29,23 @@ def _assert_checkpoints_match_counters(run):
 
 @pytest.mark.slow
 def test_rounds_run_ahead_and_every_checkpoint_matches_the_counters(local_ray, tmp_path, monkeypatch):
-    submitted = []
-    plain = RayBackend._submit_ahead
+    """Rounds run ahead of checkpoint rounds too: the checkpoint's state is asked for behind its
+    round and before the round ahead, and every checkpoint's learner version is its iteration."""
+    submitted, states = [], []
+    plain, plain_state = RayBackend._submit_ahead, RayBackend.state_dict
 
     def counting(self, calls, progress):
         plain(self, calls, progress)
         submitted.append(len(self._rounds) == 2)
 
+    def state_dict(self, timeout_s=None):
+        states.append(
+            (self._state_after is not None and self._state_after[1] == self._taken, len(self._rounds))
+        )
+        return plain_state(self, timeout_s)
+
     monkeypatch.setattr(RayBackend, "_submit_ahead", counting)
+    monkeypatch.setattr(RayBackend, "state_dict", state_dict)
     cfg = load_config(
         "configs/cartpole_ppo.yaml",
         [
@@ -55,8 +64,12 @@ def test_rounds_run_ahead_and_every_checkpoint_matches_the_counters(local_ray, t
         backend.close()
     lines = [json.loads(x) for x in loop.run.metrics_path.read_text().splitlines()]
     assert sum(submitted) >= len(lines) // 2, (sum(submitted), len(lines))  # rounds did run ahead
-    # Never before a checkpoint's round, so that one waited for its own result alone.
-    assert len(submitted) < len(lines)
+    # A checkpoint every 4 iterations: each read the state asked for in order, most of them while
+    # the next round trained; the final one, after the stop took every round, asked afresh.
+    interval, final = states[: len(lines) // 4], states[len(lines) // 4 :]
+    assert all(asked for asked, _ in interval), interval
+    assert sum(ahead == 1 for _, ahead in interval) >= len(interval) // 2, interval  # a round trained
+    assert final and all(state == (False, 0) for state in final), final  # the stop took every round
     assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
     assert [x["weights_version"] for x in lines] == [x["iteration"] for x in lines]
     _assert_checkpoints_match_counters(tmp_path / "run")

@@ -35,7 +35,7 @@ class FakeBackend:
     def describe(self) -> dict:
         return {"mode": "fake"}
 
-    def step(self, progress: float, ahead: bool = False) -> RoundResult:
+    def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult:
         self.calls += 1
         out = self.rounds(self.calls)
         out.phases = {"wait_s": 0.0, "ingest_s": 0.0, "update_s": 0.0, "publish_s": 0.0}
@@ -204,8 +204,8 @@ def test_each_line_says_where_the_time_went(tmp_path):
         return out
 
     class Timed(FakeBackend):
-        def step(self, progress, ahead=False):
-            out = super().step(progress, ahead)
+        def step(self, progress, ahead=False, state_after=False):
+            out = super().step(progress, ahead, state_after)
             time.sleep(0.02)
             out.phases = {"wait_s": 0.01, "ingest_s": 0.001, "update_s": 0.004, "publish_s": 0.0}
             return out
