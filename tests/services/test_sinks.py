@@ -84,7 +84,7 @@ def test_metrics_lines_are_on_disk_before_each_checkpoint_and_fsynced_in_batches
     once a line (an fsync per line cost a language run 0.9 ms of each 23 ms round)."""
     import os
 
-    from relay_rl.services.cli import main
+    from tests.helpers import train_local
 
     real_fsync, synced, problems, metric_syncs = os.fsync, {"size": 0}, [], []
 
@@ -101,7 +101,6 @@ def test_metrics_lines_are_on_disk_before_each_checkpoint_and_fsynced_in_batches
     metrics = str(run / "metrics.jsonl")
     monkeypatch.setattr(os, "fsync", fsync)
     sets = [
-        "rollout.num_workers=0",
         "env.num_envs=4",
         "rollout.rollout_len=16",
         "learner.buffer_size=64",
@@ -110,12 +109,8 @@ def test_metrics_lines_are_on_disk_before_each_checkpoint_and_fsynced_in_batches
         "stop.env_steps=3840",
         "stop.episode_return_mean=null",
         "checkpoint.interval=5",
-        "metrics.progress=none",
     ]
-    args = ["train", "configs/cartpole_ppo.yaml", "--run-dir", str(run)]
-    for s in sets:
-        args += ["--set", s]
-    assert main(args) == 0
+    assert train_local("cartpole_ppo.yaml", run, *sets) == 0
     lines = (run / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 60 and not problems, problems
     assert 12 <= len(metric_syncs) < 30, len(metric_syncs)  # one per checkpoint (12), a few more
