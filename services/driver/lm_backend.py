@@ -139,11 +139,11 @@ class _Dispatched:
 @dataclass
 class _Prefetched:
     """The next round, generated, scored and handed to the learner while this one trained
-    (generation.max_staleness=1), so the next update starts without waiting for them."""
+    (generation.max_staleness=1), so the next update starts without waiting for them; its
+    generation seconds are the generators' own (`gen["gen_s"]`)."""
 
     gen: dict[str, Any]
     scores: Scored
-    gen_s: float
     reward_s: float
 
 
@@ -295,16 +295,18 @@ class LanguageBackend:
             return
         try:
             gen = self._fetch(sent)
-            t1 = time.perf_counter()
-            assert self.rewards is not None
-            scores = self.rewards.score(
-                gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
-            )
-            reward_s = time.perf_counter() - t1
+            scores, reward_s = self._score(gen)
         except Exception:
             return
         self._accept(sent)
-        self._ready, self._inflight = _Prefetched(gen, scores, gen["gen_s"], reward_s), None
+        self._ready, self._inflight = _Prefetched(gen, scores, reward_s), None
+
+    def _score(self, gen: dict[str, Any]) -> tuple[Scored, float]:
+        """A generated round (`rewards_input`) scored by the run's rewards, and the seconds it took."""
+        assert self.rewards is not None
+        t0 = time.perf_counter()
+        scores = self.rewards.score(gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"])
+        return scores, time.perf_counter() - t0
 
     def _collect(self) -> tuple[list[dict[str, Any]], list[Scored], list[float | None], float, float]:
         """(the round's generations, their scores, the rewards of the completions to train on,
@@ -312,7 +314,6 @@ class LanguageBackend:
         groups whose rewards are all equal are replaced by groups of up to refill_rounds more
         generations (DAPO's dynamic sampling); the batch keeps its prompts.batch_size groups (all-
         equal ones fill it when no more come, and carry no advantage)."""
-        assert self.rewards is not None
         gc, g, q = grpo_settings(self.cfg), self.cfg.learner.group_size, self.cfg.prompts.batch_size
         attempts = 1 + (gc.refill_rounds if gc.drop_equal_groups else 0)
         gens: list[dict[str, Any]] = []
@@ -323,15 +324,13 @@ class LanguageBackend:
             ready, self._ready = self._ready, None
             if ready is not None:  # generated and scored while the last round trained
                 gen, sc = ready.gen, ready.scores
-                gen_s, reward_s = gen_s + ready.gen_s, reward_s + ready.reward_s
+                gen_s, reward_s = gen_s + ready.gen["gen_s"], reward_s + ready.reward_s
             else:
                 t0 = time.perf_counter()
                 gen = self._generate_on_workers() if self.generators else self._call("generate_round")
                 t1 = time.perf_counter()
-                sc = self.rewards.score(
-                    gen["prompts"], gen["completions"], gen["columns"], gen["completion_ids"]
-                )
-                gen_s, reward_s = gen_s + t1 - t0, reward_s + time.perf_counter() - t1
+                sc, scored_s = self._score(gen)
+                gen_s, reward_s = gen_s + t1 - t0, reward_s + scored_s
             gens.append(gen)
             scores.append(sc)
             if attempts == 1:
@@ -547,12 +546,9 @@ class LanguageEvalRunner:
 
     def submit(self, iteration: int, video: bool) -> None:
         b, ev = self.backend, self.backend.cfg.eval
-        assert b.rewards is not None
         t0 = time.perf_counter()
         out = b._call("evaluate", ev.episodes, ev.deterministic)
-        rewards = b.rewards.score(
-            out["prompts"], out["completions"], out["columns"], out["completion_ids"]
-        ).rewards
+        rewards = b._score(out)[0].rewards
         scored = [r for r in rewards if r is not None]
         arr = np.asarray(scored if scored else [np.nan])
         summary = {
