@@ -216,11 +216,17 @@ def sampling_noise(
 ) -> Tensor:
     """One decoding step's noise [B, V]: Exp(1) draws from `generator` on its own device, moved to
     `device` (a CPU generator: the same draws on any accelerator, the ML-Agents port's bit-exact
-    option); all ones when greedy (the race then picks the likeliest token)."""
+    option); all ones when greedy (the race then picks the likeliest token).
+
+    Drawn as -log U, U uniform: on a CPU torch's `exponential_` takes 6x as long as `rand` and a
+    log (8.6 against 1.4 ms for 16 x 32,000), which was a third of a 52M model's compiled decode
+    step. U's 0 (one draw in 2^24) is lifted to 2^-25, so every E is finite and above 0 (the
+    race divides by it)."""
     if greedy:
         return torch.ones(shape, device=device)
     where = generator.device if generator is not None else device
-    draws = torch.empty(shape, device=where).exponential_(generator=generator)
+    u = torch.rand(shape, device=where, generator=generator)
+    draws = u.clamp_min_(2.0**-25).log_().neg_()
     return draws.to(device, non_blocking=True)
 
 

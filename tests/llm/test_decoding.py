@@ -89,11 +89,12 @@ def test_the_inductor_decoder_is_the_eager_loop(tmp_path):
 
 def test_under_autocast_the_decoder_casts_its_weights_once_per_version(tmp_path):
     """bf16 autocast: the compiled step takes its matrix products' weights from a bf16 copy (a
-    graph would cast every float32 weight again on every call) and samples, bit for bit, what the
-    same graph samples casting them itself (the reference: `cast_once=False`);
+    graph would cast every float32 weight again on every call) and keeps its KV cache in bf16
+    (attention would cast the whole float32 cache every step), and samples, bit for bit, what the
+    same graph samples casting both itself (the reference: `cast_once=False`);
     after an optimizer step changes the weights in place the copy is made again and the two still
     agree, through the one graph. Both sample the eager loop's tokens under the same autocast
-    (log-probs within bf16's rounding: the static cache keeps float32 keys and values)."""
+    (log-probs within bf16's rounding: the eager loop's ops run in another order)."""
     folder = tiny_model_folder(tmp_path / "m")
     policy = _policy(folder)
     decoder = StaticDecoder(policy, "aot_eager", max_prompt=8, temperature=1.0, top_k=0)
@@ -112,6 +113,8 @@ def test_under_autocast_the_decoder_casts_its_weights_once_per_version(tmp_path)
 
     before = sample(0)
     assert decoder._low and all(w.dtype == torch.bfloat16 for w in decoder._low.values())
+    assert {layer.keys.dtype for layer in decoder._cache.layers} == {torch.bfloat16}
+    assert {layer.keys.dtype for layer in reference._cache.layers} == {torch.float32}
     opt = torch.optim.SGD(policy.parameters(), lr=5.0)
     for p in policy.parameters():
         p.grad = torch.randn_like(p)
@@ -119,6 +122,24 @@ def test_under_autocast_the_decoder_casts_its_weights_once_per_version(tmp_path)
     after = sample(0)
     assert not torch.equal(before.logp, after.logp), "the new weights were sampled with"
     assert decoder.compiles == 1
+
+
+def test_one_decoder_decodes_with_and_without_autocast(tmp_path):
+    """The cache's dtype follows the call: a bf16 cache under autocast, a float32 one after it
+    (a cache of the first call's dtype failed the second); each samples the eager loop's tokens.
+    The second precision is a second graph, as any change of dtype is."""
+    folder = tiny_model_folder(tmp_path / "m")
+    policy = _policy(folder)
+    decoder = StaticDecoder(policy, "aot_eager", max_prompt=8, temperature=1.0, top_k=0)
+    ids, mask = _prompts(folder, ["1+2=", "34+5=", "6", "7+7="], [4, 8])
+    for amp, dtype in ((True, torch.bfloat16), (False, torch.float32), (True, torch.bfloat16)):
+        with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+            got = decoder(ids, mask, NEW, 1.0, 0, torch.Generator().manual_seed(1))
+            plain = policy.generate(ids, mask, NEW, 1.0, 0, torch.Generator().manual_seed(1))
+        assert {layer.keys.dtype for layer in decoder._cache.layers} == {dtype}
+        assert torch.equal(got.tokens, plain.tokens)
+        assert torch.allclose(got.logp, plain.logp, atol=5e-3 if amp else 1e-5)
+    assert decoder.compiles == 2
 
 
 def test_a_decoder_refuses_another_temperature(tmp_path):
@@ -156,6 +177,17 @@ def test_noise_drawn_on_the_cpu_is_the_same_draws_for_any_device():
     a = sampling_noise(g1, (3, 7), torch.device("cpu"))
     b = sampling_noise(g2, (3, 7), torch.device("meta"))  # moved to the device after the draw
     assert b.device.type == "meta" and bool((a > 0).all())
+
+
+def test_the_noise_is_exponential():
+    """Exp(1) draws (drawn as -log U): all finite and above 0 (the race divides by them), and
+    P(E > x) = exp(-x) within 4 standard errors over 2M draws, tail included."""
+    e = sampling_noise(torch.Generator().manual_seed(0), (2_000, 1_000), torch.device("cpu")).double()
+    assert bool(torch.isfinite(e).all()) and bool((e > 0).all())
+    for x in (0.01, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
+        p, n = float(np.exp(-x)), e.numel()
+        assert abs(float((e > x).double().mean()) - p) <= 4 * np.sqrt(p * (1 - p) / n), x
+    assert abs(float(e.mean()) - 1.0) < 4 / np.sqrt(e.numel())
     assert torch.equal(sampling_noise(None, (2, 3), torch.device("cpu"), greedy=True), torch.ones(2, 3))
 
 
