@@ -462,7 +462,7 @@ def generate(layers: int, rows: int, new: int, tiny: bool = False) -> None:
                 ("relay compiled (static cache)", relay_compiled(autocast), autocast),
             )
             if autocast:  # the other way to sample in bf16: the model's weights in bf16; and the
-                # compiled step casting its weights every step, as it did before cast_once
+                # compiled step casting its weights and cache every step, as it did before cast_once
                 samplers += (
                     ("transformers generate, bf16 weights", hf_half, False),
                     ("relay compiled, casting every step", relay_compiled(True, False), True),
@@ -481,7 +481,7 @@ def _print_generation(
 ) -> None:
     """`generate`'s table and ratios: rows 0-2 float32 (transformers, eager, compiled), rows 3-5
     the same under bf16 autocast, row 6 transformers with bf16 weights, row 7 the compiled step
-    casting its weights every step."""
+    casting its weights and its KV cache every step (`cast_once=False`)."""
     print(
         machine_header(
             f"Generation: a {params / 1e6:.2g}M Llama-shaped model, {rows} rows x {width}-token prompts, "
