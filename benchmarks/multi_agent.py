@@ -20,8 +20,8 @@ spread: simple_spread (3 agents, 25 steps) for the same wall time: relay (config
   simple_spread_ppo.yaml) against RLlib's PPO with one policy shared by the agents; the team
   return (the sum over agents: RLlib's episode_return_mean) against agent steps.
 pistonball: butterfly's pistonball (20 pistons, 125 cycles) with SuperSuit's pixel preprocessing
-  (one colour channel, 84x84, 3 frames) for the same wall time: relay (configs/pistonball_ppo.yaml,
-  env.preprocess=pixels) against RLlib's PPO with one CNN shared by the pistons, the same update;
+  (one colour channel, 84x84, 3 frames) for the same wall time: relay (benchmarks/configs/
+  pistonball_local_critic.yaml, env.preprocess=pixels) against RLlib's PPO with one CNN shared by the pistons, the same update;
   the team return (the sum over pistons) against agent steps.
 groups: policy groups. What they cost: a rollout worker's sampler on simple_spread (240 columns)
   with one shared policy, 2 groups and 3 groups (one per agent), side by side in one run. What
@@ -48,6 +48,7 @@ from common import machine_header, read_metrics, run_training, table
 
 ROOT = Path(__file__).parents[1]
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
+PISTONBALL = "benchmarks/configs/pistonball_local_critic.yaml"  # the local critic, as RLlib's side has
 
 
 # ---- columns ----------------------------------------------------------------------------------
@@ -400,7 +401,7 @@ def _pistonball_env(channels_first: bool) -> Any:
 
 def _relay_pistonball(wall: float) -> list[tuple[float, int, float | None]]:
     sets = [f"stop.wall_s={wall}", "stop.env_steps=100000000", "metrics.progress=none"]
-    lines = _relay_lines("configs/pistonball_ppo.yaml", sets)
+    lines = _relay_lines(PISTONBALL, sets)
     return [(x["wall_s"], x["env_steps"], x.get("team_return_mean")) for x in lines]
 
 
@@ -412,7 +413,7 @@ def _rllib_pistonball(wall: float) -> list[tuple[float, int, float | None]]:
     return _rllib_shared(
         "pistonball",
         lambda _: ParallelPettingZooEnv(_pistonball_env(channels_first=False)),
-        "configs/pistonball_ppo.yaml",
+        PISTONBALL,
         2560,
         {
             "conv_filters": [[32, 8, 4], [64, 4, 2], [64, 3, 1]],

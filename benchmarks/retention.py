@@ -60,7 +60,6 @@ BUDGETS: dict[str, int] = {
     # 2M agent steps: 2.4M, past that stop (docs/benchmarks.md, "simple_spread at 2.4M").
     "simple_spread_ppo": 2_400_000,
     "simple_spread_mappo": 2_400_000,
-    "pistonball_ppo": 1_500_000,
     "pistonball_mappo": 1_500_000,
 }
 DEFAULT_CONFIGS = ("cartpole_ppo", "cartpole_grpo", "taxi_ppo", "pendulum_ppo")

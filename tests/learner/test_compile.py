@@ -48,12 +48,6 @@ SMALL = {
     ],
     "pendulum_ppo.yaml": ["learner.buffer_size=1024"],
     # one env copy of 20 pistons (columns come in whole copies)
-    "pistonball_ppo.yaml": [
-        "env.num_envs=20",
-        "rollout.rollout_len=16",
-        "learner.buffer_size=320",
-        "learner.batch_size=160",
-    ],
     "pistonball_mappo.yaml": [
         "env.num_envs=20",
         "rollout.rollout_len=16",

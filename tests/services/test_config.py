@@ -9,6 +9,8 @@ from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, du
 from relay_rl.services.driver.preflight import check_config
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+# what the benchmarks train that is not shipped (a baseline a shipped config is measured against)
+BENCHMARK_CONFIGS = sorted((Path(__file__).parents[2] / "benchmarks" / "configs").glob("*.yaml"))
 
 
 def test_defaults_are_valid_and_every_field_is_documented():
@@ -81,7 +83,7 @@ def test_bad_yaml_and_missing_file(tmp_path):
         load_config(bad)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS + BENCHMARK_CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_validate_and_round_trip(path):
     cfg = load_config(path)
     again = build_config(yaml.safe_load(dump_config(cfg)))
