@@ -124,11 +124,13 @@ def test_under_autocast_the_decoder_casts_its_weights_once_per_version(tmp_path)
     assert decoder.compiles == 1
 
 
-def test_one_decoder_decodes_with_and_without_autocast(tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_one_decoder_decodes_with_and_without_autocast(arch, tmp_path):
     """The cache's dtype follows the call: a bf16 cache under autocast, a float32 one after it
     (a cache of the first call's dtype failed the second); each samples the eager loop's tokens.
-    The second precision is a second graph, as any change of dtype is."""
-    folder = tiny_model_folder(tmp_path / "m")
+    The second precision is a second graph, as any change of dtype is. (gpt2's keys come out of
+    autocast in bf16, Llama's and Qwen2's in float32 from the rotary embedding.)"""
+    folder = tiny_model_folder(tmp_path / "m", arch)
     policy = _policy(folder)
     decoder = StaticDecoder(policy, "aot_eager", max_prompt=8, temperature=1.0, top_k=0)
     ids, mask = _prompts(folder, ["1+2=", "34+5=", "6", "7+7="], [4, 8])
