@@ -71,6 +71,22 @@ def _backends(device: str, quick: bool) -> dict[str, Any]:
     return out
 
 
+def _timed_generation(fn: Any, dev: Any, bf16: bool, repeats: int) -> tuple[float, float]:
+    """(seconds of the first call, which compiles; best seconds of `repeats` calls after it)."""
+    with dev.autocast(bf16, "bfloat16"):
+        t0 = time.perf_counter()
+        fn()
+        dev.synchronize()
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            dev.synchronize()
+            times.append(time.perf_counter() - t0)
+    return first, min(times)
+
+
 def generation(folder: Path, device: str, rows: int, new: int, quick: bool) -> str:
     import torch
 
@@ -98,18 +114,12 @@ def generation(folder: Path, device: str, rows: int, new: int, quick: bool) -> s
         )
     out = []
     for name, fn, decoder in samplers:
-        with dev.autocast(bf16, "bfloat16"):
-            t0 = time.perf_counter()
-            fn()  # warm-up: compiles
-            dev.synchronize()
-            first = time.perf_counter() - t0
-            times = []
-            for _ in range(2 if quick else 3):
-                t0 = time.perf_counter()
-                fn()
-                dev.synchronize()
-                times.append(time.perf_counter() - t0)
-        best = min(times)
+        try:
+            first, best = _timed_generation(fn, dev, bf16, 2 if quick else 3)
+        except Exception as err:  # one sampler's failure (a backend, CUDA graphs) keeps the others' rows
+            why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+            out.append([name, rows, new, f"failed: {why}", "", decoder.compiles if decoder else ""])
+            continue
         compile_s = f"{max(first - best, 0.0):.1f}" if decoder is not None else ""
         out.append(
             [name, rows, new, f"{rows * new / best:,.0f}", compile_s, decoder.compiles if decoder else ""]

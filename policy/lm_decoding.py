@@ -254,21 +254,27 @@ class StaticDecoder:
         tokens = torch.full((rows, max_new_tokens), pad, dtype=torch.long, device=device)
         mask = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
         logps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=device)
-        done = torch.zeros(rows, dtype=torch.bool, device=device)
+        # A step's outputs are copied into these before the next step and nothing else of them is
+        # kept: under CUDA graphs (inductor's cudagraph trees) each call may reuse the memory of
+        # the last call's outputs, and reading one after the next call raises.
+        tok_in = torch.empty(rows, dtype=torch.long, device=device)
+        done_in = torch.zeros(rows, dtype=torch.bool, device=device)
         last = pos[:, -1:]
         noise = sampling_noise(generator, (rows, vocab), device, greedy)
         tok, logp, live, done = next_token(
-            logits, noise, self.temperature, self.top_k, done, self.policy.eos_ids, pad
+            logits, noise, self.temperature, self.top_k, done_in, self.policy.eos_ids, pad
         )
         for t in range(max_new_tokens):
             tokens[:, t], mask[:, t], logps[:, t] = tok, live, logp
-            if t == max_new_tokens - 1 or bool(done[:batch].all()):
+            tok_in.copy_(tok)
+            done_in.copy_(done)
+            if t == max_new_tokens - 1 or bool(done_in[:batch].all()):
                 break
             last = last + 1
             noise = sampling_noise(generator, (rows, vocab), device, greedy)
-            tok, logp, live, done = self._step(tok, attn, last, noise, done, low)
+            tok, logp, live, done = self._step(tok_in, attn, last, noise, done_in, low)
         self._count_warm()
-        return Completions(tokens[:batch], mask[:batch], logps[:batch], done[:batch])
+        return Completions(tokens[:batch], mask[:batch], logps[:batch], done_in[:batch])
 
     def _count(self) -> None:
         self.compiles += 1

@@ -310,3 +310,25 @@ def test_a_failed_training_is_an_error_as_before(tmp_path):
     with pytest.raises(subprocess.CalledProcessError):
         run_training([sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
     run_training([sys.executable, "-c", "pass"], tmp_path)
+
+
+def test_the_language_report_keeps_its_other_samplers_when_one_fails(tmp_path, monkeypatch):
+    """The device report runs once on a lent device: a compiled sampler that fails there (a backend,
+    CUDA graphs) is a row saying why, and the other samplers still have their tokens/s."""
+    device_llm = benchmark_module("device_llm")
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no graph today")
+
+    monkeypatch.setattr(
+        device_llm, "_backends", lambda device, quick: {"aot_eager": "aot_eager", "broken": broken}
+    )
+    folder = device_llm.model_folder(tmp_path, quick=True)
+    text = device_llm.generation(folder, "cpu", 4, 3, quick=True)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()[3:]}
+    assert (
+        "failed: " in rows["relay compiled (broken)"] and "no graph today" in rows["relay compiled (broken)"]
+    )
+    for name in ("transformers generate", "relay eager (KV cache)", "relay compiled (aot_eager)"):
+        tokens_per_s = rows[name].split("|")[4].strip()
+        assert float(tokens_per_s.replace(",", "")) > 0, rows[name]
