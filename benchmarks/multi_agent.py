@@ -21,8 +21,8 @@ spread: simple_spread (3 agents, 25 steps) for the same wall time: relay (config
   return (the sum over agents: RLlib's episode_return_mean) against agent steps.
 pistonball: butterfly's pistonball (20 pistons, 125 cycles) with SuperSuit's pixel preprocessing
   (one colour channel, 84x84, 3 frames) for the same wall time: relay (benchmarks/configs/
-  pistonball_local_critic.yaml, env.preprocess=pixels) against RLlib's PPO with one CNN shared by the pistons, the same update;
-  the team return (the sum over pistons) against agent steps.
+  pistonball_local_critic.yaml, env.preprocess=pixels) against RLlib's PPO with one CNN shared by
+  the pistons, the same update; the team return (the sum over pistons) against agent steps.
 groups: policy groups. What they cost: a rollout worker's sampler on simple_spread (240 columns)
   with one shared policy, 2 groups and 3 groups (one per agent), side by side in one run. What
   they learn: configs/simple_tag_groups.yaml (predators and prey, 2 workers on Ray), each group's
