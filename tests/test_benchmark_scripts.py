@@ -91,7 +91,7 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
             "retention.py: --configs 'cartpole_ppo,atlantis': choose from cartpole_ppo, cartpole_grpo, "
             "cartpole_novel_lstm_ppo, taxi_ppo, pendulum_ppo, minigrid_doorkey_ppo, "
             "minigrid_memory_lstm_ppo, simple_spread_ppo, simple_spread_mappo, "
-            "pistonball_mappo",
+            "pistonball_mappo, hopper_ppo, halfcheetah_ppo",
         ),
         (
             "retention.py",
