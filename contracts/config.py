@@ -384,7 +384,8 @@ class GenerationConfig(_Section):
     noise: Literal["device", "cpu"] = Field(
         "device",
         description="Where sampling noise is drawn: device (fast), or cpu: the same draws on any "
-        "device, for runs that must match bit for bit across hosts.",
+        "device, for runs that must match bit for bit across hosts (a host draw of rows x vocab "
+        "numbers every token: 34 ms at 64 x 151,936 on 2 cores, more than a GPU's decode step).",
     )
     prompt_buckets: list[int] | None = Field(
         None,
