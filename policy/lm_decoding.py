@@ -149,13 +149,19 @@ class StaticDecoder:
         """The metrics line's `compiles`."""
         return {"compiles": self.compiles}
 
+    def _low_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The dtype the weights' copy and the cache are kept in: autocast's for `device` where
+        it is on and `cast_once` (else None: the model's own)."""
+        on = self.cast_once and torch.is_autocast_enabled(device.type)
+        return torch.get_autocast_dtype(device.type) if on else None
+
     def _low_weights(self, device: torch.device) -> dict[str, Tensor] | None:
         """The matrix products' weights in the autocast dtype where autocast is on for `device`
         (else None: the model's own), made again when any of them changed since (an in-place
         update moves a tensor's version counter; a replaced tensor has another address)."""
-        if not (self.cast_once and torch.is_autocast_enabled(device.type)):
+        dtype = self._low_dtype(device)
+        if dtype is None:
             return None
-        dtype = torch.get_autocast_dtype(device.type)
         linear = {
             f"{name}.weight" if name else "weight": m.weight
             for name, m in self.policy.model.named_modules()
@@ -203,8 +209,7 @@ class StaticDecoder:
     def _fit(self, rows: int, width: int, device: torch.device) -> None:
         """A cache for at least `rows` x `width`, kept in the autocast dtype where autocast is on
         for `device` (a bigger cache than the last, or another dtype, is a recompile)."""
-        low = self.cast_once and torch.is_autocast_enabled(device.type)
-        store = torch.get_autocast_dtype(device.type) if low else None
+        store = self._low_dtype(device)
         if self._cache is None or rows > self._rows or width > self._width or store != self._store:
             self._rows, self._width = max(rows, self._rows), max(width, self._width)
             self._cache, self._store = _static_cache(self.policy, self._width, store), store

@@ -179,6 +179,7 @@ def test_noise_drawn_on_the_cpu_is_the_same_draws_for_any_device():
     a = sampling_noise(g1, (3, 7), torch.device("cpu"))
     b = sampling_noise(g2, (3, 7), torch.device("meta"))  # moved to the device after the draw
     assert b.device.type == "meta" and bool((a > 0).all())
+    assert torch.equal(sampling_noise(None, (2, 3), torch.device("cpu"), greedy=True), torch.ones(2, 3))
 
 
 def test_the_noise_is_exponential():
@@ -190,7 +191,6 @@ def test_the_noise_is_exponential():
         p, n = float(np.exp(-x)), e.numel()
         assert abs(float((e > x).double().mean()) - p) <= 4 * np.sqrt(p * (1 - p) / n), x
     assert abs(float(e.mean()) - 1.0) < 4 / np.sqrt(e.numel())
-    assert torch.equal(sampling_noise(None, (2, 3), torch.device("cpu"), greedy=True), torch.ones(2, 3))
 
 
 def test_a_compiled_language_learner_never_recompiles_over_prompts_of_many_lengths(tmp_path, monkeypatch):
