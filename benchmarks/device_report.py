@@ -6,14 +6,19 @@ few minutes should bring back, each section skipped with its reason where this h
 1. the learner alone on the device, CartPole / Hopper / Breakout, eager and compiled (samples/s,
    compile seconds, compiles), with its device memory after warm-up and after the timed updates
    (the ring buffer is preallocated: the two must match);
-2. learner_busy end to end for Breakout with W = 8 rollout workers (needs Ray and EnvPool or ale-py);
+2. Breakout end to end on Ray, a rollout worker per core (EnvPool where it imports, else ale-py), the
+   learner on the device and then on this host's CPU: env steps/s, learner_busy and the device's
+   utilization, and the ratio (needs Ray: the fleet pieces of benchmarks/device_wheels.sh);
 3. `relay verify` of a fresh CartPole checkpoint on the device (the precision table's device column);
 4. serving latency on the device: the policy service's answer to 1 and 32 rows, p50 over 200 calls;
 5. a short soak: the CartPole learner alone for `--soak-s` seconds of rounds, its device memory
    allocated after every round (flat after warm-up: the ring buffer is preallocated) and the peak;
 6. GRPO on a Qwen2.5-0.5B-shaped causal LM (benchmarks/device_llm.py): generation against
    transformers' `generate`, the learner with and without gradient checkpointing, `compiles`,
-   and TRL's GRPOTrainer on the same model and device.
+   and TRL's GRPOTrainer on the same model and device;
+7. CartPoleNoVel in local mode, the LSTM config against the same without a core at equal env
+   steps, the learner on the device and on the CPU (benchmarks/recurrent.py's measure: the LSTM
+   run's wall over the memoryless one's, at most 1.3 wanted; the CPU is arithmetic-bound there).
 
 --only N[,N...] runs only those sections.
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import device_llm
+import recurrent
 from common import machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
@@ -124,27 +131,89 @@ def learner_alone(device: str, quick: bool) -> str:
     return "\n".join([table(head, rows), *notes])
 
 
-def breakout_end_to_end(device: str, quick: bool) -> str:
-    why = _missing("ray", "envpool") and _missing("ray", "ale_py")
+def fleet_shape(cores: int) -> tuple[int, int]:
+    """(rollout workers, learner CPUs) for a host of `cores` >= 2: the learner keeps two threads
+    (one where the host has under 4 cores) and every other core gets a worker of its own."""
+    learner_cpus = 2 if cores >= 4 else 1
+    return cores - learner_cpus, learner_cpus
+
+
+def fleet_sets(device: str, cores: int, backend: str, wall_s: float) -> list[str]:
+    """The shipped Breakout config on `cores` cores, learner on `device`. The round grows with the
+    fleet (W x 8 envs x 128 steps, 4 minibatches of it, 4 epochs as shipped), so the learner does
+    the same work per env step whatever W is, as CleanRL's batch grows with its envs."""
+    workers, learner_cpus = fleet_shape(cores)
+    cfg = _load("breakout_ppo", [])
+    steps = workers * cfg.env.num_envs * cfg.rollout.rollout_len
+    return [
+        f"learner.device={device}",
+        f"learner.num_cpus={learner_cpus}",
+        f"rollout.num_workers={workers}",
+        "rollout.num_cpus_per_worker=1",
+        f"env.vectorization={backend}",
+        f"learner.buffer_size={steps}",
+        f"learner.batch_size={steps // 4}",
+        "stop.env_steps=100000000",
+        f"stop.wall_s={wall_s:g}",
+    ]
+
+
+def _median_of_second_half(lines: list[dict[str, Any]], key: str) -> float | None:
+    tail = [x[key] for x in lines[len(lines) // 2 :] if x.get(key) is not None]
+    return statistics.median(tail) if tail else None
+
+
+def breakout_end_to_end(device: str, quick: bool, wall_s: float) -> str:
+    """Breakout on Ray with a worker per core, the learner on `device` and then on this host's
+    CPU, one after the other: env steps/s, learner_busy and the device's utilization (NVML, pyACL)
+    over each run's second half, and the device's speed-up over the CPU learner."""
     if quick:
-        return "skipped: --quick (Breakout with 8 rollout workers is minutes of a run)"
+        return "skipped: --quick (Breakout with a rollout worker per core is minutes of a run)"
+    why = _missing("ray", "envpool") and _missing("ray", "ale_py")
     if why:
         return why
     backend = "envpool" if importlib.util.find_spec("envpool") else "sync"
-    sets = [
-        f"learner.device={device}",
-        "rollout.num_workers=8",
-        "rollout.num_cpus_per_worker=1",
-        f"env.vectorization={backend}",
-        "stop.env_steps=100000000",
-        "stop.wall_s=90",
-    ]
-    lines = train_relay("configs/breakout_ppo.yaml", sets)
-    tail = lines[len(lines) // 2 :] or lines
-    busy = statistics.median(x.get("learner_busy", 0.0) for x in tail)
-    sps = statistics.median(x.get("env_steps_per_s", 0.0) for x in tail)
-    head = ["W", "vectorization", "learner_busy (median, 2nd half)", "env steps/s"]
-    return table(head, [[8, backend, f"{busy:.2f}", sps]])
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        return "skipped: one core (a learner and a rollout worker need a core each)"
+    workers, learner_cpus = fleet_shape(cores)
+    rows, speed = [], {}
+    for learner in dict.fromkeys([device, "cpu"]):
+        lines = train_relay("configs/breakout_ppo.yaml", fleet_sets(learner, cores, backend, wall_s))
+        sps = _median_of_second_half(lines, "env_steps_per_s")
+        busy = _median_of_second_half(lines, "learner_busy")
+        util = _median_of_second_half(lines, "device_utilization")
+        speed[learner] = sps or 0.0
+        rows.append(
+            [
+                learner,
+                workers,
+                learner_cpus,
+                backend,
+                len(lines),
+                f"{sps:,.0f}" if sps is not None else "no lines",
+                f"{busy:.2f}" if busy is not None else "",
+                f"{util:.2f}" if util is not None else "n/a",
+            ]
+        )
+    head = ["learner", "W", "learner CPUs", "vectorization", "lines", "env steps/s", "learner_busy"]
+    head.append("device util")
+    out = [table(head, rows), f"({cores} cores, {wall_s:g} s a run, medians over each run's second half)"]
+    if device != "cpu" and speed.get("cpu"):
+        out.append(f"learner on {device} / on cpu: {speed[device] / speed['cpu']:.2f}x env steps/s")
+    return "\n".join(out)
+
+
+def recurrent_wall(device: str, quick: bool) -> str:
+    """CartPoleNoVel to the same env steps with the LSTM core and without, learner on `device`
+    and then on the CPU (in-process rollouts, one after another): the walls and their ratios."""
+    env_steps = 512 if quick else 49_152
+    rows, ratios = [], []
+    for learner in dict.fromkeys([device, "cpu"]):
+        walls, ratio = recurrent.lstm_against_no_core(env_steps, [f"learner.device={learner}"])
+        rows += [[learner, name, steps, f"{wall:.1f}"] for name, (steps, wall) in walls.items()]
+        ratios.append(f"learner on {learner}: LSTM / no core wall {ratio:.2f}")
+    return "\n".join([table(["learner", "run", "env steps", "wall s"], rows), *ratios])
 
 
 def _checkpoint(device: str, tmp: Path) -> Path:
@@ -243,19 +312,30 @@ def _section(title: str, body: Callable[[], str]) -> None:
         print(f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}", flush=True)
 
 
-def main() -> None:
+def _arguments() -> tuple[argparse.Namespace, set[int]]:
+    """The command line and the sections it runs; one line on stderr and exit 2 where it is off."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true", help="seconds, not measurements (the CPU path in CI)")
     parser.add_argument("--soak-s", type=float, default=60.0, help="section 5's length in seconds")
-    parser.add_argument("--only", default="1,2,3,4,5,6", help="the sections to run, e.g. 6 or 1,6")
+    parser.add_argument("--e2e-s", type=float, default=90.0, help="section 2's seconds a run (two runs)")
+    parser.add_argument("--only", default="1,2,3,4,5,6,7", help="the sections to run, e.g. 6 or 1,6")
     args = parser.parse_args()
     run = _sections(args.only)
     if run is None:
         print(
-            f"device_report.py: --only {args.only!r}: section numbers 1-6, comma-separated", file=sys.stderr
+            f"device_report.py: --only {args.only!r}: section numbers 1-7, comma-separated", file=sys.stderr
         )
         sys.exit(2)
+    if not (args.e2e_s > 0 and args.soak_s > 0):
+        says = f"--e2e-s {args.e2e_s:g} --soak-s {args.soak_s:g}: seconds > 0"
+        print(f"device_report.py: {says}", file=sys.stderr)
+        sys.exit(2)
+    return args, run
+
+
+def main() -> None:
+    args, run = _arguments()
     from relay_rl.learner.device import check_device
 
     device = str(check_device(args.device))
@@ -263,7 +343,8 @@ def main() -> None:
     if 1 in run:
         _section("1. The learner alone on the device", lambda: learner_alone(device, args.quick))
     if 2 in run:
-        _section("2. Breakout end to end, W = 8", lambda: breakout_end_to_end(device, args.quick))
+        e2e = lambda: breakout_end_to_end(device, args.quick, args.e2e_s)  # noqa: E731
+        _section("2. Breakout end to end, a rollout worker per core", e2e)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt: list[Path] = []
 
@@ -282,15 +363,19 @@ def main() -> None:
         _section("5. A short soak: device memory over learner rounds", lambda: device_soak(device, soak_s))
     if 6 in run:
         _section("6. GRPO on a causal LM on the device", lambda: device_llm.report(device, args.quick))
+    if 7 in run:
+        _section(
+            "7. CartPoleNoVel: the LSTM's wall over no core's", lambda: recurrent_wall(device, args.quick)
+        )
 
 
 def _sections(text: str) -> set[int] | None:
-    """`--only`'s section numbers (1 to 6), or None where it names something else."""
+    """`--only`'s section numbers (1 to 7), or None where it names something else."""
     try:
         got = {int(x) for x in text.split(",")}
     except ValueError:
         return None
-    return got if got and got <= set(range(1, 7)) else None
+    return got if got and got <= set(range(1, 8)) else None
 
 
 if __name__ == "__main__":

@@ -1,10 +1,24 @@
 """Shared test helpers."""
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from relay_rl.services.cli import main
 
 ROOT = Path(__file__).parents[1]
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/<name>.py as a module, its own `from common import ...` resolved."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(module)
+    return module
+
 
 # An elastic CartPole fleet small enough to grow and shrink within seconds on 2 cores (the
 # elastic-fleet tests and `benchmarks/fleet.py elastic` share it).

@@ -12,18 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
-
-
-def benchmark_module(name: str):
-    """benchmarks/<name>.py as a module, its own `from common import ...` resolved."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import ROOT, benchmark_module
 
 
 @pytest.mark.slow
@@ -48,11 +37,13 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
         "4. Serving latency",
         "5. A short soak",
         "6. GRPO on a causal LM",
+        "7. CartPoleNoVel: the LSTM's wall",
     )
     for section in sections:
         assert f"## {section}" in out
     assert "| cartpole_ppo |  eager |" in out and "compiled skipped (--quick on cpu" in out
     assert "skipped: --quick" in out and "failed:" not in out
+    assert "learner on cpu: LSTM / no core wall" in out  # section 7, both runs to the same env steps
     assert "bfloat16 |" in out and "pass" in out  # verify's precision table
     assert "MiB per 1,000 rounds" in out and "(cpu: the device layer keeps no allocator statistics" in out
     assert "## 4. Serving latency" in (tmp_path / "device_check.log").read_text()
@@ -111,13 +102,18 @@ def test_a_benchmark_flag_a_section_does_not_read_is_refused():
         ),
         (
             "device_report.py",
-            ["--only", "1,7"],
-            "device_report.py: --only '1,7': section numbers 1-6, comma-separated",
+            ["--only", "1,8"],
+            "device_report.py: --only '1,8': section numbers 1-7, comma-separated",
         ),
         (
             "device_report.py",
             ["--only", "six"],
-            "device_report.py: --only 'six': section numbers 1-6, comma-separated",
+            "device_report.py: --only 'six': section numbers 1-7, comma-separated",
+        ),
+        (
+            "device_report.py",
+            ["--only", "2", "--e2e-s", "0"],
+            "device_report.py: --e2e-s 0 --soak-s 60: seconds > 0",
         ),
     ],
 )
@@ -332,3 +328,21 @@ def test_the_language_report_keeps_its_other_samplers_when_one_fails(tmp_path, m
     for name in ("transformers generate", "relay eager (KV cache)", "relay compiled (aot_eager)"):
         tokens_per_s = rows[name].split("|")[4].strip()
         assert float(tokens_per_s.replace(",", "")) > 0, rows[name]
+
+
+@pytest.mark.parametrize("cores", [2, 3, 4, 16, 64])
+def test_the_fleet_section_runs_a_valid_config_with_a_worker_per_core(cores):
+    """The end-to-end section once asked for 8 workers with the shipped 2,048-step buffer, a
+    config relay refuses; it had never run (no Ray on the device machine). Its sets now build
+    a config on any host: the cores shared out, the round grown with the fleet."""
+    from relay_rl.contracts.config import load_config
+
+    report = benchmark_module("device_report")
+    sets = report.fleet_sets("cuda", cores, "envpool", 90.0)
+    cfg = load_config(ROOT / "configs" / "breakout_ppo.yaml", sets)
+    workers, learner_cpus = report.fleet_shape(cores)
+    assert cfg.rollout.num_workers == workers >= 1 and cfg.learner.num_cpus == learner_cpus
+    assert workers + learner_cpus == cores  # every core busy, none asked twice
+    assert cfg.learner.buffer_size == workers * 8 * 128 == cfg.segments_per_update * cfg.segment_steps
+    assert cfg.learner.buffer_size // cfg.learner.batch_size == 4 and cfg.learner.epochs == 4
+    assert cfg.env.vectorization == "envpool" and cfg.stop.wall_s == 90.0
