@@ -179,7 +179,11 @@ def breakout_end_to_end(device: str, quick: bool, wall_s: float) -> str:
     workers, learner_cpus = fleet_shape(cores)
     rows, speed = [], {}
     for learner in dict.fromkeys([device, "cpu"]):
-        lines = train_relay("configs/breakout_ppo.yaml", fleet_sets(learner, cores, backend, wall_s))
+        try:
+            lines = train_relay("configs/breakout_ppo.yaml", fleet_sets(learner, cores, backend, wall_s))
+        except Exception as err:  # one failed run is a row: the other's numbers are still worth having
+            rows.append([learner, workers, learner_cpus, backend, 0, _why(err), "", ""])
+            continue
         sps = _median_of_second_half(lines, "env_steps_per_s")
         busy = _median_of_second_half(lines, "learner_busy")
         util = _median_of_second_half(lines, "device_utilization")
@@ -199,7 +203,7 @@ def breakout_end_to_end(device: str, quick: bool, wall_s: float) -> str:
     head = ["learner", "W", "learner CPUs", "vectorization", "lines", "env steps/s", "learner_busy"]
     head.append("device util")
     out = [table(head, rows), f"({cores} cores, {wall_s:g} s a run, medians over each run's second half)"]
-    if device != "cpu" and speed.get("cpu"):
+    if device != "cpu" and speed.get(device) and speed.get("cpu"):
         out.append(f"learner on {device} / on cpu: {speed[device] / speed['cpu']:.2f}x env steps/s")
     return "\n".join(out)
 
@@ -210,7 +214,11 @@ def recurrent_wall(device: str, quick: bool) -> str:
     env_steps = 512 if quick else 49_152
     rows, ratios = [], []
     for learner in dict.fromkeys([device, "cpu"]):
-        walls, ratio = recurrent.lstm_against_no_core(env_steps, [f"learner.device={learner}"])
+        try:
+            walls, ratio = recurrent.lstm_against_no_core(env_steps, [f"learner.device={learner}"])
+        except Exception as err:  # as in section 2: the other learner's pair still counts
+            rows.append([learner, "LSTM 64 and no core", _why(err), ""])
+            continue
         rows += [[learner, name, steps, f"{wall:.1f}"] for name, (steps, wall) in walls.items()]
         ratios.append(f"learner on {learner}: LSTM / no core wall {ratio:.2f}")
     return "\n".join([table(["learner", "run", "env steps", "wall s"], rows), *ratios])
@@ -304,12 +312,16 @@ def device_soak(device: str, seconds: float) -> str:
     return table(head, [row]) + (note if device == "cpu" else "")
 
 
+def _why(err: BaseException) -> str:
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
 def _section(title: str, body: Callable[[], str]) -> None:
     print(f"\n## {title}")
     try:
         print(body(), flush=True)
     except Exception as err:  # a report keeps going: the other sections are still worth having
-        print(f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}", flush=True)
+        print(_why(err), flush=True)
 
 
 def _arguments() -> tuple[argparse.Namespace, set[int]]:

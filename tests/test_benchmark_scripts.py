@@ -346,3 +346,33 @@ def test_the_fleet_section_runs_a_valid_config_with_a_worker_per_core(cores):
     assert cfg.learner.buffer_size == workers * 8 * 128 == cfg.segments_per_update * cfg.segment_steps
     assert cfg.learner.buffer_size // cfg.learner.batch_size == 4 and cfg.learner.epochs == 4
     assert cfg.env.vectorization == "envpool" and cfg.stop.wall_s == 90.0
+
+
+def test_the_fleet_and_recurrent_sections_keep_one_learners_row_when_the_other_fails(monkeypatch):
+    """Sections 2 and 7 run twice, learner on the device and then on the CPU, within one scarce
+    device call: a run that fails (here the device's) is a row saying why, the other keeps its
+    numbers. train_relay is replaced (no training in the unit loop); the rows are the report's."""
+    report = benchmark_module("device_report")
+
+    def train(config, sets):
+        if "learner.device=cuda" in sets:
+            raise RuntimeError("CUDA error: no kernel image")
+        steps = 49_152 if "recurrent" not in " ".join(sets) else 40_000
+        return [{"env_steps": steps, "wall_s": 10.0, "env_steps_per_s": 900.0, "learner_busy": 0.5}] * 4
+
+    monkeypatch.setattr(report, "train_relay", train)
+    monkeypatch.setattr(report.recurrent, "train_relay", train)
+    monkeypatch.setattr(report, "_missing", lambda *modules: None)
+    fleet = report.breakout_end_to_end("cuda", quick=False, wall_s=5.0)
+    rows = {
+        cells[0]: cells
+        for line in fleet.splitlines()[2:]
+        if line.startswith("|")
+        for cells in [[c.strip() for c in line.split("|")[1:-1]]]
+    }
+    assert rows["cuda"][5] == "failed: RuntimeError: CUDA error: no kernel image"
+    assert rows["cpu"][4:7] == ["4", "900", "0.50"]  # lines, env steps/s, learner_busy
+    assert "/ on cpu" not in fleet  # no ratio from a failed run
+    lstm = report.recurrent_wall("cuda", quick=True)
+    assert "failed: RuntimeError: CUDA error" in lstm
+    assert "learner on cpu: LSTM / no core wall 1.00" in lstm and "learner on cuda" not in lstm
