@@ -98,6 +98,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(list(headers)), sep, *(line(r) for r in cells)])
 
 
+def failure(err: BaseException) -> str:
+    """A report's cell or line for a part that raised: 'failed: Type: message' on one line."""
+    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"

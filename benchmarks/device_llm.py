@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_header, table
+from common import failure, machine_header, table
 from tiny_lm import hf_sample, qwen_05b_config, tiny_model_folder, write_jsonl, write_tokenizer
 
 GROUP = 8
@@ -286,7 +286,7 @@ def report(device: str, quick: bool) -> str:
             try:
                 parts.append(f"### {title}\n{body()}")
             except Exception as err:  # a report keeps going: the other parts are still worth having
-                parts.append(f"### {title}\nfailed: {type(err).__name__}: {' '.join(str(err).split())[:300]}")
+                parts.append(f"### {title}\n{failure(err)}")
     return "\n".join(parts)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import device_llm
 import recurrent
-from common import machine_header, table, train_relay
+from common import failure, machine_header, table, train_relay
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
@@ -182,7 +182,7 @@ def breakout_end_to_end(device: str, quick: bool, wall_s: float) -> str:
         try:
             lines = train_relay("configs/breakout_ppo.yaml", fleet_sets(learner, cores, backend, wall_s))
         except Exception as err:  # one failed run is a row: the other's numbers are still worth having
-            rows.append([learner, workers, learner_cpus, backend, 0, _why(err), "", ""])
+            rows.append([learner, workers, learner_cpus, backend, 0, failure(err), "", ""])
             continue
         sps = _median_of_second_half(lines, "env_steps_per_s")
         busy = _median_of_second_half(lines, "learner_busy")
@@ -217,7 +217,7 @@ def recurrent_wall(device: str, quick: bool) -> str:
         try:
             walls, ratio = recurrent.lstm_against_no_core(env_steps, [f"learner.device={learner}"])
         except Exception as err:  # as in section 2: the other learner's pair still counts
-            rows.append([learner, "LSTM 64 and no core", _why(err), ""])
+            rows.append([learner, "LSTM 64 and no core", failure(err), ""])
             continue
         rows += [[learner, name, steps, f"{wall:.1f}"] for name, (steps, wall) in walls.items()]
         ratios.append(f"learner on {learner}: LSTM / no core wall {ratio:.2f}")
@@ -312,16 +312,12 @@ def device_soak(device: str, seconds: float) -> str:
     return table(head, [row]) + (note if device == "cpu" else "")
 
 
-def _why(err: BaseException) -> str:
-    return f"failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
-
-
 def _section(title: str, body: Callable[[], str]) -> None:
     print(f"\n## {title}")
     try:
         print(body(), flush=True)
     except Exception as err:  # a report keeps going: the other sections are still worth having
-        print(_why(err), flush=True)
+        print(failure(err), flush=True)
 
 
 def _arguments() -> tuple[argparse.Namespace, set[int]]:
