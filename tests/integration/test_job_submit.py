@@ -1,21 +1,31 @@
-"""`ray job submit` against a real local head node (`ray start --head`, stopped afterwards).
+"""`ray job submit` against a real local head node of this test's own.
 
 Everything goes through the `ray` command line in subprocesses, as a user would type it. Ray
 >= 2.59 starts clusters with token authentication; the token is the default one in
 ~/.ray/auth_token (`ray get-auth-token --generate`), and RAY_AUTH_MODE=token is set for the
 commands only, never in this test process (Ray caches its auth settings per process).
+
+The head node is `ray start --head --block` in a temp dir of its own, a child process stopped by
+its pid: `ray stop --force` would end every Ray process on the machine, a user's training beside
+the suite included (it once killed two).
 """
 
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.helpers_proc import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -36,34 +46,78 @@ def _ray(*args: str, env: dict, check: bool = True) -> str:
     return proc.stdout + proc.stderr
 
 
-@pytest.fixture(scope="module")
-def head_node():
-    """A real head node with its dashboard (the job server), stopped at the end."""
-    env = {
+def _ray_env() -> dict:
+    return {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "RAY_AUTH_MODE": "token",
     }
+
+
+@contextmanager
+def _own_head_node(env: dict, *args: str) -> Iterator[str]:
+    """`ray start --head --block` with a temp dir of its own (short: Ray's socket paths stay under
+    ~100 characters), as a child process; yields the temp dir. Ended by a SIGTERM to its pid, on
+    which `ray start --block` stops the processes it started and only those; whatever of them is
+    still up a minute later (named by its temp dir) is killed."""
+    temp = tempfile.mkdtemp(prefix="rj", dir="/tmp")
+    cmd = [RAY, "start", "--head", "--block", f"--temp-dir={temp}", f"--port={_free_port()}", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: proc.poll() is not None or _gcs_up(temp), 120, f"the head node in {temp}")
+        assert proc.poll() is None, f"ray start --head --block exited {proc.returncode}"
+        yield temp
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+            wait_for(lambda: not processes_mentioning(temp), 60, f"the Ray processes of {temp} to end")
+        except (subprocess.TimeoutExpired, AssertionError):
+            proc.kill()
+            for p in _processes_of(temp):
+                p.kill()
+
+
+def _gcs_up(temp: str) -> bool:
+    return any("gcs_server" in cmd for cmd in processes_mentioning(temp))
+
+
+def _processes_of(temp: str) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if temp in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@contextmanager
+def _job_head_node() -> Iterator[tuple[str, dict]]:
+    """A real head node with its dashboard (the job server), of this test's own: its job-server
+    address and the environment for `ray` commands."""
+    env = _ray_env()
     _ray("get-auth-token", "--generate", env=env)
-    port, dash = _free_port(), _free_port()
-    _ray(
-        "start",
-        "--head",
-        f"--port={port}",
-        "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dash}",
-        "--num-cpus=4",
-        "--include-dashboard=true",
-        env=env,
-    )
-    address = f"http://127.0.0.1:{dash}"
-    deadline = time.time() + 60
-    while not _job_server_answers(address, env):  # the dashboard's job server starts after `ray start`
-        if time.time() > deadline:
-            break  # submit will tell
-        time.sleep(1)
-    yield address, env
-    _ray("stop", "--force", env=env, check=False)
+    dash = _free_port()
+    dashboard = ("--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}")
+    node = _own_head_node(env, "--num-cpus=4", *dashboard)
+    with node:
+        address = f"http://127.0.0.1:{dash}"
+        deadline = time.time() + 60
+        while not _job_server_answers(address, env):  # the job server starts after the GCS
+            if time.time() > deadline:
+                break  # submit will tell
+            time.sleep(1)
+        yield address, env
+
+
+@pytest.fixture(scope="module")
+def head_node():
+    with _job_head_node() as node:
+        yield node
 
 
 def _job_server_answers(address: str, env: dict) -> bool:
@@ -109,3 +163,45 @@ def test_job_with_an_invalid_config_fails_with_the_one_line_message(head_node):
     logs = _ray("job", "logs", job_id, "--address", address, env=env)
     assert "relay train: invalid config: learner.batch_size=1000 does not divide" in logs
     assert "Traceback" not in logs
+
+
+# A user's training beside the suite: a driver on a local Ray of its own, calling its actor until
+# its stdin closes; it exits 0 only if every call answered.
+BYSTANDER = """
+import sys, threading, time, ray
+ray.init(address="local", num_cpus=1, include_dashboard=False)
+@ray.remote
+class Counter:
+    def __init__(self): self.n = 0
+    def add(self): self.n += 1; return self.n
+c = Counter.remote()
+ray.get(c.add.remote())
+print("ready", flush=True)
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+n = 1
+while not done.is_set():
+    n = ray.get(c.add.remote(), timeout=30)
+    time.sleep(0.2)
+print("calls", n, flush=True)
+"""
+
+
+def test_the_job_submit_head_node_leaves_a_training_beside_it_alive(tmp_path):
+    """A Ray instance started beside the suite (a user's training, another CI job's) outlives the
+    job-submit tests' head node, started and stopped as the tests do it: by its own pid, never by
+    `ray stop --force`, which ended every Ray process on the machine."""
+    env = {**os.environ, "RAY_TMPDIR": tempfile.mkdtemp(prefix="rb", dir="/tmp")}
+    user = subprocess.Popen(
+        [sys.executable, "-c", BYSTANDER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert user.stdout.readline().strip() == "ready"
+        with _job_head_node() as (address, ray_env):
+            assert _job_server_answers(address, ray_env)
+        time.sleep(3)  # the user's driver makes calls after the head node is gone
+        out, _ = user.communicate("", timeout=120)
+    finally:
+        user.kill()
+    assert user.returncode == 0, out
+    assert int(out.split()[-1]) > 3
