@@ -3,6 +3,7 @@
 import faulthandler
 import inspect
 import os
+import signal
 import sys
 
 import pytest
@@ -81,6 +82,48 @@ def pytest_collection_modifyitems(config, items):
         signs = (*E2E_SIGNS, *(f"{name}(" for name in helpers[module.__name__]))
         if any(sign in src for src in sources for sign in signs):
             item.add_marker(pytest.mark.e2e)
+
+
+# The signals that stop the suite as Ctrl-C does: `timeout`, a CI runner and `kill` send SIGTERM, a
+# closed terminal SIGHUP. pytest then runs the fixtures' teardowns (Ray shut down, head nodes and
+# servers stopped), reports, and exits 2 ("interrupted").
+SUITE_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_the_suite(signum, frame):
+    raise KeyboardInterrupt(f"the test suite got {signal.Signals(signum).name}")
+
+
+def pytest_configure(config):
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _stop_the_suite)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every test (its fixtures' set-up and teardown included) leaves the stop signals' handlers as
+    it found them. `ray.init` installs a SIGTERM handler that raises SystemExit, which pytest
+    records as one test's failure and goes on: left installed by a test, it made the whole suite
+    shrug off `timeout`'s SIGTERM and run to its end."""
+    handlers = {sig: signal.getsignal(sig) for sig in SUITE_STOP_SIGNALS}
+    try:
+        return (yield)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A SIGTERM that met a handler a test installed (Ray's, `sys.exit(SIGTERM)`) stops the suite
+    after this test, as one that met the suite's handler does."""
+    report = yield
+    exc = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+        item.session.shouldstop = "a test's SIGTERM handler raised SystemExit(15): the suite was terminated"
+    return report
 
 
 @pytest.hookimpl(trylast=True)
