@@ -11,6 +11,7 @@ prompt, a prompt over `prompts.max_prompt_tokens`) is found before a run starts,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,27 @@ from typing import Any
 
 import numpy as np
 
+from .bounded import memory_cap
+from .chat_template import MAX_RENDERED_CHARS, TemplateError, render_all
+
 # Arguments every reward receives by these names (rollout_workers/rewards.py): columns may not take them.
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids")
 
 PROMPT = "prompt"
-MAX_PROMPT_FILE_BYTES = 8 << 30
-MAX_ROWS = 50_000_000
+# Budgets for a prompt file, each refused in one line naming the file and the limit: the file on
+# disk; one JSON line or one row's values (a 100 MB line once took the process tree past 15 GB);
+# the rows (a small Parquet file can declare millions); the bytes a Parquet file decompresses to
+# (its metadata says, before anything is read); the memory reading it may take (dictionary-encoded
+# values expand in Arrow's native code, past any Python check) and the bytes its rows may hold
+# once read; the time loading it may take.
+MAX_PROMPT_FILE_BYTES = 1 << 30
+MAX_ROW_BYTES = 1 << 20
+MAX_ROWS = 1_000_000
+MAX_TOTAL_ROW_BYTES = 1 << 30
+MAX_PARQUET_UNCOMPRESSED_BYTES = 2 << 30
+READ_MEMORY_BYTES = 4 << 30
+LOAD_SECONDS = 900.0
+PARQUET_BATCH_ROWS = 256
 
 
 class PromptError(ValueError):
@@ -51,43 +67,122 @@ class PromptSet:
         )
 
 
-def _read_jsonl(path: Path, label: str) -> list[dict[str, Any]]:
+class _Budget:
+    """The rows and the time a file's load has left; PromptError naming the limit once spent."""
+
+    def __init__(self, label: str, path: Path) -> None:
+        self.where = f"{label}={path}"
+        self.deadline = time.monotonic() + LOAD_SECONDS
+        self.rows = 0
+        self.bytes = 0
+
+    def row(self, size: int) -> None:
+        """One more row of `size` bytes."""
+        self.rows += 1
+        self.bytes += size
+        if self.rows > MAX_ROWS:
+            raise PromptError(f"{self.where}: more than {MAX_ROWS} rows, the most relay reads")
+        if size > MAX_ROW_BYTES:
+            raise PromptError(f"{self.where}: row {self.rows} is over {MAX_ROW_BYTES >> 20} MiB")
+        if self.bytes > MAX_TOTAL_ROW_BYTES:
+            raise PromptError(
+                f"{self.where}: its rows hold more than {MAX_TOTAL_ROW_BYTES >> 20} MiB (at row {self.rows})"
+            )
+        if self.rows % 1024 == 0:
+            self.clock()
+
+    def clock(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise PromptError(f"{self.where}: loading ran past {LOAD_SECONDS:g} s (at row {self.rows})")
+
+
+def _read_jsonl(path: Path, budget: _Budget) -> list[dict[str, Any]]:
     rows = []
-    try:
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except (json.JSONDecodeError, RecursionError):
-                    raise PromptError(f"{label}={path}: line {n} is not JSON") from None
-                if not isinstance(row, dict):
-                    raise PromptError(f"{label}={path}: line {n} is not a JSON object")
-                rows.append(row)
-                if len(rows) > MAX_ROWS:
-                    raise PromptError(f"{label}={path}: more than {MAX_ROWS} rows")
-    except UnicodeDecodeError:
-        raise PromptError(f"{label}={path}: not UTF-8 text") from None
+    with path.open("rb") as f:
+        n = 0
+        while line := f.readline(MAX_ROW_BYTES + 1):
+            n += 1
+            if len(line) > MAX_ROW_BYTES:
+                raise PromptError(f"{budget.where}: line {n} is over {MAX_ROW_BYTES >> 20} MiB")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise PromptError(f"{budget.where}: not UTF-8 text") from None
+            except (json.JSONDecodeError, RecursionError):
+                raise PromptError(f"{budget.where}: line {n} is not JSON") from None
+            if not isinstance(row, dict):
+                raise PromptError(f"{budget.where}: line {n} is not a JSON object")
+            budget.row(len(line))
+            rows.append(row)
     return rows
 
 
-def _read_rows(path: Path, label: str) -> list[dict[str, Any]]:
+def _size(value: Any) -> int:
+    """Roughly the bytes a row's value holds (its text and numbers), for MAX_ROW_BYTES."""
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _size(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_size(v) for v in value) + len(value)
+    return 8
+
+
+def _read_parquet(path: Path, budget: _Budget) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+        meta = file.metadata
+        declared = meta.num_rows
+        unpacked = sum(
+            meta.row_group(g).column(c).total_uncompressed_size
+            for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns)
+        )
+    except Exception as err:  # pyarrow raises its own types for every malformed file
+        raise PromptError(f"{budget.where}: not a readable Parquet file ({type(err).__name__})") from None
+    if declared > MAX_ROWS:
+        raise PromptError(f"{budget.where}: declares {declared} rows, over the {MAX_ROWS} relay reads")
+    if unpacked > MAX_PARQUET_UNCOMPRESSED_BYTES:
+        raise PromptError(
+            f"{budget.where}: decompresses to {unpacked >> 20} MiB, over the "
+            f"{MAX_PARQUET_UNCOMPRESSED_BYTES >> 20} MiB relay reads"
+        )
+    rows: list[dict[str, Any]] = []
+    try:
+        with memory_cap(READ_MEMORY_BYTES):
+            for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                for row in batch.to_pylist():
+                    budget.row(_size(row))
+                    rows.append(row)
+                budget.clock()
+    except (MemoryError, pa.ArrowMemoryError):
+        rows.clear()
+        raise PromptError(
+            f"{budget.where}: reading it needed more than {READ_MEMORY_BYTES >> 20} MiB of memory "
+            f"(at row {budget.rows}: values that expand past what the file holds)"
+        ) from None
+    except PromptError:
+        raise
+    except Exception as err:
+        raise PromptError(f"{budget.where}: not a readable Parquet file ({type(err).__name__})") from None
+    return rows
+
+
+def _read_rows(path: Path, label: str, budget: _Budget) -> list[dict[str, Any]]:
     if not path.is_file():
         raise PromptError(f"{label}={path}: no such file")
     if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
         raise PromptError(f"{label}={path}: larger than {MAX_PROMPT_FILE_BYTES >> 30} GiB")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
-        return _read_jsonl(path, label)
+        return _read_jsonl(path, budget)
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as err:  # pyarrow raises its own types for every malformed file
-            raise PromptError(f"{label}={path}: not a readable Parquet file ({type(err).__name__})") from None
-        return [dict(r) for r in table.to_pylist()]
+        return _read_parquet(path, budget)
     raise PromptError(f"{label}={path}: not a .jsonl or .parquet file")
 
 
@@ -102,59 +197,75 @@ def _is_messages(value: Any) -> bool:
     )
 
 
-def prompt_text(tokenizer: Any, prompt: Any) -> str:
-    """The text a prompt is generated from: itself, or its messages through the chat template."""
-    if isinstance(prompt, str):
-        return prompt
-    return str(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+def _columns(rows: list[dict[str, Any]], where: str) -> list[str]:
+    """The columns beside the prompt, once every row is known to have a prompt and the same ones."""
+    names = [k for k in rows[0] if k != PROMPT]
+    taken = [k for k in names if k in RESERVED_COLUMNS]
+    if taken:
+        raise PromptError(
+            f"{where}: column {taken[0]!r} is the name rewards receive completions by; rename it"
+        )
+    for n, row in enumerate(rows, 1):
+        prompt = row.get(PROMPT)
+        if not (isinstance(prompt, str) and prompt) and not _is_messages(prompt):
+            raise PromptError(
+                f"{where}: row {n} has no '{PROMPT}' column of text or chat messages "
+                "([{role, content}, ...])"
+            )
+        if sorted(k for k in row if k != PROMPT) != sorted(names):
+            first = sorted([PROMPT, *names])
+            raise PromptError(f"{where}: row {n} has columns {sorted(row)}, row 1 has {first}")
+    return names
+
+
+def _texts(tokenizer: Any, prompts: list[Any], where: str) -> list[str]:
+    """The text each prompt is generated from: itself, or its messages through the chat template
+    (rendered under a budget in a child process, contracts/chat_template.py)."""
+    chats = [n for n, prompt in enumerate(prompts) if not isinstance(prompt, str)]
+    try:
+        rendered = render_all(tokenizer, [prompts[n] for n in chats])
+    except TemplateError as err:
+        at, _, why = str(err).partition(": ")
+        if at.startswith("row ") and at[4:].isdigit():  # its row counts among the chat rows
+            raise PromptError(f"{where}: row {chats[int(at[4:]) - 1] + 1}: {why}") from None
+        raise PromptError(f"{where}: {err}") from None
+    texts = list(prompts)
+    for n, text in zip(chats, rendered, strict=True):
+        texts[n] = text
+    return texts
 
 
 def load_prompts(
     path: str | Path, tokenizer: Any, max_tokens: int, label: str = "prompts.train"
 ) -> PromptSet:
-    """Every row of the file, tokenized; PromptError (one line) on the first thing wrong."""
-    rows = _read_rows(Path(path), label)
+    """Every row of the file, tokenized; PromptError (one line) on the first thing wrong, or on
+    the first budget a row, the file or its chat template runs past."""
+    budget = _Budget(label, Path(path))
+    rows = _read_rows(Path(path), label, budget)
     if not rows:
         raise PromptError(f"{label}={path}: no rows")
-    prompts, ids = [], []
-    names = [k for k in rows[0] if k != PROMPT]
-    taken = [k for k in names if k in RESERVED_COLUMNS]
-    if taken:
-        raise PromptError(
-            f"{label}={path}: column {taken[0]!r} is the name rewards receive completions by; rename it"
-        )
-    columns: dict[str, list[Any]] = {k: [] for k in names}
-    for n, row in enumerate(rows, 1):
-        prompt = row.get(PROMPT)
-        if not (isinstance(prompt, str) and prompt) and not _is_messages(prompt):
-            raise PromptError(
-                f"{label}={path}: row {n} has no '{PROMPT}' column of text or chat messages "
-                "([{role, content}, ...])"
-            )
-        if sorted(k for k in row if k != PROMPT) != sorted(names):
-            first = sorted([PROMPT, *names])
-            raise PromptError(f"{label}={path}: row {n} has columns {sorted(row)}, row 1 has {first}")
-        try:
-            text = prompt_text(tokenizer, prompt)
-        except Exception as err:  # a template that fails on these messages
-            raise PromptError(
-                f"{label}={path}: row {n}: the chat template failed ({type(err).__name__})"
-            ) from None
+    names = _columns(rows, budget.where)
+    prompts = [row[PROMPT] for row in rows]
+    ids = []
+    for n, (prompt, text) in enumerate(
+        zip(prompts, _texts(tokenizer, prompts, budget.where), strict=True), 1
+    ):
+        if len(text) > MAX_RENDERED_CHARS:
+            raise PromptError(f"{budget.where}: row {n} is {len(text)} characters, over {MAX_RENDERED_CHARS}")
         # A chat template writes the special tokens itself (a BOS among them): adding them again
         # would start the prompt with two.
         tokens = list(tokenizer(text, add_special_tokens=isinstance(prompt, str))["input_ids"])
         if not tokens:
-            raise PromptError(f"{label}={path}: row {n}: the prompt has no tokens")
+            raise PromptError(f"{budget.where}: row {n}: the prompt has no tokens")
         if len(tokens) > max_tokens:
             raise PromptError(
-                f"{label}={path}: row {n} is {len(tokens)} tokens, "
+                f"{budget.where}: row {n} is {len(tokens)} tokens, "
                 f"over prompts.max_prompt_tokens={max_tokens}"
             )
-        prompts.append(prompt)
         ids.append(tokens)
-        for k in names:
-            columns[k].append(row[k])
-    return PromptSet(prompts, ids, columns)
+        if n % 1024 == 0:
+            budget.clock()
+    return PromptSet(prompts, ids, {k: [row[k] for row in rows] for k in names})
 
 
 def as_completions(prompts: list[Any], texts: list[str]) -> list[Any]:

@@ -29,8 +29,10 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..contracts.prompts import pad_left
+from .weight_files import WeightFilesError, check_weights, weight_files
 
 MAX_JSON_BYTES = 64 << 20  # a config or tokenizer config larger than this is not one
+MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file larger than this is not one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
@@ -50,9 +52,26 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def check_model_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
+def _only_files(root: Path) -> None:
+    """Every entry of the folder a load may read is a regular file, or a link to one (the Hugging
+    Face cache links snapshots/<revision>/<name> to blobs/<hash>): never a FIFO or a device, which
+    a read would hang on or never finish (a `model.safetensors -> /dev/zero`); and none is larger
+    than its kind can be."""
+    for entry in root.iterdir():
+        if entry.is_dir():
+            continue
+        if not entry.is_file():
+            target = f" (a link to {os.path.realpath(entry)})" if entry.is_symlink() else ""
+            raise ModelFolderError(f"{entry}: not a regular file{target}; a model folder holds files")
+        cap = MAX_TEMPLATE_BYTES if entry.name.startswith("chat_template") else None
+        if cap is not None and entry.stat().st_size > cap:
+            raise ModelFolderError(f"{entry}: larger than {cap >> 20} MiB, not a chat template")
+
+
+def check_model_folder(path: str | os.PathLike[str], weights: bool = True) -> dict[str, Any]:
     """The folder's config.json as a dict, once everything a load reads is known to be data:
-    ModelFolderError naming the file and the reason otherwise."""
+    ModelFolderError naming the file and the reason otherwise. `weights`: also every tensor the
+    config implies, by name and shape, in valid safetensors headers (policy/weight_files.py)."""
     from transformers import CONFIG_MAPPING
 
     root = Path(path)
@@ -61,6 +80,7 @@ def check_model_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise ModelFolderError(f"model.path={path}: no config.json (a Hugging Face model folder has one)")
+    _only_files(root)
     config = _read_json(cfg_path)
     for name in ("config.json", "tokenizer_config.json", "generation_config.json"):
         file = root / name
@@ -71,15 +91,28 @@ def check_model_folder(path: str | os.PathLike[str]) -> dict[str, Any]:
     kind = config.get("model_type")
     if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
         raise ModelFolderError(f"{cfg_path}: model_type {kind!r} is not an architecture transformers knows")
-    if not any(root.glob("*.safetensors")):
-        pickled = sorted(p.name for p in root.glob("*.bin"))
-        why = f" ({pickled[0]} is pickled: convert it to safetensors)" if pickled else ""
-        raise ModelFolderError(f"model.path={path}: no *.safetensors weights{why}")
     if not any((root / f).is_file() for f in TOKENIZER_FILES):
         raise ModelFolderError(
             f"model.path={path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...)"
         )
+    try:
+        weight_files(root)
+        if weights:
+            check_weights(root, _architecture(root, cfg_path))
+    except WeightFilesError as err:
+        raise ModelFolderError(str(err)) from None
     return config
+
+
+def _architecture(root: Path, cfg_path: Path) -> Any:
+    """The folder's transformers config (config.json is data: checked above, no remote code)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(root), local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = " ".join(str(err).split())[:300]
+        raise ModelFolderError(f"{cfg_path}: {type(err).__name__}: {why}") from None
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -87,7 +120,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     tokenizer has none (its EOS, as TRL does)."""
     from transformers import AutoTokenizer
 
-    check_model_folder(path)
+    check_model_folder(path, weights=False)
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     tok.padding_side = "left"
     if tok.pad_token_id is None:
