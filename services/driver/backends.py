@@ -220,7 +220,7 @@ class RayBackend:
         if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
             if state_after:  # an actor runs its calls in order: after this round, before the next
                 self._state_after = (self.learner.state_dict.remote(), self._taken + 1)
-            self._submit_ahead(calls, progress)
+            self._submit_ahead(calls, self._progress_after(progress))
         # A stuck worker would hold the learner's fetch forever.
         self.health.watch([info for info, _ in calls], sampling)
         out = self._result(calls)
@@ -271,10 +271,22 @@ class RayBackend:
         # Finished segments of the next rounds: the learner fetches them while it updates.
         return [ref for _, ref in self._ready]
 
+    def _progress_after(self, progress: float) -> float:
+        """The progress the round after one at `progress` trains with: the loop's fraction once
+        that round's env steps are counted, as if it were submitted after it. Whether a round runs
+        ahead depends on timing (`_submit_ahead` gives up when this round finishes first), so
+        giving it this round's `progress` made the learning-rate schedule, and with it a seeded
+        async run, differ from run to run (a Hopper seed reached 2,000 at 289k, 473k and 977k)."""
+        budget = self.cfg.stop.env_steps
+        if not budget:
+            return progress
+        steps = round(progress * budget)  # the loop's env steps: its fraction's numerator, exactly
+        return min((steps + self.cfg.update_steps) / budget, 1.0)
+
     def _submit_ahead(self, calls: list[Any], progress: float) -> None:
         """While `calls` run, wait for the next round's segments and submit its calls behind them
         (an actor runs its calls in order), unless `calls` finish first. The next round trains
-        with this round's `progress` (the learning-rate schedule a round late)."""
+        with `progress` (`_progress_after` this round's)."""
         running = [info for info, _ in calls]
         while len(self._ready) < self.cfg.segments_per_update:
             self.health.kill_stuck()
