@@ -10,7 +10,8 @@ side-by-side: the same tiny random-init Llama folder (benchmarks/tiny_lm.py), th
 (configs/tiny_lm_grpo.yaml: one-digit sums, a format reward 0.5 and numeric_match 1) and settings
 (16 completions for each of 8 prompts a step, 3 new tokens, lr 1e-3, no KL, token-mean loss, group
 std scaling, one update per generation, float32 on both sides), each in this process's machine for
-the same wall budget, relay in local mode (no Ray: TRL has none either). Reported: the best reward
+the same wall budget: relay as the shipped config runs (a local Ray: the learner and the reward
+actor are actors) and in local mode (no Ray: TRL has none either). Reported: the best reward
 TRL reached (mean of 5 consecutive logged steps), the wall each took to first reach it, and
 completions per second.
 
@@ -61,9 +62,11 @@ def first_reach(points: list[tuple[float, float]], target: float, n: int = 5) ->
 
 
 def run_relay(
-    model: Path, prompts: Path, seconds: float, compiled: bool
+    model: Path, prompts: Path, seconds: float, compiled: bool, on_ray: bool = False
 ) -> tuple[list[tuple[float, float]], float, float]:
-    """(reward points, completions/s over the run, completions/s after the first step)."""
+    """(reward points, completions/s over the run, completions/s after the first step). `on_ray`:
+    as the shipped config runs (a local Ray, the learner and the reward actor as actors), else in
+    local mode (no Ray, as TRL)."""
     lines = train_relay(
         "configs/tiny_lm_grpo.yaml",
         [
@@ -71,7 +74,7 @@ def run_relay(
             f"learner.compile={str(compiled).lower()}",
             f"model.path={model}",
             f"prompts.train={prompts}",
-            "rollout.num_workers=0",
+            *([] if on_ray else ["rollout.num_workers=0"]),
             "learner.use_amp=false",
             "learner.device=cpu",
             f"learner.lr={LR}",
@@ -152,7 +155,8 @@ def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, f
 
 
 def side_by_side(seconds: float) -> None:
-    """TRL, relay eager (the shipped config) and relay compiled (generation.compile and
+    """TRL, relay's shipped config as a user runs it (on a local Ray, its reward actor beside the
+    learner actor), relay eager in local mode, and relay compiled (generation.compile and
     learner.compile), each for `seconds`; relay compiled twice: from an empty inductor cache (a
     host's first run) and again with what the first compiled (every later run)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +164,8 @@ def side_by_side(seconds: float) -> None:
         prompts = write_jsonl(Path(tmp) / "sums.jsonl", sums_rows())
         runs = {"TRL GRPOTrainer": run_trl(model, seconds, Path(tmp) / "trl")}
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")  # a cold compile
-        runs["relay eager (shipped config)"] = run_relay(model, prompts, seconds, False)
+        runs["relay shipped config (on Ray)"] = run_relay(model, prompts, seconds, False, on_ray=True)
+        runs["relay eager (local mode)"] = run_relay(model, prompts, seconds, False)
         runs["relay compiled (cold cache)"] = run_relay(model, prompts, seconds, True)
         # Inductor keeps what it compiled on disk: any later run on the host starts warm.
         runs["relay compiled (warm cache)"] = run_relay(model, prompts, seconds, True)

@@ -121,6 +121,7 @@ class LanguageLearner:
             "device": str(self.dev),
             "parameters": sum(p.numel() for p in self.policy.parameters()),
             "precision": self.amp_dtype if self.amp else "float32",
+            "threads": torch.get_num_threads(),
         }
 
     def prepare_round(self) -> dict[str, Any]:

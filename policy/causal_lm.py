@@ -33,6 +33,10 @@ from .weight_files import WeightFilesError, check_weights, weight_files
 
 MAX_JSON_BYTES = 64 << 20  # a config or tokenizer config larger than this is not one
 MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file larger than this is not one
+# Files transformers reads whole into memory (configs, vocabularies, merges, tokenizer models):
+# the largest real ones are tens of MiB (Gemma's tokenizer.json, 33 MB).
+READ_WHOLE = (".json", ".txt", ".model", ".jinja")
+MAX_READ_WHOLE_BYTES = 256 << 20
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
 
@@ -55,17 +59,22 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _only_files(root: Path) -> None:
     """Every entry of the folder a load may read is a regular file, or a link to one (the Hugging
     Face cache links snapshots/<revision>/<name> to blobs/<hash>): never a FIFO or a device, which
-    a read would hang on or never finish (a `model.safetensors -> /dev/zero`); and none is larger
-    than its kind can be."""
+    a read would hang on or never finish (a `model.safetensors -> /dev/zero`); and none that
+    transformers reads whole (configs, tokenizer files, templates) is larger than its kind can be."""
     for entry in root.iterdir():
         if entry.is_dir():
             continue
         if not entry.is_file():
             target = f" (a link to {os.path.realpath(entry)})" if entry.is_symlink() else ""
             raise ModelFolderError(f"{entry}: not a regular file{target}; a model folder holds files")
-        cap = MAX_TEMPLATE_BYTES if entry.name.startswith("chat_template") else None
-        if cap is not None and entry.stat().st_size > cap:
-            raise ModelFolderError(f"{entry}: larger than {cap >> 20} MiB, not a chat template")
+        if entry.name.startswith("chat_template"):
+            cap, kind = MAX_TEMPLATE_BYTES, "a chat template"
+        elif entry.suffix in READ_WHOLE:
+            cap, kind = MAX_READ_WHOLE_BYTES, "a config or tokenizer file"
+        else:
+            continue
+        if entry.stat().st_size > cap:
+            raise ModelFolderError(f"{entry}: larger than {cap >> 20} MiB, not {kind}")
 
 
 def check_model_folder(path: str | os.PathLike[str], weights: bool = True) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
@@ -73,6 +74,9 @@ class LanguageLearnerActor:
 
     def __init__(self, cfg_data: dict[str, Any], workdir: str) -> None:
         cfg = RelayConfig.model_validate(cfg_data)
+        # As many intra-op threads as the CPUs Ray reserved for it (the env learner actor's rule):
+        # a CPU learner's generation and update are the run's compute, set by learner.num_cpus.
+        torch.set_num_threads(cfg.learner.num_cpus)
         adopt_workdir(workdir, cfg)
         self.learner = LanguageLearner(cfg)
 

@@ -283,3 +283,14 @@ def test_a_link_to_a_device_or_a_fifo_is_refused(folder, tmp_path, name):
     os.mkfifo(fifo / name)
     with pytest.raises(ModelFolderError, match=rf"{name}: not a regular file"):
         load_tokenizer(fifo)
+
+
+@pytest.mark.parametrize(("name", "cap"), [("tokenizer.json", 256), ("chat_template.jinja", 1)])
+def test_a_file_transformers_reads_whole_is_refused_past_its_size(folder, tmp_path, name, cap):
+    """A 300 MiB tokenizer.json (sparse: no disk) or a 2 MiB chat template: refused by size before
+    transformers reads either into memory."""
+    big = _copy(folder, tmp_path / "big")
+    with (big / name).open("ab") as f:
+        f.truncate(300 << 20 if cap > 1 else 2 << 20)
+    with pytest.raises(ModelFolderError, match=rf"{name}: larger than {cap} MiB, not a"):
+        load_tokenizer(big)
