@@ -15,6 +15,8 @@ from relay_rl.services.cli import main
 from relay_rl.services.driver.checkpoints import load_newest_valid
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
+ROOT = Path(__file__).parents[2]
+
 pytestmark = pytest.mark.ray
 
 USER_REWARDS = '''
@@ -207,3 +209,28 @@ def test_a_stop_during_the_update_or_before_it_is_counted_leaves_no_update_uncou
     path, ckpt = load_newest_valid(run / "checkpoints")
     assert ckpt.counters.iteration == 3 == ckpt.learner["version"], path.name
     assert ckpt.learner["completions"] == 3 * 16  # counted once, not again by drain
+
+
+def test_the_shipped_config_learns_on_ray_with_the_threads_it_reserves(local_ray, tmp_path, monkeypatch):
+    """configs/tiny_lm_grpo.yaml as a user runs it (its learner and reward actor on Ray): the
+    learner actor computes with learner.num_cpus threads, and the config reserves two for a CPU
+    learner. With one (Ray gives an actor as many threads as CPUs) its generation and update ran
+    at half local mode's speed: 1.18x TRL's completions/s on Ray against 2.13x in local mode."""
+    from relay_rl.contracts.config import load_config
+    from relay_rl.services.driver.lm_backend import LanguageBackend
+    from relay_rl.services.driver.preflight import check_language
+
+    monkeypatch.chdir(tmp_path)
+    tiny_model_folder(tmp_path / "models" / "tiny-llama")
+    (tmp_path / "data").mkdir()
+    write_jsonl(tmp_path / "data" / "sums.jsonl", sums_rows())
+    cfg = load_config(str(ROOT / "configs" / "tiny_lm_grpo.yaml"), ["learner.device=cpu"])
+    assert cfg.rollout.num_workers == 1 and cfg.learner.num_cpus == 2
+    backend = LanguageBackend(cfg, check_language(cfg))
+    try:
+        assert backend.describe()["threads"] == cfg.learner.num_cpus
+        out = backend.step(0.0)
+        assert len(out.episode_returns) == cfg.prompts.batch_size * cfg.learner.group_size
+        assert out.metrics is not None and out.metrics["weights_version"] == 1
+    finally:
+        backend.close()
