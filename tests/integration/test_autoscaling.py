@@ -8,7 +8,9 @@ the learner asks for it through `learner.ray_resources` and computes on the CPU.
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from relay_rl.services.driver.backends import RayBackend
 from relay_rl.services.driver.loop import TrainingLoop
 from relay_rl.services.driver.preflight import check_env
 from relay_rl.services.driver.run_dir import RunDir
+from tests.helpers_proc import end_processes_of, free_port, processes_of
 
 pytestmark = pytest.mark.ray
 ROOT = Path(__file__).parents[2]
@@ -43,12 +46,51 @@ def _scaled_down_node_types() -> dict:
     }
 
 
+CURRENT = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+
+
 class FakeNodesCluster(AutoscalingCluster):
-    """Ray's AutoscalingCluster on the fake_multinode provider.
+    """Ray's AutoscalingCluster on the fake_multinode provider, started and stopped as a head node
+    of its own (`own_head_node`: a temp dir and a port of its own, ended by its pid).
 
     Ray's wheel does not ship the example config AutoscalingCluster reads its defaults from, so
-    the cluster-wide fields are given here.
+    the cluster-wide fields are given here. Ray's own start and shutdown run `ray stop --force`,
+    which ends every Ray process on the machine: it killed a user's training beside the suite.
     """
+
+    def start(self, _system_config=None, override_env=None):
+        """Ray's start without its `ray stop --force`, on a port of its own; the processes of the
+        session it starts (named by the session folder) are the ones `shutdown` ends."""
+        assert not self._head_resources or set(self._head_resources) == {"CPU"}, self._head_resources
+        port = free_port()
+        # The fake nodes join the head at the provider's gcs_address (6379 where none is given).
+        node_ip = ray._private.services.get_node_ip_address()
+        self._config["provider"]["gcs_address"] = f"{node_ip}:{port}"
+        config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)  # noqa: SIM115
+        with config:
+            json.dump(self._config, config)
+        cmd = ["ray", "start", "--head", f"--port={port}", f"--autoscaling-config={config.name}"]
+        if "CPU" in self._head_resources:
+            cmd.append(f"--num-cpus={self._head_resources.pop('CPU')}")
+        fake = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1"}
+        # `ray start` names its cluster in Ray's current-cluster file, where `ray.init("auto")` finds
+        # it and its token (an explicit address takes no token); a user's entry is put back after.
+        self._current = CURRENT.read_bytes() if CURRENT.exists() else None
+        subprocess.check_call(cmd, env={**os.environ, **fake, **(override_env or {})})
+        self.address = f"127.0.0.1:{port}"
+        gcs = [p.cmdline() for p in processes_of(f"--gcs_server_port={port}")]
+        assert gcs, f"no GCS on port {port}"
+        log_dir = next(arg for arg in gcs[0] if arg.startswith("--log_dir="))
+        self.session = str(Path(log_dir.split("=", 1)[1]).parent)
+        ray._private.services.find_gcs_addresses.cache_clear()
+
+    def shutdown(self):
+        end_processes_of(self.session)
+        if self._current is not None:
+            CURRENT.write_bytes(self._current)
+        else:
+            CURRENT.unlink(missing_ok=True)
+        ray._private.services.find_gcs_addresses.cache_clear()
 
     def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):
         config = {
@@ -103,10 +145,12 @@ def fake_cluster(monkeypatch):
         head_resources={"CPU": 0}, worker_node_types=_scaled_down_node_types(), idle_timeout_minutes=0.1
     )
     cluster.start()
-    ray.init("auto")
-    yield
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        ray.init("auto")
+        yield
+        ray.shutdown()
+    finally:
+        cluster.shutdown()
 
 
 def test_device_auto_on_an_autoscaling_cluster_without_accelerators_is_refused(

@@ -13,8 +13,6 @@ the suite included (it once killed two).
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,18 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers_proc import processes_mentioning, wait_for
+from tests.helpers_proc import free_port, own_head_node
 
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ray(*args: str, env: dict, check: bool = True) -> str:
@@ -55,56 +47,14 @@ def _ray_env() -> dict:
 
 
 @contextmanager
-def _own_head_node(env: dict, *args: str) -> Iterator[str]:
-    """`ray start --head --block` with a temp dir of its own (short: Ray's socket paths stay under
-    ~100 characters), as a child process; yields the temp dir. Ended by a SIGTERM to its pid, on
-    which `ray start --block` stops the processes it started and only those; whatever of them is
-    still up a minute later (named by its temp dir) is killed."""
-    temp = tempfile.mkdtemp(prefix="rj", dir="/tmp")
-    cmd = [RAY, "start", "--head", "--block", f"--temp-dir={temp}", f"--port={_free_port()}", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: proc.poll() is not None or _gcs_up(temp), 120, f"the head node in {temp}")
-        assert proc.poll() is None, f"ray start --head --block exited {proc.returncode}"
-        yield temp
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-            wait_for(lambda: not processes_mentioning(temp), 60, f"the Ray processes of {temp} to end")
-        except (subprocess.TimeoutExpired, AssertionError):
-            proc.kill()
-            for p in _processes_of(temp):
-                p.kill()
-
-
-def _gcs_up(temp: str) -> bool:
-    return any("gcs_server" in cmd for cmd in processes_mentioning(temp))
-
-
-def _processes_of(temp: str) -> list:
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if temp in " ".join(p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
-
-
-@contextmanager
 def _job_head_node() -> Iterator[tuple[str, dict]]:
     """A real head node with its dashboard (the job server), of this test's own: its job-server
     address and the environment for `ray` commands."""
     env = _ray_env()
     _ray("get-auth-token", "--generate", env=env)
-    dash = _free_port()
+    dash = free_port()
     dashboard = ("--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}")
-    node = _own_head_node(env, "--num-cpus=4", *dashboard)
-    with node:
+    with own_head_node(env, "--num-cpus=4", *dashboard):
         address = f"http://127.0.0.1:{dash}"
         deadline = time.time() + 60
         while not _job_server_answers(address, env):  # the job server starts after the GCS
