@@ -168,7 +168,7 @@ PIPELINE = [
 def pipeline(seconds: float) -> None:
     import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         learner_alone = _learner_alone(seconds, PIPELINE)
         sampling_alone = _sampling_alone(1, seconds, PIPELINE)
@@ -233,7 +233,8 @@ def wide(workers: list[int], seconds: float) -> None:
     rows = []
     for w in workers:
         # 3 logical CPUs (as every section) or what W workers at 0.05 and the learner ask for.
-        ray.init(num_cpus=max(3, int(np.ceil(w * 0.05 + 1))), include_dashboard=False, log_to_driver=False)
+        cpus = max(3, int(np.ceil(w * 0.05 + 1)))
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
         try:
             sets = [
                 f"rollout.num_workers={w}",
@@ -299,7 +300,7 @@ def _on_raylets(nodes: list[tuple[int, bool]], sets: list[str], seconds: float) 
 def _one_node(sets: list[str], seconds: float) -> dict[str, Any]:
     import ray
 
-    ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=5, include_dashboard=False, log_to_driver=False)
     try:
         return _run_inprocess(sets, seconds)
     finally:
@@ -417,7 +418,7 @@ def _rllib_cartpole(algo: str, seconds: float) -> tuple[float | None, float | No
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     launch = time.perf_counter()
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         config = (
             (APPOConfig if algo == "appo" else PPOConfig)()

@@ -521,7 +521,7 @@ def weight_sync() -> None:
 
     from relay_rl.policy.weight_wires import wire_weights
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
 
         @ray.remote

@@ -286,7 +286,7 @@ def _rllib_shared(
     from ray.tune.registry import register_env
 
     register_env(name, make)
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     try:
         cfg = (
             PPOConfig()

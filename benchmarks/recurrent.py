@@ -94,7 +94,7 @@ def sampling_table(seconds: float, repeats: int) -> str:
 
     base = ["learner.minibatch=sequences", "model.recurrent_size=64"]
     cores = {"no core": "none", "lstm 64": "lstm", "gru 64": "gru"}
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     # Interleaved repeats, the median of each: the machine's speed drifts by more than a core costs.
     rates: dict[str, list[float]] = {name: [] for name in cores}
     for _ in range(repeats):

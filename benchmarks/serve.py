@@ -211,7 +211,7 @@ def main() -> None:
         parses = {
             name: _parse_ms(path, json.dumps({"obs": obs}).encode()) for name, (path, obs) in policies.items()
         }
-        ray.init(include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", include_dashboard=False, logging_level="ERROR")
         serve.start(http_options={"host": "127.0.0.1", "port": 8765}, logging_config=quiet)
         rows, checks = [], []
         serve.run(_constant_app(), name="bench", route_prefix="/", logging_config=quiet)

@@ -120,7 +120,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for w in [int(x) for x in args.workers.split(",")]:
-        ray.init(num_cpus=max(3, w + 1), include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=max(3, w + 1), include_dashboard=False, log_to_driver=False)
         ceil, samp = ceiling(w, args.seconds), sampling(w, args.seconds)
         rl = None if args.no_rllib else rllib(w, args.seconds)
         ray.shutdown()

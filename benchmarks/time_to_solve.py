@@ -135,7 +135,7 @@ def run_rllib(task: Task, max_wall: float) -> Outcome:
     import ray
 
     t_start = time.perf_counter()
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         algo = _rllib_config(task).build_algo()
         startup = time.perf_counter() - t_start

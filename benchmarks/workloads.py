@@ -207,7 +207,7 @@ def _relay_sampling(seconds: float, extra: list[str]) -> float:
     from relay_rl.contracts.config import load_config
 
     cfg = load_config(ROOT / "configs/breakout_ppo.yaml", [*ATARI_SETS, *extra])
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         return sampling_rate(cfg, 2, seconds, in_flight=1, num_cpus=1)
     finally:
@@ -321,7 +321,7 @@ def _rllib_atari(seconds: float) -> float:
             gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0), framestack=4
         )
 
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     try:
         register_env("breakout", make)
         cfg = (

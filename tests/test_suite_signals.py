@@ -31,7 +31,7 @@ MARKS = pathlib.Path(os.environ["MARKS"])
 def local_ray():
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
     yield
     ray.shutdown()
     (MARKS / "shut_down").touch()

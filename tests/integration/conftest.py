@@ -7,10 +7,12 @@ from tests.helpers_proc import processes_mentioning, wait_for
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A real local Ray cluster for one test module."""
+    """A real local Ray cluster for one test module: a new one (`address="local"`), never one
+    a `ray start` on this machine named in Ray's current-cluster file (a user's, or one a test
+    left), which ray.init would otherwise join."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 

@@ -43,7 +43,7 @@ def test_the_evaluation_actor_yields_the_cpu_to_training():
     from relay_rl.services.driver.preflight import check_env
 
     cfg = build_config({}, ["eval.every_iterations=1"])
-    ray.init(num_cpus=1, include_dashboard=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
     try:
         actor = create_evaluator(cfg, check_env(cfg), algorithm_traits(cfg))
         pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))

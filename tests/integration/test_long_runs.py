@@ -25,7 +25,7 @@ HOT = {"sample", "train_round", "publish"}
 @pytest.fixture(scope="module")
 def ray_with_state_api():
     """Ray's state API (list_tasks) is served by its dashboard: this cluster starts one."""
-    ray.init(num_cpus=3, include_dashboard=True)
+    ray.init(address="local", num_cpus=3, include_dashboard=True)
     yield
     ray.shutdown()
 

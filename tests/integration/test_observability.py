@@ -23,7 +23,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ray_with_metrics():
     port = _free_port()
-    ray.init(num_cpus=3, include_dashboard=False, _metrics_export_port=port)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, _metrics_export_port=port)
     yield port
     ray.shutdown()
 

@@ -186,7 +186,7 @@ def test_serve_application_runs_an_mlagents_export_on_two_onnxruntime_replicas(t
     path = tmp_path / "Huggy.onnx"  # written by ML-Agents 1.1.0's own exporter (tests/services/data)
     path.write_bytes((MLAGENTS_EXPORTS / "continuous_normalized.onnx").read_bytes())
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build({"model": str(path), "runtime": "onnxruntime", "replicas": 2}), name="relay")
@@ -282,7 +282,7 @@ def test_serve_application_answers_tree_observations_and_masks(tmp_path):
     ]
     assert train_local("cartpole_ppo.yaml", run, *sets) == 0
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(
@@ -342,7 +342,7 @@ def test_serve_application_carries_a_recurrent_policys_state_per_session(tmp_pat
     )
     ckpt = str(list_checkpoints(run / "checkpoints")[-1])
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build({"model": ckpt, "replicas": 2}), name="relay")

@@ -40,7 +40,7 @@ def flaky(prompts, completions, completion_ids, answer, **kwargs):
 def local_ray():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 
