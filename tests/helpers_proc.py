@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import psutil
+
+from benchmarks.common import free_port
 
 ROOT = Path(__file__).parents[1]
 
@@ -65,20 +66,12 @@ def metrics_lines(run: Path) -> list[dict]:
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of live processes that mention `text` (a Ray temp dir, say)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in processes_of(text):
         try:
-            cmd = " ".join(p.info["cmdline"] or [])
+            found.append(" ".join(p.cmdline())[:120])
         except psutil.Error:
             continue
-        if text in cmd:
-            found.append(cmd[:120])
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def processes_of(text: str) -> list[psutil.Process]:
