@@ -140,7 +140,7 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
     import torch
 
     from relay_rl.contracts.config import RelayConfig
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
 
     prompts = write_jsonl(root / "prompts.jsonl", _prompt_rows())
     out = []

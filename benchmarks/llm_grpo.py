@@ -292,7 +292,7 @@ def _measure(variant: str, layers: int, folder: str) -> None:
     import torch
 
     from relay_rl.contracts.config import RelayConfig
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
 
     checkpointing, chunk = {"plain": (False, 256), "chunked": (False, 32), "chunked+ckpt": (True, 32)}[
         variant

@@ -1,4 +1,5 @@
-"""The checkpoint schema: learner state, the run's counters, the resolved config and the env spec.
+"""The checkpoint schema: learner state, the run's counters, the resolved config, the family of
+the run (env or language) and, for an env run, the env spec.
 
 A checkpoint is data. It is read with `torch.load(weights_only=True)` (tensors and plain
 containers only) and then checked here field by field. Its config and env spec describe the run;
@@ -13,11 +14,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from ..contracts.config import MODEL_FAMILIES, family_of_kind
 from ..contracts.rounds import RoundResult, add_faults, add_stats
 from ..contracts.spaces import EnvSpec, SpecError
 
 # 1: session 1-2 checkpoints (no env spec, counters without amp_skipped_steps/env_faults).
 CHECKPOINT_FORMAT = 2
+FAMILY_NAMES = tuple(dict.fromkeys([family_of_kind(None), *MODEL_FAMILIES.values()]))
 RETURN_WINDOW = 20  # finished episodes behind episode_return_mean
 STAT_WINDOW = 100  # values behind each episode statistic's mean (a win rate needs more than 20 games)
 
@@ -103,6 +106,13 @@ def _stat_windows(stats: dict[str, list[float]]) -> dict[str, list[float]]:
     return {k: v[-STAT_WINDOW:] for k, v in stats.items()}
 
 
+def _family(family: Any) -> str:
+    """A recorded family, checked ("": none recorded, the config's model kind tells)."""
+    if not isinstance(family, str) or (family and family not in FAMILY_NAMES):
+        raise CheckpointError(f"checkpoint family {family!r} is not one of {', '.join(FAMILY_NAMES)}")
+    return family
+
+
 def _count(x: Any) -> bool:
     """A whole number >= 0 (True is not a count, nor is 20.5)."""
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
@@ -115,18 +125,27 @@ def _finite(x: Any) -> bool:
 @dataclass
 class Checkpoint:
     """learner: `Learner.state_dict()` (tensors); counters: the run's totals; config: the resolved
-    config as plain data; env: the env spec the policy was built for (None in format-1 files)."""
+    config as plain data; env: the env spec the policy was built for (None in format-1 files and
+    in a language run's, which has no env); family: the run's family (`contracts/config.py`
+    MODEL_FAMILIES; files written before it was recorded: their config's model.kind's)."""
 
     learner: dict[str, Any]
     counters: RunCounters
     config: dict[str, Any]
     env: EnvSpec | None
     format: int = CHECKPOINT_FORMAT
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        # none given (a file of before families were recorded): its config's model kind's
+        model = self.config.get("model")
+        self.family = self.family or family_of_kind(model.get("kind") if isinstance(model, dict) else None)
 
     def to_dict(self) -> dict[str, Any]:
         """What is written: tensors and plain containers only (loadable with weights_only=True)."""
         return {
             "format": self.format,
+            "family": self.family,
             "learner": self.learner,
             "counters": asdict(self.counters),
             "config": self.config,
@@ -151,6 +170,7 @@ class Checkpoint:
         except SpecError as err:
             raise CheckpointError(f"checkpoint env spec: {err}") from None
         counters = RunCounters.from_dict(raw["counters"])
+        family = _family(raw.get("family", ""))
         fmt = raw.get("format", 1)
         if fmt not in (1, CHECKPOINT_FORMAT) or isinstance(fmt, bool):
             raise CheckpointError(f"checkpoint format {fmt!r} is not one this relay reads (1 or 2)")
@@ -162,4 +182,4 @@ class Checkpoint:
                 raise CheckpointError("checkpoint learner state: its counters are not counts")
             counters.amp_skipped_steps = old["amp_skipped_steps"]
             counters.rejected_segments = max(counters.rejected_segments, old["rejected_segments"])
-        return Checkpoint(learner, counters, config, env, fmt)
+        return Checkpoint(learner, counters, config, env, fmt, family)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union, cast, get_args, get_origin
 
@@ -283,7 +284,22 @@ class RolloutConfig(_Section):
         return value
 
 
-LANGUAGE_KIND = "causal_lm"  # the model kind whose runs take prompts instead of an env
+# Families of runs: an env family (an env's steps, a policy under relay's heads) and a language
+# family (prompts and completions, a causal LM). A model kind belongs to one; every kind not
+# named here is the env family's. What differs by family in the config contract is the family's
+# learner defaults, its moved keys and its cross-field rules (CONFIG_FAMILIES below); everything
+# else a family decides lives in its entry above this layer (services/driver/families/).
+ENV_FAMILY = "env"
+LANGUAGE_FAMILY = "language"
+MODEL_FAMILIES: dict[str, str] = {"causal_lm": LANGUAGE_FAMILY}
+
+
+def family_of_kind(kind: Any) -> str:
+    """The family of runs a model kind trains in (an unknown kind: the env family's, whose
+    registry then names the known kinds)."""
+    return MODEL_FAMILIES.get(kind, ENV_FAMILY) if isinstance(kind, str) else ENV_FAMILY
+
+
 # learner.* defaults of a language run (TRL's GRPOConfig): what the user does not set.
 LANGUAGE_LEARNER_DEFAULTS: dict[str, Any] = {
     "algo": "grpo",
@@ -292,6 +308,24 @@ LANGUAGE_LEARNER_DEFAULTS: dict[str, Any] = {
     "epochs": 1,
     "max_grad_norm": 1.0,
     "entropy_coef": 0.0,
+}
+# learner.grpo keys of a language run written before the update's settings became their own
+# sections (2026-12): each moves to the section that owns it now, so those configs keep loading.
+LANGUAGE_MOVED_KEYS: dict[str, str] = {
+    "clip_ratio_high": "clip",
+    **dict.fromkeys(
+        (
+            "loss_agg",
+            "kl_estimator",
+            "drop_equal_groups",
+            "refill_rounds",
+            "micro_batch_tokens",
+            "logprob_chunk",
+            "importance_correction",
+            "importance_cap",
+        ),
+        "lm",
+    ),
 }
 
 
@@ -613,7 +647,15 @@ class StopConfig(_Section):
     env_steps: int | None = Field(
         100_000,
         ge=1,
-        description="Stop at the first update that brings the run to this many valid env steps.",
+        description="Stop at the first update that brings the run to this many valid env steps (a "
+        "language run: completion tokens).",
+    )
+    iterations: int | None = Field(
+        None,
+        ge=1,
+        le=10**9,
+        description="Stop after this many learner iterations (updates), whatever the family: a language "
+        "run's rounds, an env run's updates.",
     )
     episode_return_mean: float | None = Field(
         None, description="Stop once the mean return of the last 20 episodes reaches this."
@@ -811,27 +853,22 @@ class RelayConfig(_Section):
     )
 
     @property
-    def language(self) -> bool:
-        """A language-model run: prompts and completions instead of an env's steps."""
-        return self.model.kind == LANGUAGE_KIND
+    def family(self) -> str:
+        """The family of runs this config trains in (`MODEL_FAMILIES`): env or language."""
+        return family_of_kind(self.model.kind)
 
     @model_validator(mode="before")
     @classmethod
-    def _language_defaults(cls, data: Any) -> Any:
-        """A causal LM's learner settings differ from an env policy's by orders of magnitude (a
-        3e-4 learning rate wrecks a pretrained model in a few steps): where the user set none,
-        the language run gets TRL's GRPO defaults."""
+    def _family_learner(cls, data: Any) -> Any:
+        """The family's learner defaults where the user set none, and its moved keys moved."""
         if not isinstance(data, dict):
             return data
         model = data.get("model")
-        if not (isinstance(model, dict) and model.get("kind") == LANGUAGE_KIND):
-            return data
+        family = CONFIG_FAMILIES[family_of_kind(model.get("kind") if isinstance(model, dict) else None)]
         learner = data.get("learner")
         if learner is not None and not isinstance(learner, dict):
             return data
-        out = dict(data)
-        out["learner"] = {**LANGUAGE_LEARNER_DEFAULTS, **(learner or {})}
-        return out
+        return {**data, "learner": family.learner(learner or {})}
 
     @property
     def segment_steps(self) -> int:
@@ -855,7 +892,7 @@ class RelayConfig(_Section):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RelayConfig:
-        problems = _language_problems(self) if self.language else _cross_field_problems(self)
+        problems = CONFIG_FAMILIES[self.family].problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -875,6 +912,11 @@ def _eval_problems(cfg: RelayConfig) -> list[str]:
         (f"eval.video_every={cfg.eval.video_every}", cfg.eval.video_every > 0),
     ]
     return [f"{what} needs evaluations (eval.every_iterations > 0)" for what, on in needs if on and off]
+
+
+def _no_stop(cfg: RelayConfig) -> bool:
+    s = cfg.stop
+    return s.env_steps is None and s.iterations is None and s.episode_return_mean is None and s.wall_s is None
 
 
 def _cross_field_problems(cfg: RelayConfig) -> list[str]:
@@ -918,8 +960,10 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         problems.append(
             f"env.num_envs={cfg.env.num_envs} is not divisible by learner.group_size={lrn.group_size}"
         )
-    if cfg.stop.env_steps is None and cfg.stop.episode_return_mean is None and cfg.stop.wall_s is None:
-        problems.append("no stop criterion: set stop.env_steps, stop.episode_return_mean or stop.wall_s")
+    if _no_stop(cfg):
+        problems.append(
+            "no stop criterion: set stop.env_steps, stop.iterations, stop.episode_return_mean or stop.wall_s"
+        )
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
     return problems + _fleet_problems(cfg) + _policy_group_problems(cfg) + _central_critic_problems(cfg)
@@ -929,17 +973,15 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
     """Rules of a causal-LM run (its env, buffer and segment settings are unused)."""
     problems = _language_input_problems(cfg)
     lrn, gen = cfg.learner, cfg.generation
-    if lrn.algo != "grpo":
-        problems.append(f"model.kind=causal_lm trains with learner.algo=grpo (got {lrn.algo})")
     if lrn.group_size < 2:
         problems.append(f"model.kind=causal_lm needs learner.group_size >= 2 (got {lrn.group_size})")
     if lrn.num_learners != 1:
         problems.append(
             f"model.kind=causal_lm trains on one learner (learner.num_learners={lrn.num_learners})"
         )
-    if cfg.stop.env_steps is None and cfg.stop.wall_s is None and cfg.stop.episode_return_mean is None:
+    if _no_stop(cfg):
         problems.append(
-            "no stop criterion: set stop.env_steps (completion tokens), stop.wall_s or "
+            "no stop criterion: set stop.iterations, stop.env_steps (completion tokens), stop.wall_s or "
             "stop.episode_return_mean"
         )
     if cfg.eval.every_iterations and cfg.prompts.eval is None:
@@ -1291,3 +1333,67 @@ def unconfirmed_code(cfg: RelayConfig, confirmed: set[str], source: str, command
         f"{source} names {names}, which imports and runs code; run it only after naming it "
         f"yourself: {command} {sets}"
     )
+
+
+def _language_learner(learner: dict[str, Any]) -> dict[str, Any]:
+    """A language run's learner section: TRL's GRPO defaults under what the user set (a causal
+    LM's settings differ from an env policy's by orders of magnitude: a 3e-4 learning rate wrecks
+    a pretrained model in a few steps), and learner.grpo's moved keys in their sections now."""
+    out = {**LANGUAGE_LEARNER_DEFAULTS, **learner}
+    grpo = out.get("grpo")
+    if not isinstance(grpo, dict) or not set(grpo) & set(LANGUAGE_MOVED_KEYS):
+        return out
+    grpo = dict(grpo)
+    for key in [k for k in grpo if k in LANGUAGE_MOVED_KEYS]:
+        section = LANGUAGE_MOVED_KEYS[key]
+        target = out.get(section)
+        target = dict(target) if isinstance(target, dict) else {}
+        if key in target:
+            raise ValueError(
+                f"learner.grpo.{key} is learner.{section}.{key} now: set it once, as learner.{section}.{key}"
+            )
+        target[key] = grpo.pop(key)
+        out[section] = target
+    out["grpo"] = grpo or None
+    return out
+
+
+# The learner.grpo section every env GRPO run's config.yaml stated until 2026-12, when the env
+# GRPO entry declared the language update's settings (and read none of them). Such a section is
+# dropped as it loads (it never changed anything); one that sets another value is refused by the
+# env family's sections, naming it, rather than kept doing nothing.
+ENV_GRPO_STATED: dict[str, Any] = {
+    "clip_ratio_high": None,
+    "loss_agg": "token_mean",
+    "scale_rewards": "group",
+    "kl_estimator": "k3",
+    "drop_equal_groups": False,
+    "refill_rounds": 0,
+    "micro_batch_tokens": 4096,
+    "logprob_chunk": 128,
+    "importance_correction": "token",
+    "importance_cap": 2.0,
+}
+
+
+def _env_learner(learner: dict[str, Any]) -> dict[str, Any]:
+    """An env run's learner section, the inert learner.grpo of its earlier config.yaml dropped."""
+    grpo = learner.get("grpo")
+    if isinstance(grpo, dict) and grpo and all(ENV_GRPO_STATED.get(k, ...) == v for k, v in grpo.items()):
+        return {k: v for k, v in learner.items() if k != "grpo"}
+    return learner
+
+
+@dataclass(frozen=True)
+class ConfigFamily:
+    """A family's part of the config contract: its learner section as the user's becomes it
+    (defaults, moved keys), and its cross-field rules."""
+
+    learner: Callable[[dict[str, Any]], dict[str, Any]]
+    problems: Callable[[RelayConfig], list[str]]
+
+
+CONFIG_FAMILIES: dict[str, ConfigFamily] = {
+    ENV_FAMILY: ConfigFamily(_env_learner, _cross_field_problems),
+    LANGUAGE_FAMILY: ConfigFamily(_language_learner, _language_problems),
+}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..contracts.config import EntrySection, RelayConfig, entry_section
+from ..contracts.config import ENV_FAMILY, EntrySection, RelayConfig, entry_section
 from ..contracts.metrics import MetricKeys
 from ..contracts.spaces import EnvSpec
 
@@ -40,8 +40,13 @@ class ModelKind:
     numpy_mirror = False
     # It builds a value trunk that reads the env's global state (a centralized critic).
     reads_global_state = False
-    # A language model: the run takes prompts, not an env (contracts/config.py LANGUAGE_KIND).
-    language = False
+    # The family of runs the kind trains in (contracts/config.py MODEL_FAMILIES says the same).
+    family = ENV_FAMILY
+    # The weight wire `learner.weight_wire: auto` means for it (policy/weight_wires.py), and
+    # whether its policy acts from float32 weights (then only an exact wire may carry them: the
+    # numpy mirror, the normalizer statistics).
+    default_wire = "arrays"
+    exact_weights = True
     # keys the runs of this kind add to the metrics line (services/metric_keys.py)
     metrics = MetricKeys({})
     # its own settings, under `model.<its registry name>` (None: none beyond model's)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..contracts.config import RelayConfig
+from ..policy.models import model_kind
 
 Weights = dict[str, Tensor | np.ndarray]
 
@@ -173,9 +174,7 @@ AUTO = "auto"
 def wire_name(cfg: RelayConfig) -> str:
     """The run's wire: learner.weight_wire, or for `auto` its policy family's default."""
     name = cfg.learner.weight_wire
-    if name == AUTO:
-        return "packed_bf16" if cfg.language else "arrays"
-    return name
+    return model_kind(cfg.model.kind).default_wire if name == AUTO else name
 
 
 def wire_for(cfg: RelayConfig) -> WeightWire:

@@ -114,7 +114,7 @@ class Generator:
 def generator_count(cfg: RelayConfig) -> int:
     """Generator actors the run has: one beside each reward actor (rollout.num_workers) where a
     language run generates on workers (generation.placement=workers), else none."""
-    return cfg.rollout.num_workers if cfg.language and cfg.generation.placement == "workers" else 0
+    return cfg.rollout.num_workers if cfg.generation.placement == "workers" else 0
 
 
 def create_generators(cfg: RelayConfig) -> list[Any]:

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from ..contracts.checkpoint import Checkpoint, CheckpointError
-from ..contracts.config import LANGUAGE_KIND, ConfigError, config_help, dump_config, load_config
+from ..contracts.config import ENV_FAMILY, LANGUAGE_FAMILY, ConfigError, config_help, dump_config, load_config
 from ..contracts.spaces import POLICY_NAME
 from ..learner.device import DeviceError, check_device
 from ..rollout_workers.envs import allow_env_module
@@ -28,9 +28,10 @@ from ..rollout_workers.user_code import allow_user_code
 from ..rollout_workers.video import VideoError
 from ..services.config_sections import entry_sections
 from ..services.driver import run as driver
-from ..services.driver.checkpoints import ResumeError, load_checkpoint
+from ..services.driver.checkpoints import ResumeError, load_checkpoint, load_newest_valid
 from ..services.driver.cluster import ClusterError
-from ..services.driver.preflight import CHOICES, PreflightError, learner_precision, preflight
+from ..services.driver.families import FAMILIES
+from ..services.driver.preflight import PreflightError, choices, learner_precision, preflight
 from ..services.driver.run_dir import RunDirError
 from ..services.driver.signals import STOP_CODES, exit_code, sigterm_raises, stop_reason
 from ..services.files import OutputError, check_output
@@ -328,7 +329,7 @@ def _add_serve_parser(sub: Any) -> None:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     if args.help_config:
-        print(config_help(CHOICES, entry_sections()))
+        print(config_help(choices(), entry_sections()))
         return EXIT_OK
     if args.config is None:
         raise InputError("a config file is required (or --help-config)")
@@ -364,6 +365,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    _check_export_format(args)
     if args.format == "hf":
         if args.env or args.env_kwargs or args.policy or args.force:
             raise InputError(
@@ -391,6 +393,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_export_format(args: argparse.Namespace) -> None:
+    """InputError where the checkpoint's run exports in other formats (its family's)."""
+    path = Path(_best(args.checkpoint, args.best))
+    if path.is_dir():
+        found = load_newest_valid(path / "checkpoints")
+        ckpt = None if found is None else found[1]
+    else:
+        ckpt = _relay_checkpoint(path)
+    if ckpt is None:
+        return  # the exporter names what is wrong with it
+    formats = FAMILIES[ckpt.family].export_formats
+    if args.format not in formats:
+        raise InputError(
+            f"{path}: a {ckpt.family} run's checkpoint exports as --format {' or '.join(formats)}"
+        )
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in dtypes if d not in DTYPES]
@@ -414,13 +433,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise InputError(f"--seed {args.seed}: must be 0 or more")
     path = policy_file(Path(args.model), args.best)
-    language = _language_checkpoint(path)
-    if language is not None:
-        return _eval_language(args, path, language)
-    return _eval_policy(args, path)
+    ckpt = _relay_checkpoint(path)
+    return EVALUATIONS[ckpt.family if ckpt is not None else ENV_FAMILY](args, path, ckpt)
 
 
-def _eval_policy(args: argparse.Namespace, path: Path) -> int:
+def _eval_policy(args: argparse.Namespace, path: Path, ckpt: Checkpoint | None) -> int:
     """`relay eval` of an env policy: episodes in its env, a video where asked."""
     video_dir = Path(args.video) if args.video else None
     if video_dir is not None:
@@ -446,19 +463,19 @@ def _eval_policy(args: argparse.Namespace, path: Path) -> int:
     return code
 
 
-def _language_checkpoint(path: Path) -> Checkpoint | None:
-    """The checkpoint of a language run at `path`, or None for anything else (an env policy, an
-    ONNX file: their own loaders judge them)."""
+def _relay_checkpoint(path: Path) -> Checkpoint | None:
+    """The relay checkpoint at `path`, or None for anything else (an ONNX file, a malformed file:
+    the env policy loaders judge them, with their own line)."""
     if path.suffix != ".pt" or not path.is_file():
         return None
     try:
-        ckpt = load_checkpoint(path)
+        return load_checkpoint(path)
     except CheckpointError:
         return None
-    return ckpt if (ckpt.config.get("model") or {}).get("kind") == LANGUAGE_KIND else None
 
 
-def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint) -> int:
+def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint | None) -> int:
+    assert ckpt is not None
     if args.video or args.env or args.env_kwargs or args.policy:
         raise InputError("a language run's evaluation takes no --video, --env, --env-kwargs or --policy")
     result = evaluate_language(path, ckpt, args.episodes, args.stochastic, args.prompts, args.rewards)
@@ -475,6 +492,10 @@ def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint) -> in
             flush=True,
         )
     return EXIT_OK
+
+
+# `relay eval` of a checkpoint, by its run's family (an ONNX file is an env policy's).
+EVALUATIONS = {ENV_FAMILY: _eval_policy, LANGUAGE_FAMILY: _eval_language}
 
 
 def _write_video(

@@ -1,5 +1,6 @@
 """The metric catalog: the run-wide keys (`contracts/metrics.py` RUN) and the keys each registry
-entry declares beside its code (algorithms, model kinds, recurrent cores), assembled from the
+entry declares beside its code (env algorithms, language estimators and policy losses, model kinds,
+recurrent cores), assembled from the
 registries as they are when asked (an entry a user's script registers after import counts too).
 
 The sinks export, sweeps rank by, and the dashboards draw exactly these keys. A new entry's keys
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 from ..contracts.metrics import MetricCatalog, MetricKeys
 from ..learner.algorithms import ALGORITHMS
+from ..learner.lm.estimators import ESTIMATORS
+from ..learner.lm.policy_losses import POLICY_LOSSES
 from ..policy.cores import CORES
 from ..policy.models import MODEL_KINDS
 
@@ -18,6 +21,8 @@ def declared() -> list[MetricKeys]:
     """Every registry entry's declaration, registry by registry, in registration order."""
     return [
         *(algo.metrics for algo in ALGORITHMS.values()),
+        *(est.metrics for est in ESTIMATORS.values()),
+        *(loss.metrics for loss in POLICY_LOSSES.values()),
         *(kind.metrics for kind in MODEL_KINDS.values()),
         *(core.metrics for core in CORES.values()),
     ]

@@ -242,3 +242,75 @@ def test_services_stand_on_floors():
     ]
     assert upward == [], upward
     assert floor_of("services.driver.loop") == 2 and floor_of("services.driver.run_dir") == 0
+
+
+# The families of runs (services/driver/families): modules that belong to one family, whose
+# code runs only in its runs, and the family registry itself. Every other module is shared and
+# asks the family's entry (or a registry the family chose), never which family it runs.
+FAMILY_OWN = (
+    "services.driver.families",  # the registry and its entries
+    "learner.lm",  # the language learner, its estimators and losses
+    "services.driver.lm_backend",
+    "services.tools.export_hf",
+    "services.tools.evaluate_lm",
+    "policy.causal_lm",
+    "policy.models.causal_lm",
+    "policy.lm_decoding",
+    "policy.vllm_decoding",
+    "rollout_workers.generator",
+    "rollout_workers.rewards",
+    "rollout_workers.reward_workers",
+)
+# What reads a run's family: its attribute, the family names, the language model kind.
+FAMILY_ATTRS = {"family", "language"}
+FAMILY_NAMES = {"ENV_FAMILY", "LANGUAGE_FAMILY", "MODEL_FAMILIES", "LANGUAGE_KIND"}
+
+
+def _reads_family(node: ast.AST) -> bool:
+    return any(
+        (isinstance(sub, ast.Attribute) and sub.attr in FAMILY_ATTRS)
+        or (isinstance(sub, ast.Name) and sub.id in FAMILY_NAMES)
+        or (isinstance(sub, ast.Constant) and sub.value == "causal_lm")
+        for sub in ast.walk(node)
+    )
+
+
+def family_branches(path: Path) -> list[int]:
+    """Lines of `path` that branch on a run's family: an if/elif/while/ternary/comprehension
+    condition or a comparison that reads it (asserts, which check and never branch, aside)."""
+    tree = ast.parse(path.read_text())
+    asserted = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.Assert) for sub in ast.walk(node)}
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in asserted:
+            continue
+        tests: list[ast.AST] = []
+        if isinstance(node, ast.If | ast.IfExp | ast.While):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = list(node.ifs)
+        elif isinstance(node, ast.Compare | ast.Match):
+            tests = [node]
+        if any(_reads_family(t) for t in tests):
+            lines.append(node.lineno if hasattr(node, "lineno") else tests[0].lineno)  # type: ignore[attr-defined]
+    return sorted(set(lines))
+
+
+def test_no_shared_module_branches_on_the_family():
+    """#59: the family registry answers what differs between an env run and a language run, so a
+    shared module never asks which it runs (there were ten such branches in seven modules)."""
+    shared = {
+        name: path for name, path in MODULES.items() if not any(name.startswith(own) for own in FAMILY_OWN)
+    }
+    branches = {name: lines for name, path in shared.items() if (lines := family_branches(path))}
+    assert branches == {}, branches
+    # not vacuous: the registry's own check and the language exporter's are found
+    assert family_branches(MODULES["services.driver.families"]) and family_branches(
+        MODULES["services.tools.export_hf"]
+    )
+    probe = ROOT / "tests" / "data_family_probe.py"
+    try:
+        probe.write_text("def f(cfg):\n    return 1 if cfg.language else 2\n")
+        assert family_branches(probe) == [2]
+    finally:
+        probe.unlink()

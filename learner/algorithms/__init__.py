@@ -6,7 +6,7 @@ A new algorithm is one module with an `Algorithm` subclass plus one line in ALGO
 from __future__ import annotations
 
 from ...contracts.algorithm import AlgorithmTraits
-from ...contracts.config import RelayConfig
+from ...contracts.config import EntrySection, RelayConfig
 from ...contracts.segment import SegmentLayout
 from ...contracts.spaces import EnvSpec
 from ...learner.algorithms.base import Algorithm, Batch
@@ -25,6 +25,11 @@ def algorithm_class(name: str) -> type[Algorithm]:
     if name not in ALGORITHMS:
         raise ValueError(f"learner.algo={name!r} is not an algorithm: choose {', '.join(ALGORITHMS)}")
     return ALGORITHMS[name]
+
+
+def learner_sections() -> dict[str, type[EntrySection]]:
+    """The `learner.<name>` sections an env run may hold: each algorithm's that declares one."""
+    return {name: algo.settings for name, algo in ALGORITHMS.items() if algo.settings is not None}
 
 
 def segment_layout(cfg: RelayConfig, env: EnvSpec) -> SegmentLayout:

@@ -4,12 +4,11 @@ reference policy (Shao et al. 2024)."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal, cast
+from typing import Any
 
-from pydantic import Field, model_validator
 from torch import Tensor
 
-from ...contracts.config import EntrySection, LearnerConfig, RelayConfig
+from ...contracts.config import LearnerConfig, RelayConfig
 from ...contracts.metrics import MetricKeys
 from ...learner import losses
 from ...learner.algorithms.base import Algorithm, Batch, evaluate_in_chunks, policy_inputs
@@ -17,75 +16,10 @@ from ...learner.device import DeviceContext
 from ...policy.protocol import EnvPolicy
 
 
-class GrpoSettings(EntrySection):
-    """`learner.grpo`: the GRPO objective on a language model's completion tokens (model.kind=causal_lm)."""
-
-    clip_ratio_high: float | None = Field(
-        None, gt=0, le=10, description="Upper ratio clip (DAPO's clip-higher); null: learner.clip_ratio."
-    )
-    loss_agg: Literal["token_mean", "seq_mean", "dr_grpo"] = Field(
-        "token_mean",
-        description="token_mean: every completion token of the batch weighs the same (DAPO); seq_mean: "
-        "each completion's mean, averaged (the GRPO paper); dr_grpo: the sum over tokens divided by "
-        "completions x generation.max_new_tokens (Dr. GRPO's constant normalizer).",
-    )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide advantages by the group's reward std, the batch's, or not at all."
-    )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Per-token KL estimator to the reference (learner.kl_coef > 0 loads one)."
-    )
-    drop_equal_groups: bool = Field(
-        False,
-        description="Leave groups whose rewards are all equal out of the loss and its normalizer "
-        "(they carry no signal and would dilute the token mean).",
-    )
-    refill_rounds: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="With drop_equal_groups: generate up to this many extra rounds to replace groups "
-        "whose rewards are all equal (DAPO's dynamic sampling); the batch keeps prompts.batch_size "
-        "groups.",
-    )
-    micro_batch_tokens: int = Field(
-        4096,
-        ge=1,
-        le=2**31,
-        description="Tokens (prompt + completion, padding included) per forward/backward micro-batch; "
-        "gradients accumulate over the update's batch.",
-    )
-    logprob_chunk: int = Field(
-        128,
-        ge=1,
-        le=1_000_000,
-        description="Completion positions whose [rows, chunk, vocab] logits exist at once: log-probs "
-        "and entropy are computed (and recomputed in backward) chunk by chunk.",
-    )
-    importance_correction: Literal["none", "token", "sequence"] = Field(
-        "token",
-        description="generation.placement=workers: truncated importance weights between the "
-        "generator's and the learner's log-probs, per token or per completion.",
-    )
-    importance_cap: float = Field(2.0, ge=1, le=1e6, description="Cap of the truncated importance weight.")
-
-    @model_validator(mode="after")
-    def _refill_needs_drop(self) -> GrpoSettings:
-        if self.refill_rounds and not self.drop_equal_groups:
-            raise ValueError("refill_rounds replaces dropped groups: set drop_equal_groups=true")
-        return self
-
-
-def grpo_settings(cfg: RelayConfig) -> GrpoSettings:
-    """A GRPO run's `learner.grpo`, validated, its defaults filled."""
-    return cast(GrpoSettings, GRPO.settings_of(cfg.learner))
-
-
 class GRPO(Algorithm):
     critic = False
     grouped = True
-    settings = GrpoSettings
-    # a language run's GRPO (learner/lm_learner.py) writes the same keys
+    # a language run's estimators (learner/lm/learner.py) write the same group keys
     metrics = MetricKeys(
         {
             "kl_ref": "KL to the frozen reference policy (GRPO)",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ...contracts.config import LANGUAGE_KIND, RelayConfig
+from ...contracts.config import ENV_FAMILY, MODEL_FAMILIES, RelayConfig
 from ...contracts.spaces import ActionSpec, EnvSpec
 from ...policy.actor_critic import ActorCritic
 from ...policy.cores import core_class
@@ -26,7 +26,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "cnn": CnnKind(),
     "causal_lm": CausalLMKind(),
 }
-assert [k for k, v in MODEL_KINDS.items() if v.language] == [LANGUAGE_KIND]
+# The contract's table of families and the kinds' own word agree.
+assert {k: v.family for k, v in MODEL_KINDS.items() if v.family != ENV_FAMILY} == MODEL_FAMILIES
 
 
 def model_kind(name: str) -> ModelKind:

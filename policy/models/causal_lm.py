@@ -2,7 +2,7 @@
 
 Not a trunk under relay's heads: the language model, its own head and its KV cache are the policy
 (`policy/causal_lm.py`, a `LanguagePolicy`). A language run takes prompts instead of an env
-(`contracts/config.py` `RelayConfig.language`); this entry says so to the env-side checks.
+(its family, `contracts/config.py` MODEL_FAMILIES); this entry says so to the env-side checks.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import LANGUAGE_FAMILY, RelayConfig
 from ...contracts.metrics import MAX_REWARDS, REWARD_FAULT_KINDS, MetricKeys
 from ...contracts.spaces import EnvSpec
 from ...policy.trunk import ModelKind, TrunkModule
@@ -69,7 +69,10 @@ LANGUAGE_METRICS = MetricKeys(
 
 
 class CausalLMKind(ModelKind):
-    language = True
+    family = LANGUAGE_FAMILY
+    # Generators compute in bf16 anyway: half the bytes per version, one buffer.
+    default_wire = "packed_bf16"
+    exact_weights = False
     metrics = LANGUAGE_METRICS
 
     def run_source(self, cfg: RelayConfig) -> str:

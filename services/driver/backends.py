@@ -23,12 +23,11 @@ from ...policy.weight_wires import wire_for
 from ...rollout_workers.evaluator import Evaluator, create_evaluator
 from ...rollout_workers.sampler import make_sampler
 from ...rollout_workers.worker import create_rollout_workers, worker_resources
+from ...services.driver.checks import PreflightError
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
 from ...services.driver.health import FleetHealth, actor_record
-from ...services.driver.lm_backend import LanguageBackend
-from ...services.driver.loop import Backend, LearnerLost
-from ...services.driver.preflight import PreflightError
+from ...services.driver.loop import LearnerLost
 from ...services.driver.signals import signals_held
 from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 
@@ -535,16 +534,3 @@ def check_worker_spec(cfg: RelayConfig, env_spec: EnvSpec, worker: Any) -> None:
             f"{env_spec.describe_obs()} and {env_spec.action.describe()}: choose the Dict keys both have "
             "with env.obs_keys"
         )
-
-
-def backend_class(cfg: RelayConfig) -> type[LocalBackend] | type[RayBackend] | type[LanguageBackend]:
-    """Local mode without workers, else Ray actors; a language run's own backend (generation on
-    the learner or generator actors, rewards on CPU actors)."""
-    if cfg.language:
-        return LanguageBackend
-    return LocalBackend if cfg.rollout.num_workers == 0 else RayBackend
-
-
-def make_backend(cfg: RelayConfig, env_spec: EnvSpec) -> Backend:
-    """The run's backend (`backend_class`); Ray must be initialized for one with actors."""
-    return backend_class(cfg)(cfg, env_spec)

@@ -40,11 +40,12 @@ def checkpoint_path(folder: Path, iteration: int) -> Path:
 
 
 def write_learner_checkpoint(
-    folder: Path, cfg: RelayConfig, env: EnvSpec, learner_state: dict[str, Any], counters: RunCounters
+    folder: Path, cfg: RelayConfig, env: EnvSpec | None, learner_state: dict[str, Any], counters: RunCounters
 ) -> Path:
-    """A learner's state with the run's counters, config and env spec, written as the training loop
+    """A learner's state with the run's counters, config, family and env spec (None: a family
+    without an env), written as the training loop
     writes its checkpoints (atomically, the newest `checkpoint.keep` kept)."""
-    ckpt = Checkpoint(learner=learner_state, counters=counters, config=config_data(cfg), env=env)
+    ckpt = Checkpoint(learner_state, counters, config_data(cfg), env, family=cfg.family)
     return save_checkpoint(folder, counters.iteration, ckpt.to_dict(), cfg.checkpoint.keep)
 
 
@@ -151,18 +152,20 @@ class ResumeError(ValueError):
     """A checkpoint the (merged) config cannot continue from (one line, exit 2)."""
 
 
-def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str) -> None:
-    """The merged config must rebuild exactly the checkpoint's learner: same algorithm, same env
-    spaces (and policy groups), a policy its weights load into. Checked on the CPU before anything
-    starts."""
+def _check_algo(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
     saved_algo = (ckpt.config.get("learner") or {}).get("algo", "ppo")
     if saved_algo != cfg.learner.algo:
         raise ResumeError(
             f"{name} was trained with learner.algo={saved_algo}, the config says {cfg.learner.algo}"
         )
-    if cfg.language:
-        _check_language_resumable(cfg, ckpt, name)
-        return
+
+
+def check_env_resumable(cfg: RelayConfig, env: EnvSpec | None, ckpt: Checkpoint, name: str) -> None:
+    """An env run's merged config must rebuild exactly the checkpoint's learner: same algorithm,
+    same env spaces (and policy groups), a policy its weights load into. Checked on the CPU before
+    anything starts."""
+    assert env is not None
+    _check_algo(cfg, ckpt, name)
     saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
     if saved_env.policy_names != env.policy_names:
 
@@ -192,9 +195,11 @@ def check_resumable(cfg: RelayConfig, env: EnvSpec, ckpt: Checkpoint, name: str)
         raise CheckpointError(f"{name}: {problem}")
 
 
-def _check_language_resumable(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
-    """A language run continues only on a model of the same architecture and size: the weights must
-    fit model.path's config (built on the meta device: no memory, no weights read)."""
+def check_language_resumable(cfg: RelayConfig, spec: None, ckpt: Checkpoint, name: str) -> None:
+    """A language run continues only with the same estimator, on a model of the same architecture
+    and size: the weights must fit model.path's config (built on the meta device: no memory, no
+    weights read)."""
+    _check_algo(cfg, ckpt, name)
     saved_kind = (ckpt.config.get("model") or {}).get("kind")
     if saved_kind != cfg.model.kind:
         raise ResumeError(

@@ -153,7 +153,7 @@ def best_return(run: RunDir) -> float | None:
 class Evaluations:
     """The run's evaluations: when they fall due, what they report, the videos and best.pt."""
 
-    def __init__(self, cfg: RelayConfig, run: RunDir, runner: EvalRunner, env: EnvSpec) -> None:
+    def __init__(self, cfg: RelayConfig, run: RunDir, runner: EvalRunner, env: EnvSpec | None) -> None:
         self.cfg, self.run, self.runner, self.env = cfg, run, runner, env
         self.submitted = 0
         self.best = best_return(run) if cfg.checkpoint.keep_best else None
@@ -200,7 +200,7 @@ class Evaluations:
             "updates": 0,
             "eval": {**report.summary, "iteration": report.iteration},
         }
-        ckpt = Checkpoint(learner, counters, config_data(self.cfg), self.env)
+        ckpt = Checkpoint(learner, counters, config_data(self.cfg), self.env, family=self.cfg.family)
         buf = io.BytesIO()
         torch.save(ckpt.to_dict(), buf)
         self.run.checkpoints.mkdir(parents=True, exist_ok=True)

@@ -18,38 +18,24 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
 
 from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.prompts import rewards_input
 from ...contracts.rounds import RoundResult
-from ...contracts.spaces import ActionSpec, EnvSpec
 from ...learner.actor import learner_resources
-from ...learner.algorithms.grpo import grpo_settings
 from ...learner.device import ray_options
-from ...learner.lm_learner import LanguageLearner
+from ...learner.lm.actor import LanguageLearnerActor
+from ...learner.lm.learner import LanguageLearner
+from ...learner.lm.settings import lm_settings
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.generator import create_generators, generator_count
 from ...rollout_workers.reward_workers import RewardPool
 from ...rollout_workers.rewards import Scored, completion_text
-from ...rollout_workers.worker import adopt_workdir
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
 from ...services.driver.loop import LearnerLost
 from ...services.driver.signals import signals_held
-
-
-def language_spec(cfg: RelayConfig, vocab_size: int) -> EnvSpec:
-    """The spec a language run's checkpoints record: prompts of token ids in, a token out."""
-    return EnvSpec(
-        (cfg.prompts.max_prompt_tokens,),
-        ActionSpec("discrete", vocab_size),
-        obs_dtype="int64",
-        obs_low=0.0,
-        obs_high=float(vocab_size - 1),
-    )
-
 
 SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
 
@@ -67,51 +53,6 @@ def reward_means(per_reward: list[list[float | None]]) -> dict[str, float | None
         got = [v for v in values if v is not None]
         out[f"reward_{i}_mean"] = sum(got) / len(got) if got else None
     return out
-
-
-class LanguageLearnerActor:
-    """The language learner as a Ray actor, in the driver's folder (prompt paths are the user's)."""
-
-    def __init__(self, cfg_data: dict[str, Any], workdir: str) -> None:
-        cfg = RelayConfig.model_validate(cfg_data)
-        # As many intra-op threads as the CPUs Ray reserved for it (the env learner actor's rule):
-        # a CPU learner's generation and update are the run's compute, set by learner.num_cpus.
-        torch.set_num_threads(cfg.learner.num_cpus)
-        adopt_workdir(workdir, cfg)
-        self.learner = LanguageLearner(cfg)
-
-    def describe(self) -> dict[str, Any]:
-        return self.learner.describe()
-
-    def generate_round(self) -> dict[str, Any]:
-        return self.learner.generate_round()
-
-    def prepare_round(self) -> dict[str, Any]:
-        return self.learner.prepare_round()
-
-    def accept_generated(self, *parts: dict[str, Any]) -> None:
-        self.learner.accept_generated(*parts)
-
-    def keep(self, groups: list[int]) -> None:
-        self.learner.keep(groups)
-
-    def weights(self) -> Any:
-        return self.learner.weights()
-
-    def acting_weights(self) -> dict[str, Any]:
-        return self.learner.acting_weights()
-
-    def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
-        return self.learner.evaluate(limit, greedy)
-
-    def train(self, rewards: list[float | None]) -> dict[str, Any]:
-        return self.learner.train(rewards)
-
-    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
-        return self.learner.state_dict(in_flight)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.learner.load_state_dict(state)
 
 
 @dataclass
@@ -160,9 +101,9 @@ class LanguageBackend:
         generator beside it where generation.placement=workers."""
         return 1 + (generator_count(cfg) > 0)
 
-    def __init__(self, cfg: RelayConfig, env_spec: EnvSpec) -> None:
+    def __init__(self, cfg: RelayConfig, spec: None = None) -> None:
         self.cfg = cfg
-        self.env_spec = env_spec
+        self.env_spec = None  # a language run has no env (its checkpoints record none)
         self.remote = cfg.rollout.num_workers > 0
         self.learner: Any = None
         self.rewards: RewardPool | None = None
@@ -314,11 +255,11 @@ class LanguageBackend:
 
     def _collect(self) -> tuple[list[dict[str, Any]], list[Scored], list[float | None], float, float]:
         """(the round's generations, their scores, the rewards of the completions to train on,
-        generation seconds, reward seconds). With learner.grpo.drop_equal_groups and refill_rounds,
+        generation seconds, reward seconds). With learner.lm.drop_equal_groups and refill_rounds,
         groups whose rewards are all equal are replaced by groups of up to refill_rounds more
         generations (DAPO's dynamic sampling); the batch keeps its prompts.batch_size groups (all-
         equal ones fill it when no more come, and carry no advantage)."""
-        gc, g, q = grpo_settings(self.cfg), self.cfg.learner.group_size, self.cfg.prompts.batch_size
+        gc, g, q = lm_settings(self.cfg), self.cfg.learner.group_size, self.cfg.prompts.batch_size
         attempts = 1 + (gc.refill_rounds if gc.drop_equal_groups else 0)
         gens: list[dict[str, Any]] = []
         scores: list[Scored] = []

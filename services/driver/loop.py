@@ -57,7 +57,7 @@ class NoProgressError(RuntimeError):
 class Backend(Protocol):
     """Where sampling and learning run (`services/driver/backends.py`)."""
 
-    env_spec: EnvSpec
+    env_spec: EnvSpec | None  # None: a family without an env (a language run)
 
     @property
     def num_workers(self) -> int: ...
@@ -134,6 +134,8 @@ class TrainingLoop:
         # learner's buffer, untrained, and the run's last line would count fewer than the budget.
         if s.env_steps is not None and self.c.env_steps >= s.env_steps and self._idle_rounds == 0:
             return "env_steps"
+        if s.iterations is not None and self.c.iteration >= s.iterations:
+            return "iterations"
         mean_return = _mean(self.c.returns)
         if (
             s.episode_return_mean is not None
@@ -312,14 +314,16 @@ class TrainingLoop:
 
     def _runs_ahead(self) -> bool:
         """Whether the next round may be submitted behind this one (async rounds on Ray, a fixed
-        fleet): not when this round meets stop.env_steps, whose state read (the stop's) must find
+        fleet): not when this round meets stop.env_steps or stop.iterations, whose state read (the stop's) must find
         no round ahead that the counters do not know. A round that ends on a checkpoint runs
         ahead with the checkpoint's state asked for before it (`_checkpoints_next`)."""
         # Not with the elastic fleet: its grow and retire rules read the learner's idle time and
         # the segments waiting between rounds, both measured on rounds that do not run ahead.
         if not self._run_ahead or self.cfg.rollout.mode != "async" or self.cfg.rollout.autoscale:
             return False
-        budget = self.cfg.stop.env_steps
+        budget, last = self.cfg.stop.env_steps, self.cfg.stop.iterations
+        if last is not None and self.c.iteration + 1 >= last:
+            return False  # the next round is the last: none may run ahead of it
         return budget is None or self.c.env_steps + self.cfg.update_steps < budget
 
     def _checkpoints_next(self) -> bool:

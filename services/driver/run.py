@@ -23,9 +23,9 @@ from ...contracts.config import RelayConfig, load_config, unconfirmed_code
 from ...contracts.spaces import EnvSpec
 from ...rollout_workers.user_code import allow_user_code
 from ...services.dashboard.server import Dashboard
-from ...services.driver.backends import backend_class, make_backend
-from ...services.driver.checkpoints import ResumeError, check_resumable, load_newest_valid
+from ...services.driver.checkpoints import ResumeError, load_newest_valid
 from ...services.driver.cluster import check_cluster_device, init_ray
+from ...services.driver.families import backend_class, check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
 from ...services.driver.preflight import preflight
 from ...services.driver.run_dir import RunDir
@@ -127,7 +127,7 @@ def _ray_session(cfg: RelayConfig, address: str | None) -> Any:
 
 def _train(
     cfg: RelayConfig,
-    env: EnvSpec,
+    env: EnvSpec | None,
     root: Path,
     get_run: Callable[[], RunDir],
     t_start: float,

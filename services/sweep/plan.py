@@ -24,7 +24,7 @@ from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
 from ...rollout_workers.worker import worker_resources
 from ...services.config_sections import all_leaves
-from ...services.driver.backends import backend_class
+from ...services.driver.families import backend_class
 from ...services.driver.preflight import check_config, preflight
 from ...services.metric_keys import catalog
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param

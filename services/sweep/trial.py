@@ -28,8 +28,8 @@ from ray import tune
 
 from ...contracts.checkpoint import Checkpoint
 from ...rollout_workers.user_code import allow_user_code
-from ...services.driver.backends import make_backend
-from ...services.driver.checkpoints import check_resumable, load_checkpoint, load_newest_valid
+from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
+from ...services.driver.families import check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
 from ...services.driver.preflight import preflight
 from ...services.driver.run_dir import RunDir, RunDirError

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ...contracts.checkpoint import Checkpoint, CheckpointError
-from ...contracts.config import LANGUAGE_KIND, LoraConfig
+from ...contracts.config import LANGUAGE_FAMILY, LoraConfig
 from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy
 from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
 from ...services.files import OutputError
@@ -40,11 +40,10 @@ def language_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
         file, ckpt = path, load_checkpoint(path)
     else:
         raise CheckpointError(f"{path}: no such run directory or checkpoint")
-    model = ckpt.config.get("model") or {}
-    if model.get("kind") != LANGUAGE_KIND:
+    if ckpt.family != LANGUAGE_FAMILY:
+        kind = (ckpt.config.get("model") or {}).get("kind")
         raise CheckpointError(
-            f"{file}: trained model.kind={model.get('kind')}, not {LANGUAGE_KIND}; "
-            "export it with --format onnx"
+            f"{file}: trained model.kind={kind}, an {ckpt.family} run; export it with --format onnx"
         )
     return file, ckpt
 

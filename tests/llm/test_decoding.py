@@ -196,7 +196,7 @@ def test_the_noise_is_exponential():
 def test_a_compiled_language_learner_never_recompiles_over_prompts_of_many_lengths(tmp_path, monkeypatch):
     """The learner with generation.compile: rounds of prompts 1 to 15 tokens long (three buckets),
     an evaluation of fewer rows than a round, `compiles` flat at the first round's count."""
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
 
     tiny_model_folder(tmp_path / "m")
     rows = [{"prompt": "1+" * (n // 2) + "1" * (n % 2 or 1)} for n in range(1, 16)]
@@ -260,7 +260,7 @@ def test_a_compiled_update_trains_the_eager_updates_weights(tmp_path, monkeypatc
     graph, the same kernels) move every weight as the eager update does, with gradient
     checkpointing and a KL term on; graphs compiled for each prompt bucket met, none again for a
     bucket seen before."""
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
 
     tiny_model_folder(tmp_path / "m")
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in ("1+2=", "12+34+5=", "3=", "45+6=")])

@@ -226,7 +226,8 @@ def test_the_shipped_config_learns_on_ray_with_the_threads_it_reserves(local_ray
     write_jsonl(tmp_path / "data" / "sums.jsonl", sums_rows())
     cfg = load_config(str(ROOT / "configs" / "tiny_lm_grpo.yaml"), ["learner.device=cpu"])
     assert cfg.rollout.num_workers == 1 and cfg.learner.num_cpus == 2 and cfg.learner.use_amp is False
-    backend = LanguageBackend(cfg, check_language(cfg))
+    check_language(cfg)
+    backend = LanguageBackend(cfg)
     try:
         assert backend.describe()["threads"] == cfg.learner.num_cpus
         out = backend.step(0.0)

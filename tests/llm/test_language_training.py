@@ -112,7 +112,7 @@ def test_a_stop_during_an_evaluation_cuts_it_short(workdir, monkeypatch):
     completion), and the run still ends with a final checkpoint that counts every line."""
     import signal
 
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
     from relay_rl.services.driver.checkpoints import load_newest_valid
 
     monkeypatch.chdir(workdir)
@@ -184,15 +184,15 @@ def test_remote_code_folder_is_refused_at_train(workdir, monkeypatch, capsys, tm
 
 
 def test_all_equal_groups_are_dropped_and_refilled(workdir, monkeypatch):
-    """learner.grpo.drop_equal_groups + refill_rounds: a rare reward leaves most groups all equal;
+    """learner.lm.drop_equal_groups + refill_rounds: a rare reward leaves most groups all equal;
     extra generations replace them, every batch keeps its groups, and each is counted."""
     monkeypatch.chdir(workdir)
     run = workdir / "runs" / "refill"
     sets = [
         "prompts.rewards=[regex:^9]",
         "learner.group_size=2",
-        "learner.grpo.drop_equal_groups=true",
-        "learner.grpo.refill_rounds=3",
+        "learner.lm.drop_equal_groups=true",
+        "learner.lm.refill_rounds=3",
         "stop.env_steps=1500",
     ]
     args = ["train", "run.yaml", "--run-dir", str(run)]
@@ -242,7 +242,7 @@ def test_a_stop_during_a_local_update_waits_for_it_and_counts_its_round(workdir,
     steps used to leave the final checkpoint with weights past iteration k's under k. Now the
     update finishes and its round is counted: the checkpoint equals the one an uninterrupted run
     wrote at that iteration, bit for bit (a seed fixes a local run)."""
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
     from relay_rl.services.driver.checkpoints import list_checkpoints, load_checkpoint
     from tests.helpers import interrupt_during_update
 

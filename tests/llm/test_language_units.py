@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from relay_rl.contracts.config import ConfigError, RelayConfig, code_settings, load_config
 from relay_rl.contracts.prompts import PromptError, PromptOrder, load_prompts, pad_left
-from relay_rl.learner import lm_grpo
+from relay_rl.learner.lm import tokens as lm_tokens
+from relay_rl.learner.lm.estimators import RoundRewards, grpo
+from relay_rl.learner.lm.policy_losses import TokenBatch, clip
 from relay_rl.policy.causal_lm import (
     CausalLMPolicy,
     ModelFolderError,
@@ -213,7 +215,6 @@ def test_language_defaults_and_rules(tmp_path):
     assert load_config(path, ["learner.lr=0.01"]).learner.lr == 0.01  # the user's setting wins
     for bad, match in [
         ("prompts.train=null", "needs prompts.train"),
-        ("learner.algo=ppo", "trains with learner.algo=grpo"),
         ("learner.group_size=1", "group_size >= 2"),
         ("prompts.reward_weights=[1,2]", "2 weights for 1 rewards"),
         ("generation.max_staleness=1", "needs generation.placement=workers"),
@@ -221,13 +222,41 @@ def test_language_defaults_and_rules(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(path, [bad])
+    from relay_rl.services.driver.preflight import check_config
+
+    with pytest.raises(
+        ConfigError, match=r"learner\.algo='ppo' is not an advantage estimator of a language run"
+    ):
+        check_config(load_config(path, ["learner.algo=ppo"]))
+
+
+def test_a_language_config_of_before_the_estimators_keeps_loading(tmp_path):
+    """learner.grpo held the whole language update until the estimators and losses got their own
+    sections: such a config loads with each key in the section that owns it now, and means the
+    same; a key set both ways is one line naming both."""
+    from relay_rl.learner.lm.settings import lm_settings
+    from relay_rl.services.config_sections import resolve_sections
+
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        "model: {kind: causal_lm, path: m}\nprompts: {train: p.jsonl, rewards: [exact_match]}\n"
+        "learner: {grpo: {loss_agg: seq_mean, clip_ratio_high: 0.28, scale_rewards: none, "
+        "drop_equal_groups: true, refill_rounds: 2}}\n"
+    )
+    cfg = load_config(path)
+    resolve_sections(cfg)
+    assert lm_settings(cfg).loss_agg == "seq_mean" and lm_settings(cfg).refill_rounds == 2
+    assert cfg.learner.entry_data("clip") == {"clip_ratio_high": 0.28}
+    assert cfg.learner.entry_data("grpo") == {"scale_rewards": "none"}
+    with pytest.raises(ConfigError, match=r"learner\.grpo\.loss_agg is learner\.lm\.loss_agg now"):
+        load_config(path, ["learner.lm.loss_agg=token_mean"])
 
 
 def test_a_language_run_is_named_by_its_model_and_sized_with_its_generators(tmp_path):
     """The model kind names the run's source (the model folder, not env.id); generators beside
     the reward actors count in the CPUs a local Ray starts with, only with placement=workers."""
     from relay_rl.rollout_workers.generator import generator_count
-    from relay_rl.services.driver.backends import backend_class
+    from relay_rl.services.driver.families import backend_class
     from relay_rl.services.driver.run_dir import default_run_name
 
     path = tmp_path / "lm.yaml"
@@ -310,44 +339,54 @@ def test_token_weights_make_micro_batches_add_up_to_the_batch_loss():
     per_token = torch.randn(6, 5, generator=g)
     rows = torch.tensor([True, True, False, True, True, True])
     for agg in ("token_mean", "seq_mean", "dr_grpo"):
-        w = lm_grpo.token_weights(mask, rows, agg, 5)
+        w = lm_tokens.token_weights(mask, rows, agg, 5)
         whole = (per_token * w).sum()
         parts = sum((per_token[s] * w[s]).sum() for s in (slice(0, 2), slice(2, 5), slice(5, 6)))
         assert torch.allclose(whole, parts)
     m = mask * rows.unsqueeze(-1)
     assert torch.allclose(
-        (per_token * lm_grpo.token_weights(mask, rows, "token_mean", 5)).sum(),
+        (per_token * lm_tokens.token_weights(mask, rows, "token_mean", 5)).sum(),
         (per_token * m).sum() / m.sum(),
     )
     seq = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1))[rows].mean()
-    assert torch.allclose((per_token * lm_grpo.token_weights(mask, rows, "seq_mean", 5)).sum(), seq)
+    assert torch.allclose((per_token * lm_tokens.token_weights(mask, rows, "seq_mean", 5)).sum(), seq)
 
 
 def test_group_advantages_scaling_and_faulted_members():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0])
     valid = torch.tensor([True, True, True, False, True, True, True, True])
-    adv, std = lm_grpo.group_advantages(rewards, valid, 4, "group", 1e-6)
-    assert adv[3] == 0 and bool((adv[4:] == 0).all())  # a faulted member; an all-equal group
-    assert torch.allclose(adv[:3].sum(), torch.tensor(0.0), atol=1e-6) and std[1] == 0
-    none, _ = lm_grpo.group_advantages(rewards, valid, 4, "none", 1e-6)
+    r = RoundRewards(rewards, valid, torch.ones(8), 4, 1e-6)
+
+    def adv(scale):
+        return grpo.group_relative(r, grpo.GrpoEstimatorSettings(scale_rewards=scale))[0]
+
+    group, std = adv("group"), lm_tokens.group_std(rewards, valid, 4)
+    assert group[3] == 0 and bool((group[4:] == 0).all())  # a faulted member; an all-equal group
+    assert torch.allclose(group[:3].sum(), torch.tensor(0.0), atol=1e-6) and std[1] == 0
+    none = adv("none")
     assert torch.allclose(none[:3], torch.tensor([2 / 3, -1 / 3, -1 / 3]))
-    batch, _ = lm_grpo.group_advantages(rewards, valid, 4, "batch", 1e-6)
+    batch = adv("batch")
     assert torch.allclose(batch[:3] / none[:3], (batch[0] / none[0]).expand(3))
 
 
 def test_clip_higher_and_kl_estimators():
     logp, old = torch.log(torch.tensor([[1.5, 0.5]])), torch.zeros(1, 2)
-    loss, low, high = lm_grpo.clipped_token_loss(logp, old, torch.tensor([1.0]), 0.2, 0.28)
+    settings = clip.ClipSettings(clip_ratio_high=0.28)
+
+    def loss_of(advantage):
+        return clip.clipped(TokenBatch(logp, old, torch.tensor([advantage]), torch.ones(1, 2), 0.2), settings)
+
+    loss, low, high = loss_of(1.0)
     assert torch.allclose(loss, -torch.tensor([[1.28, 0.5]])) and high.tolist() == [[1.0, 0.0]]
     assert low.tolist() == [[0.0, 0.0]]  # a positive advantage is never clipped below
-    loss, low, high = lm_grpo.clipped_token_loss(logp, old, torch.tensor([-1.0]), 0.2, 0.28)
+    loss, low, high = loss_of(-1.0)
     assert torch.allclose(loss, torch.tensor([[1.5, 0.8]])) and low.tolist() == [[0.0, 1.0]]
     a, b = torch.tensor([-1.0, -2.0]), torch.tensor([-1.0, -1.5])
     for est in ("k1", "k2", "k3"):
-        kl = lm_grpo.kl_per_token(a, b, est)
+        kl = lm_tokens.kl_per_token(a, b, est)
         assert kl[0] == 0
-    assert lm_grpo.kl_per_token(a, b, "k3")[1] > 0
-    w = lm_grpo.truncated_is_weight(
+    assert lm_tokens.kl_per_token(a, b, "k3")[1] > 0
+    w = lm_tokens.truncated_is_weight(
         torch.tensor([[0.0, 0.0]]), torch.tensor([[-5.0, 0.0]]), torch.ones(1, 2), "token", 2.0
     )
     assert w.tolist() == [[2.0, 1.0]]
@@ -357,7 +396,7 @@ def test_clip_higher_and_kl_estimators():
 def test_two_grpo_steps_change_every_trained_parameter(arch, tmp_path, monkeypatch):
     """Every architecture the tests build: generation, rewards given by hand, two updates; every
     parameter moves (none is cut off from the loss, tied embeddings included)."""
-    from relay_rl.learner.lm_learner import LanguageLearner
+    from relay_rl.learner.lm.learner import LanguageLearner
 
     tiny_model_folder(tmp_path / "m", arch)
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}+{i}="} for i in range(8)])

@@ -190,7 +190,7 @@ def test_the_language_learner_generates_through_vllm_with_its_newest_weights(sta
     before the next, and the round's completions are the engine's."""
     import vllm
 
-    from relay_rl.learner import lm_learner
+    from relay_rl.learner.lm import learner as lm_learner
 
     tiny_model_folder(tmp_path / "m")
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}+{i}="} for i in range(8)])

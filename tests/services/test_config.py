@@ -125,10 +125,20 @@ def test_secrets_are_redacted_wherever_a_config_is_written():
     assert redact_text("http://127.0.0.1:5000 a:b@c") == "http://127.0.0.1:5000 a:b@c"
 
 
-def _validate_all(overrides: list[str]) -> None:
-    from relay_rl.services.config_sections import resolve_sections
+LANGUAGE_RUN = {
+    "model": {"kind": "causal_lm", "path": "m"},
+    "prompts": {"train": "p.jsonl", "rewards": ["exact_match"]},
+}
 
-    resolve_sections(build_config({}, overrides))
+
+def _validate_all(overrides: list[str]) -> None:
+    """Resolve the sections of a config with `overrides`: an env run's, or a language run's where
+    they set a learner section only language runs have."""
+    from relay_rl.services.config_sections import entry_sections, resolve_sections
+
+    language_only = set(entry_sections("language")) - set(entry_sections("env"))
+    base = LANGUAGE_RUN if any(".".join(kv.split(".")[:2]) in language_only for kv in overrides) else {}
+    resolve_sections(build_config(base, overrides))
 
 
 def test_true_or_false_is_never_read_as_a_number():

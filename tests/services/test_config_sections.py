@@ -26,7 +26,7 @@ from relay_rl.contracts.config import (
 )
 from relay_rl.contracts.metrics import MetricKeys
 from relay_rl.learner.algorithms import ALGORITHMS, PPO
-from relay_rl.learner.algorithms.grpo import grpo_settings
+from relay_rl.learner.lm.settings import lm_settings
 from relay_rl.services import metric_keys
 from relay_rl.services.cli import main
 from relay_rl.services.config_sections import all_leaves, resolve_sections
@@ -118,12 +118,9 @@ def test_a_new_algorithm_trains_with_its_own_settings_and_metric(scaled_ppo, tmp
         (["metrics.mlfow.tracking_uri=http://h:5000"], "metrics.mlfow: unknown key (check the spelling)"),
         (["learner.ppo.beta=1"], "learner.ppo: the ppo algorithm has no settings of its own"),
         (["learner.nope.x=1"], "learner.nope: unknown key (check the spelling)"),
-        (["learner.grpo.loss_agg=sum"], "learner.grpo.loss_agg: Input should be 'token_mean'"),
+        (["learner.grpo.loss_agg=sum"], "learner.grpo: runs of model.kind=mlp have no such section"),
+        (["learner.lm.loss_agg=token_mean"], "learner.lm: runs of model.kind=mlp have no such section"),
         (["metrics.mlflow.experiment=x"], "metrics.mlflow.tracking_uri: Field required"),
-        (
-            ["learner.grpo.refill_rounds=2"],
-            "learner.grpo: refill_rounds replaces dropped groups: set drop_equal_groups=true",
-        ),
         (["learner.clip_ration=0.3"], "learner.clip_ration: unknown key (check the spelling)"),
         (["model.mlp.width=3"], "model.mlp: the mlp model kind has no settings of its own"),
         (
@@ -139,24 +136,29 @@ def test_a_wrong_section_is_one_line_and_exit_2(capsys, sets, needle):
 
 
 def test_every_problem_of_the_sections_is_named_at_once():
-    cfg = build_config({}, ["metrics.mlfow.x=1", "learner.grpo.loss_agg=sum"])
+    cfg = build_config({}, ["metrics.mlfow.x=1", "learner.ppo.x=1"])
     with pytest.raises(ConfigError) as err:
         resolve_sections(cfg)
-    assert "metrics.mlfow: unknown key" in str(err.value) and "learner.grpo.loss_agg" in str(err.value)
+    assert "metrics.mlfow: unknown key" in str(err.value) and "learner.ppo:" in str(err.value)
 
 
 def test_a_config_means_the_same_in_every_process():
     """The contract carries entry sections as plain data: a rollout worker or checkpoint reader that
     never imported the learner's registry validates the resolved config to the same object, and a
     config stored before sections moved (a PPO run's learner.grpo, a tracker's null) still loads."""
-    cfg = load_config(str(ROOT / "configs/cartpole_grpo.yaml"), ["learner.grpo.loss_agg=seq_mean"])
+    language = {
+        "model": {"kind": "causal_lm", "path": "m"},
+        "prompts": {"train": "p.jsonl", "rewards": ["exact_match"]},
+    }
+    cfg = build_config(language, ["learner.lm.loss_agg=seq_mean"])
     resolve_sections(cfg)
     data = config_data(cfg)
-    assert (
-        data["learner"]["grpo"]["loss_agg"] == "seq_mean" and data["learner"]["grpo"]["importance_cap"] == 2.0
-    )
+    assert data["learner"]["lm"]["loss_agg"] == "seq_mean" and data["learner"]["lm"]["importance_cap"] == 2.0
+    assert data["learner"]["grpo"] == {"scale_rewards": "group"} and data["learner"]["clip"] == {
+        "clip_ratio_high": None
+    }
     assert RelayConfig.model_validate(data) == cfg
-    assert grpo_settings(RelayConfig.model_validate(data)).loss_agg == "seq_mean"
+    assert lm_settings(RelayConfig.model_validate(data)).loss_agg == "seq_mean"
 
     token = load_config(str(ROOT / "configs/reverse_digits_grpo.yaml"))
     resolve_sections(token)  # a model kind's section is stored resolved too
@@ -165,8 +167,8 @@ def test_a_config_means_the_same_in_every_process():
     old = build_config(
         {"learner": {"algo": "ppo", "grpo": {"loss_agg": "token_mean"}}, "metrics": {"mlflow": None}}
     )
-    resolve_sections(old)
-    assert tracker_settings(old, "mlflow") is None and old.learner.entry_data("grpo")["kl_estimator"] == "k3"
+    resolve_sections(old)  # an env run's learner.grpo of before 2026-12 did nothing: dropped
+    assert tracker_settings(old, "mlflow") is None and old.learner.entry_data("grpo") is None
 
 
 TRACKER_MODULE = '''

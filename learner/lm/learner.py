@@ -1,12 +1,13 @@
 """The learner of a language run (`model.kind: causal_lm`): it generates each round's completions
 on its own device (`generation.placement: learner`: weights never move, the sampler's log-probs are
-the learner's) and trains on them with GRPO's token-level objective. No Ray here:
-`services/driver/lm_backend.py` runs it in-process or as an actor.
+the learner's) and trains on them: advantages by the run's estimator (`learner.algo`: grpo, rloo,
+reinforce_pp), per-token losses by its policy loss (`learner.lm.policy_loss`). No Ray here:
+`services/driver/lm_backend.py` runs it in-process or as an actor (`actor.py`).
 
 Memory follows the Ascend tutorial: float32 master weights under bf16 autocast where the device
 computes bf16, gradient checkpointing of the blocks (`learner.grad_checkpointing`), micro-batches
-by token budget with gradient accumulation (`learner.grpo.micro_batch_tokens`), and log-probs in
-chunks of positions (`learner.grpo.logprob_chunk`), so `[B, C, vocab]` logits never exist at once.
+by token budget with gradient accumulation (`learner.lm.micro_batch_tokens`), and log-probs in
+chunks of positions (`learner.lm.logprob_chunk`), so `[B, C, vocab]` logits never exist at once.
 """
 
 from __future__ import annotations
@@ -18,23 +19,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..contracts.config import RelayConfig
-from ..contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
-from ..learner import lm_grpo
-from ..learner.algorithms.grpo import grpo_settings
-from ..learner.device import DeviceContext, resolve_device
-from ..learner.telemetry import LearnerTelemetry
-from ..policy.causal_lm import (
+from ...contracts.config import RelayConfig
+from ...contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
+from ...learner.device import DeviceContext, resolve_device
+from ...learner.lm import tokens
+from ...learner.lm.estimators import RoundRewards, estimator
+from ...learner.lm.policy_losses import TokenBatch, policy_loss
+from ...learner.lm.settings import lm_settings
+from ...learner.telemetry import LearnerTelemetry
+from ...policy.causal_lm import (
     CausalLMPolicy,
     Completions,
     build_language_policy,
     complete,
     completion_ids,
 )
-from ..policy.compiling import counting_compile
-from ..policy.lm_decoding import StaticDecoder
-from ..policy.vllm_decoding import VllmDecoder, VllmUnavailable, device_problem
-from ..policy.weight_wires import wire_for
+from ...policy.compiling import counting_compile
+from ...policy.lm_decoding import StaticDecoder
+from ...policy.vllm_decoding import VllmDecoder, VllmUnavailable, device_problem
+from ...policy.weight_wires import wire_for
 
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
@@ -46,12 +49,16 @@ def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
 
 
 class LanguageLearner:
-    """Generation and GRPO updates of one causal LM on one device."""
+    """Generation and updates of one causal LM on one device."""
 
     def __init__(self, cfg: RelayConfig) -> None:
         self.cfg = cfg
-        self.grpo = grpo_settings(cfg)
         lc = cfg.learner
+        self.lm = lm_settings(cfg)
+        self.estimator = estimator(lc.algo)
+        self.estimator_settings = self.estimator.settings_of(lc)
+        self.loss = policy_loss(self.lm.policy_loss)
+        self.loss_settings = self.loss.settings_of(lc, self.lm.policy_loss)
         self.dev = resolve_device(lc.device, lc.npu_ids)
         torch.manual_seed(cfg.env.seed)
         assert cfg.model.path is not None
@@ -238,7 +245,7 @@ class LanguageLearner:
 
     def keep(self, groups: list[int]) -> None:
         """Set these groups of the round just generated aside for the next update and drop the
-        rest (learner.grpo.refill_rounds); `train` then trains on every group set aside."""
+        rest (learner.lm.refill_rounds); `train` then trains on every group set aside."""
         if self._round is None:
             raise RuntimeError("keep() before a round was generated")
         g = self.cfg.learner.group_size
@@ -271,7 +278,7 @@ class LanguageLearner:
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:
-        per = max(1, self.grpo.micro_batch_tokens // width)
+        per = max(1, self.lm.micro_batch_tokens // width)
         return [slice(s, min(s + per, rows)) for s in range(0, rows, per)]
 
     def _count(self) -> None:
@@ -291,7 +298,7 @@ class LanguageLearner:
                 r["tokens"][rows],
                 r["mask"][rows],
                 gen.temperature,
-                self.grpo.logprob_chunk,
+                self.lm.logprob_chunk,
                 with_entropy,
             )
 
@@ -314,17 +321,18 @@ class LanguageLearner:
     ) -> dict[str, float]:
         """Backward of one micro-batch's share of the batch loss (`w` [b, C]: its token weights);
         its share of the statistics."""
-        lc, gc = self.cfg.learner, self.grpo
-        lo = lc.clip_ratio
-        hi = gc.clip_ratio_high if gc.clip_ratio_high is not None else lo
+        lc = self.cfg.learner
         logp, entropy = self._logp(self.policy, r, s, True)
         logp = logp.float()
         # One epoch on fresh samples: the old policy is the current one (ratio 1, gradient intact).
         old = old_logp[s] if old_logp is not None else logp.detach()
-        per_token, clip_low, clip_high = lm_grpo.clipped_token_loss(logp, old, adv, lo, hi, is_weight)
+        batch = TokenBatch(logp, old, adv, r["mask"][s], lc.clip_ratio)
+        per_token, clip_low, clip_high = self.loss.loss(batch, self.loss_settings)
+        if is_weight is not None:
+            per_token = per_token * is_weight
         stats = {}
         if ref_logp is not None:
-            kl = lm_grpo.kl_per_token(logp, ref_logp[s], gc.kl_estimator)
+            kl = tokens.kl_per_token(logp, ref_logp[s], self.lm.kl_estimator)
             per_token = per_token + lc.kl_coef * kl
             stats["kl_ref"] = float((kl.detach() * w).sum())
         if lc.entropy_coef and entropy is not None:
@@ -360,7 +368,7 @@ class LanguageLearner:
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
         """(old log-probs or None: the current ones detached, the reference's or None, truncated
         importance weights or None, the generator-gap metrics), each [B, C], before the update."""
-        lc, gc, mask = self.cfg.learner, self.grpo, r["mask"]
+        lc, gc, mask = self.cfg.learner, self.lm, r["mask"]
         # The learner generated this round with these weights: its own log-probs are the old
         # policy's. They differ from the sampler's only by the numerics of cached vs full passes.
         external = self._generated_by is not None
@@ -376,7 +384,7 @@ class LanguageLearner:
                 "policy_lag_mean": float(self.version - int(self._generated_by or 0)),
             }
             if level != "none":
-                is_weight = lm_grpo.truncated_is_weight(
+                is_weight = tokens.truncated_is_weight(
                     old_logp, r["gen_logp"], mask, level, gc.importance_cap
                 )
                 gap["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp(min=1))
@@ -393,7 +401,7 @@ class LanguageLearner:
         return old_logp, ref_logp, is_weight, gap
 
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
-        """One GRPO update on the round `generate_round` sampled, with one reward (or None: no
+        """One update on the round `generate_round` sampled, with one reward (or None: no
         reward, no advantage) per completion. Returns the update's metrics and the learner's
         telemetry (device and host memory, device health)."""
         return {**self._update(rewards), **self.telemetry.sample()}
@@ -406,18 +414,20 @@ class LanguageLearner:
             r, self._round = self._round, None
         else:
             raise RuntimeError("train() before generate_round()")
-        cfg, lc, gc = self.cfg, self.cfg.learner, self.grpo
+        cfg, lc, gc = self.cfg, self.cfg.learner, self.lm
         t0 = time.perf_counter()
         self.dev.reset_peak_memory()
         dev = self.dev.device
+        mask = r["mask"]
         valid = torch.tensor([x is not None for x in rewards], device=dev)
         reward_t = torch.tensor([0.0 if x is None else float(x) for x in rewards], device=dev)
-        adv, std = lm_grpo.group_advantages(reward_t, valid, lc.group_size, gc.scale_rewards, lc.group_eps)
+        outcome = RoundRewards(reward_t, valid, mask.sum(-1).float(), lc.group_size, lc.group_eps)
+        adv, estimated = self.estimator.advantages(outcome, self.estimator_settings)
+        std = tokens.group_std(reward_t, valid, lc.group_size)
         rows_in = valid.clone()
         if gc.drop_equal_groups:
             rows_in &= (std > 0).repeat_interleave(lc.group_size)
-        mask = r["mask"]
-        weights = lm_grpo.token_weights(mask, rows_in, gc.loss_agg, cfg.generation.max_new_tokens)
+        weights = tokens.token_weights(mask, rows_in, gc.loss_agg, cfg.generation.max_new_tokens)
         parts = self._micro_batches(mask.shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
         old_logp, ref_logp, is_weight, gap = self._baselines(r, parts)
         self.policy.train()
@@ -446,6 +456,7 @@ class LanguageLearner:
         trained_tokens = int((mask * rows_in.unsqueeze(-1)).sum()) * n_epochs
         return {
             **{k: v / n_epochs for k, v in sums.items()},
+            **estimated,
             **gap,
             "amp_skipped": self.skipped_steps - skipped_before,  # the backend's RoundResult count
             "grad_norm": float(np.mean(grad_norms)),

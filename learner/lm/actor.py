@@ -1,0 +1,58 @@
+"""The language learner as a Ray actor (`services/driver/lm_backend.py` creates it): a thin
+shell around `LanguageLearner`, working in the driver's folder (prompt paths are the user's)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ...contracts.config import RelayConfig
+from ...learner.lm.learner import LanguageLearner
+
+
+class LanguageLearnerActor:
+    """`LanguageLearner`'s methods, called remotely."""
+
+    def __init__(self, cfg_data: dict[str, Any], workdir: str) -> None:
+        cfg = RelayConfig.model_validate(cfg_data)
+        # As many intra-op threads as the CPUs Ray reserved for it (the env learner actor's rule):
+        # a CPU learner's generation and update are the run's compute, set by learner.num_cpus.
+        torch.set_num_threads(cfg.learner.num_cpus)
+        if os.path.isdir(workdir):  # where this node has the driver's folder, relative paths mean it
+            os.chdir(workdir)
+        self.learner = LanguageLearner(cfg)
+
+    def describe(self) -> dict[str, Any]:
+        return self.learner.describe()
+
+    def generate_round(self) -> dict[str, Any]:
+        return self.learner.generate_round()
+
+    def prepare_round(self) -> dict[str, Any]:
+        return self.learner.prepare_round()
+
+    def accept_generated(self, *parts: dict[str, Any]) -> None:
+        self.learner.accept_generated(*parts)
+
+    def keep(self, groups: list[int]) -> None:
+        self.learner.keep(groups)
+
+    def weights(self) -> Any:
+        return self.learner.weights()
+
+    def acting_weights(self) -> dict[str, Any]:
+        return self.learner.acting_weights()
+
+    def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
+        return self.learner.evaluate(limit, greedy)
+
+    def train(self, rewards: list[float | None]) -> dict[str, Any]:
+        return self.learner.train(rewards)
+
+    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
+        return self.learner.state_dict(in_flight)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)

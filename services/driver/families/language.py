@@ -1,0 +1,119 @@
+"""The language family: runs that train a causal language model (`model.kind: causal_lm`) on
+prompts, their completions scored by reward functions. Its preflight reads the model folder, the
+tokenizer, the prompt files and the rewards as data; its algorithms are the advantage estimators
+(`learner/lm/estimators`); its backend generates, scores and trains by rounds
+(`services/driver/lm_backend.py`); it exports Hugging Face folders."""
+
+from __future__ import annotations
+
+import torch
+
+from ....contracts.config import RelayConfig
+from ....contracts.prompts import PromptError, load_prompts
+from ....learner.device import DeviceContext, check_device
+from ....learner.lm.estimators import ESTIMATORS, estimator
+from ....learner.lm.learner import lm_precision
+from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
+from ....policy.lm_decoding import decoding_problem
+from ....policy.vllm_decoding import vllm_problem
+from ....rollout_workers.rewards import resolve_rewards
+from ....services.driver.checkpoints import check_language_resumable
+from ....services.driver.checks import PreflightError, registry_problems, runs_here
+from ....services.driver.families.base import Family
+from ....services.driver.lm_backend import LanguageBackend
+
+
+def config_problems(cfg: RelayConfig) -> list[str]:
+    """The language family's registry name: learner.algo is an advantage estimator (its section,
+    the update's and the policy loss's are checked with every entry section)."""
+    return registry_problems([(estimator, cfg.learner.algo)])
+
+
+def language_precision(cfg: RelayConfig, spec: None, address: str | None = None) -> str:
+    """What the learner computes in: bf16 autocast over float32 master weights where its device
+    computes bf16 (`learner.use_amp: auto`), as `lm_precision` decides on the learner's host."""
+    lc = cfg.learner
+    here = runs_here(cfg, address)
+    if not here and lc.use_amp == "auto":
+        return "decided on the learner's host: bfloat16 autocast where its device computes bf16"
+    dev = DeviceContext(check_device(lc.device, lc.npu_ids) if here else torch.device("cpu"))
+    amp, dtype = lm_precision(cfg, dev)
+    return f"{dtype} autocast, float32 master weights" if amp else "float32 (no bf16 units on the device)"
+
+
+def compile_problem(cfg: RelayConfig) -> str | None:
+    """Why generation.compile or learner.compile cannot work here: the model's architecture or
+    transformers' version (lm_decoding.decoding_problem, for the decoder), or inductor on a host
+    without the C++ compiler it builds with."""
+    from transformers import AutoConfig
+
+    if cfg.generation.compile:
+        config = AutoConfig.from_pretrained(
+            str(cfg.model.path), local_files_only=True, trust_remote_code=False
+        )
+        problem = decoding_problem(config)
+        if problem:
+            return problem
+    setting = "generation.compile" if cfg.generation.compile else "learner.compile"
+    npu = cfg.learner.device.startswith("npu") and cfg.generation.placement == "learner"
+    if cfg.learner.compile_backend in ("auto", "inductor") and not npu:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        try:
+            get_cpp_compiler()
+        except Exception as err:  # torch raises its own error types for a missing compiler
+            return (
+                f"{setting}: inductor needs a C++ compiler on this host ({type(err).__name__}); "
+                f"install g++, or set {setting}=false"
+            )
+    return None
+
+
+def check(cfg: RelayConfig, address: str | None) -> None:
+    """`check_language`, then the learner's device where the learner runs here. A language run
+    has no env: no spec."""
+    check_language(cfg)
+
+
+def check_language(cfg: RelayConfig) -> None:
+    """A language run's inputs, all read as data before anything starts: the model folder, its
+    tokenizer, every prompt file (each prompt within prompts.max_prompt_tokens) and the rewards
+    (PreflightError, one line, on the first problem)."""
+
+    assert cfg.model.path is not None and cfg.prompts.train is not None
+    try:
+        check_model_folder(cfg.model.path)
+        tokenizer = load_tokenizer(cfg.model.path)
+        for label, path in (("prompts.train", cfg.prompts.train), ("prompts.eval", cfg.prompts.eval)):
+            if path is not None:
+                load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
+        resolve_rewards(cfg.prompts.rewards)
+        if cfg.generation.backend == "vllm":
+            problem = vllm_problem()
+            if problem:
+                raise PreflightError(problem)
+            if cfg.learner.device == "cpu":
+                raise PreflightError(
+                    "generation.backend=vllm samples on a GPU or an NPU, not learner.device=cpu"
+                )
+        if cfg.generation.compile or cfg.learner.compile:
+            problem = compile_problem(cfg)
+            if problem:
+                raise PreflightError(problem)
+    except (ModelFolderError, PromptError, ValueError) as err:
+        raise PreflightError(str(err)) from None
+    except ImportError as err:
+        raise PreflightError(
+            f"model.kind=causal_lm needs the llm extra: pip install 'relay-rl[llm]' ({err})"
+        ) from None
+
+
+FAMILY = Family(
+    algorithms=lambda: list(ESTIMATORS),
+    config_problems=config_problems,
+    check=check,
+    precision=language_precision,
+    backend=lambda cfg: LanguageBackend,
+    check_resumable=check_language_resumable,
+    export_formats=("hf",),
+)
