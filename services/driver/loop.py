@@ -314,8 +314,8 @@ class TrainingLoop:
 
     def _runs_ahead(self) -> bool:
         """Whether the next round may be submitted behind this one (async rounds on Ray, a fixed
-        fleet): not when this round meets stop.env_steps or stop.iterations, whose state read (the stop's) must find
-        no round ahead that the counters do not know. A round that ends on a checkpoint runs
+        fleet): not when this round meets stop.env_steps or stop.iterations, whose state read (the
+        stop's) must find no round ahead that the counters do not know. A round that ends on a checkpoint runs
         ahead with the checkpoint's state asked for before it (`_checkpoints_next`)."""
         # Not with the elastic fleet: its grow and retire rules read the learner's idle time and
         # the segments waiting between rounds, both measured on rounds that do not run ahead.
