@@ -401,10 +401,13 @@ class GenerationConfig(_Section):
         "generates round k+1 on the generators while the learner trains round k, corrected by "
         "learner.grpo.importance_correction.",
     )
-    backend: Literal["relay", "vllm"] = Field(
+    backend: str = Field(
         "relay",
-        description="What samples the completions: relay (its KV-cache decoder, compiled with "
-        "generation.compile), or vllm: a vLLM engine in the learner's process on its GPU or NPU "
+        min_length=1,
+        max_length=64,
+        description="What samples the completions, a name from the decoder registry: relay (relay's "
+        "own: the eager KV-cache loop, or the compiled static-cache decoder where generation.compile), "
+        "eager, static, or vllm: a vLLM engine in the learner's process on its GPU or NPU "
         "(vllm-ascend), the learner's weights loaded into it once per version "
         "(placement=learner; needs the vllm package on the learner's host).",
     )

@@ -4,7 +4,7 @@ CPUs that sample completions with the weights the learner published, by version.
 A generator samples only with the version it is asked for: weights of another version are
 refused, in one line, rather than used (TRL #5312: a generator silently left on stale weights gave
 importance ratios of 1e-17). Weights travel in bf16 (half the bytes); the learner corrects for the
-gap between the generator's log-probs and its own (`learner/lm_grpo.py` truncated_is_weight).
+gap between the generator's log-probs and its own (`learner/lm/tokens.py` truncated_is_weight).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from ..contracts.config import RelayConfig
 from ..policy.causal_lm import build_language_policy, completion_ids
 from ..policy.compiling import torch_backend
-from ..policy.lm_decoding import StaticDecoder
+from ..policy.decoders import DecodeSetup, build_decoder
 from ..policy.weight_wires import load_weights, wire_for
 from .worker import adopt_workdir
 
@@ -44,20 +44,16 @@ class Generator:
         self.wire = wire_for(cfg)
         self.version = -1
         self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
-        gen = cfg.generation
-        # generation.compile: the compiled static-cache step on these CPUs, with torch's backend
-        # of that name (the learner's device graph mode is not this actor's).
-        backend = torch_backend(cfg.learner.compile_backend)
-        self.decode = (
-            StaticDecoder(
+        # generation.backend's decoder on these CPUs; a compiling one with torch's backend of
+        # that name (the learner's device graph mode is not this actor's).
+        self.decode = build_decoder(
+            DecodeSetup(
                 self.policy,
-                backend,
-                gen.buckets(cfg.prompts.max_prompt_tokens)[-1],
-                gen.temperature,
-                gen.top_k,
+                cfg,
+                torch.device("cpu"),
+                lambda: torch_backend(cfg.learner.compile_backend),
+                cfg.env.seed * 1000 + index + 1,
             )
-            if gen.compile
-            else self.policy.generate
         )
 
     def set_weights(self, version: int, weights: list[Any]) -> float:

@@ -35,8 +35,7 @@ from ...policy.causal_lm import (
     completion_ids,
 )
 from ...policy.compiling import counting_compile
-from ...policy.lm_decoding import StaticDecoder
-from ...policy.vllm_decoding import VllmDecoder, VllmUnavailable, device_problem
+from ...policy.decoders import DecodeSetup, build_decoder
 from ...policy.weight_wires import wire_for
 
 
@@ -99,17 +98,15 @@ class LanguageLearner:
             if backend is not None and lc.compile
             else CausalLMPolicy.completion_logp
         )
-        self.decoder: StaticDecoder | VllmDecoder | None = None
-        if gen.backend == "vllm":
-            assert cfg.model.path is not None
-            problem = device_problem(self.dev.device)
-            if problem:
-                raise VllmUnavailable(problem)
-            self.decoder = VllmDecoder(
-                self.policy, str(cfg.model.path), gen.vllm_memory_fraction, cfg.env.seed
-            )
-        elif backend is not None and gen.compile:
-            self.decoder = StaticDecoder(self.policy, backend, self.buckets[-1], gen.temperature, gen.top_k)
+
+        # generation.backend's decoder (policy/decoders): the eager loop, the compiled static
+        # one, or a vLLM engine; a compiling one takes the backend resolved above.
+        def compiled_by() -> Any:
+            return backend if backend is not None else self.dev.compile_backend(lc.compile_backend)
+
+        self.decoder = build_decoder(
+            DecodeSetup(self.policy, cfg, self.dev.device, compiled_by, cfg.env.seed)
+        )
         self.version = 0
         self.updates = 0
         self.skipped_steps = 0
@@ -171,10 +168,9 @@ class LanguageLearner:
         self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator
     ) -> Completions:
         gen = self.cfg.generation
-        if isinstance(self.decoder, VllmDecoder):  # its own copy of the weights, refreshed by version
-            self.decoder.load(self.version, self.policy.lm.state_dict)
-        decode = self.decoder if self.decoder is not None else self.policy.generate
-        return decode(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
+        # a decoder with its own copy of the weights (vLLM's) refreshes it by version
+        self.decoder.load(self.version, self.policy.lm.state_dict)
+        return self.decoder(ids, mask, gen.max_new_tokens, gen.temperature, top_k, noise)
 
     def accept_generated(self, *parts: dict[str, np.ndarray]) -> None:
         """`generation.placement: workers`: the generators' completions of `prepare_round`'s
@@ -468,7 +464,7 @@ class LanguageLearner:
             "update_s": update_s,
             "trained_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             "learner_samples_per_s": mask.shape[0] * n_epochs / max(update_s, 1e-9),
-            **(self.decoder.counts() if self.decoder is not None else {}),
+            **self.decoder.counts(),
             **({"update_compiles": self.update_compiles} if lc.compile else {}),
         }
 

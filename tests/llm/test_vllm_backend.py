@@ -191,12 +191,13 @@ def test_the_language_learner_generates_through_vllm_with_its_newest_weights(sta
     import vllm
 
     from relay_rl.learner.lm import learner as lm_learner
+    from relay_rl.policy.decoders import vllm as vllm_entry
 
     tiny_model_folder(tmp_path / "m")
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}+{i}="} for i in range(8)])
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(
-        lm_learner, "device_problem", lambda device: None
+        vllm_entry, "device_problem", lambda device: None
     )  # a CPU is no GPU: see the docstring
     cfg = RelayConfig.model_validate(
         {

@@ -14,8 +14,8 @@ from ....learner.device import DeviceContext, check_device
 from ....learner.lm.estimators import ESTIMATORS, estimator
 from ....learner.lm.learner import lm_precision
 from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
+from ....policy.decoders import decoder_entry
 from ....policy.lm_decoding import decoding_problem
-from ....policy.vllm_decoding import vllm_problem
 from ....rollout_workers.rewards import resolve_rewards
 from ....services.driver.checkpoints import check_language_resumable
 from ....services.driver.checks import PreflightError, registry_problems, runs_here
@@ -24,9 +24,17 @@ from ....services.driver.lm_backend import LanguageBackend
 
 
 def config_problems(cfg: RelayConfig) -> list[str]:
-    """The language family's registry name: learner.algo is an advantage estimator (its section,
-    the update's and the policy loss's are checked with every entry section)."""
-    return registry_problems([(estimator, cfg.learner.algo)])
+    """The language family's registry names: learner.algo is an advantage estimator (its section,
+    the update's and the policy loss's are checked with every entry section), generation.backend
+    a decoder that samples where generation.placement puts it."""
+    problems = registry_problems([(estimator, cfg.learner.algo), (lambda _: decoder_entry(cfg), "")])
+    gen = cfg.generation
+    if not problems and gen.placement not in decoder_entry(cfg).placements:
+        where = " or ".join(decoder_entry(cfg).placements)
+        problems.append(
+            f"generation.backend={gen.backend} samples on {where}, not generation.placement={gen.placement}"
+        )
+    return problems
 
 
 def language_precision(cfg: RelayConfig, spec: None, address: str | None = None) -> str:
@@ -88,14 +96,9 @@ def check_language(cfg: RelayConfig) -> None:
             if path is not None:
                 load_prompts(path, tokenizer, cfg.prompts.max_prompt_tokens, label)
         resolve_rewards(cfg.prompts.rewards)
-        if cfg.generation.backend == "vllm":
-            problem = vllm_problem()
-            if problem:
-                raise PreflightError(problem)
-            if cfg.learner.device == "cpu":
-                raise PreflightError(
-                    "generation.backend=vllm samples on a GPU or an NPU, not learner.device=cpu"
-                )
+        problem = decoder_entry(cfg).problem(cfg)
+        if problem:
+            raise PreflightError(problem)
         if cfg.generation.compile or cfg.learner.compile:
             problem = compile_problem(cfg)
             if problem:
