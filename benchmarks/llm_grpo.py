@@ -97,7 +97,7 @@ def run_trl(model: Path, seconds: float, out: Path) -> tuple[list[tuple[float, f
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from relay_rl.rollout_workers.rewards import resolve_reward
+    from relay_rl.rollout_workers.lm.rewards import resolve_reward
 
     fmt, numeric = resolve_reward(FORMAT), resolve_reward("numeric_match")
     fmt.__name__, numeric.__name__ = "format", "numeric"  # type: ignore[attr-defined]

@@ -257,9 +257,7 @@ FAMILY_OWN = (
     "policy.models.causal_lm",
     "policy.lm_decoding",
     "policy.vllm_decoding",
-    "rollout_workers.generator",
-    "rollout_workers.rewards",
-    "rollout_workers.reward_workers",
+    "rollout_workers.lm",  # generators, rewards, reward actors, round collection
 )
 # What reads a run's family: its attribute, the family names, the language model kind.
 FAMILY_ATTRS = {"family", "language"}

@@ -29,30 +29,16 @@ from ...learner.lm.actor import LanguageLearnerActor
 from ...learner.lm.learner import LanguageLearner
 from ...learner.lm.settings import lm_settings
 from ...rollout_workers.evaluator import EvalReport
-from ...rollout_workers.generator import create_generators, generator_count
-from ...rollout_workers.reward_workers import RewardPool
-from ...rollout_workers.rewards import Scored, completion_text
+from ...rollout_workers.lm.generator import create_generators, generator_count
+from ...rollout_workers.lm.reward_workers import RewardPool
+from ...rollout_workers.lm.rewards import Scored, completion_text
+from ...rollout_workers.lm.rounds import groups_to_keep, reward_means
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
 from ...services.driver.loop import LearnerLost
 from ...services.driver.signals import signals_held
 
 SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
-
-
-def has_signal(rewards: list[float | None]) -> bool:
-    """Whether a group's rewards differ: at least two scored, not all equal."""
-    got = [r for r in rewards if r is not None]
-    return len(got) >= 2 and max(got) > min(got)
-
-
-def reward_means(per_reward: list[list[float | None]]) -> dict[str, float | None]:
-    """reward_<i>_mean: each reward function's mean over the completions it scored."""
-    out: dict[str, float | None] = {}
-    for i, values in enumerate(per_reward):
-        got = [v for v in values if v is not None]
-        out[f"reward_{i}_mean"] = sum(got) / len(got) if got else None
-    return out
 
 
 @dataclass
@@ -280,14 +266,9 @@ class LanguageBackend:
             scores.append(sc)
             if attempts == 1:
                 return gens, scores, sc.rewards, gen_s, reward_s
-            groups = [sc.rewards[k * g : (k + 1) * g] for k in range(q)]
-            signal = [k for k, rs in enumerate(groups) if has_signal(rs)]
-            needed = q - len(train_rewards) // g
-            take = signal[:needed]
-            if attempt == attempts - 1:  # no more tries: all-equal groups fill the batch
-                take += [k for k in range(q) if k not in signal][: needed - len(take)]
+            take = groups_to_keep(sc.rewards, g, q - len(train_rewards) // g, attempt == attempts - 1)
             self._call("keep", take)
-            train_rewards += [r for k in take for r in groups[k]]
+            train_rewards += [r for k in take for r in sc.rewards[k * g : (k + 1) * g]]
             if len(train_rewards) == q * g:
                 break
         return gens, scores, train_rewards, gen_s, reward_s

@@ -21,7 +21,7 @@ from ...contracts.checkpoint import Checkpoint
 from ...contracts.config import is_code_reward
 from ...contracts.prompts import PromptError, as_completions, load_prompts
 from ...policy.causal_lm import complete
-from ...rollout_workers.rewards import resolve_rewards, score_batch
+from ...rollout_workers.lm.rewards import resolve_rewards, score_batch
 from ...rollout_workers.user_code import add_finder
 from .export_hf import trained_policy
 

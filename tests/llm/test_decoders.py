@@ -47,7 +47,7 @@ def folder(tmp_path, monkeypatch):
 def test_the_learner_and_a_generator_build_the_named_decoder(folder):
     from relay_rl.learner.lm.learner import LanguageLearner
     from relay_rl.policy.weight_wires import wire_weights
-    from relay_rl.rollout_workers.generator import Generator
+    from relay_rl.rollout_workers.lm.generator import Generator
 
     assert isinstance(LanguageLearner(_cfg({})).decoder, EagerDecoder)
     assert isinstance(LanguageLearner(_cfg({"backend": "static"})).decoder, StaticDecoder)

@@ -232,7 +232,7 @@ def test_a_generator_actor_decodes_compiled_what_it_decodes_eagerly(tmp_path):
     """generation.placement=workers with generation.compile: the generator (constructed here, out
     of Ray) samples the same completions as an eager one of the same seed, one compile in all."""
     from relay_rl.policy.weight_wires import wire_weights
-    from relay_rl.rollout_workers.generator import Generator
+    from relay_rl.rollout_workers.lm.generator import Generator
 
     tiny_model_folder(tmp_path / "model")
     base = {

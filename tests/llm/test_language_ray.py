@@ -154,7 +154,7 @@ def test_refills_under_overlap_take_the_prefetched_round_first(local_ray, tmp_pa
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     from relay_rl.contracts.config import RelayConfig
     from relay_rl.policy.weight_wires import wire_weights
-    from relay_rl.rollout_workers.generator import Generator, StaleWeightsError
+    from relay_rl.rollout_workers.lm.generator import Generator, StaleWeightsError
 
     tiny_model_folder(tmp_path / "model")
     cfg = RelayConfig.model_validate(

@@ -26,7 +26,7 @@ from relay_rl.policy.causal_lm import (
     load_causal_lm,
     load_tokenizer,
 )
-from relay_rl.rollout_workers.rewards import final_number, resolve_reward, score_batch
+from relay_rl.rollout_workers.lm.rewards import final_number, resolve_reward, score_batch
 from tests.lm_helpers import tiny_model_folder, write_jsonl
 
 
@@ -255,7 +255,7 @@ def test_a_language_config_of_before_the_estimators_keeps_loading(tmp_path):
 def test_a_language_run_is_named_by_its_model_and_sized_with_its_generators(tmp_path):
     """The model kind names the run's source (the model folder, not env.id); generators beside
     the reward actors count in the CPUs a local Ray starts with, only with placement=workers."""
-    from relay_rl.rollout_workers.generator import generator_count
+    from relay_rl.rollout_workers.lm.generator import generator_count
     from relay_rl.services.driver.families import backend_class
     from relay_rl.services.driver.run_dir import default_run_name
 
@@ -461,3 +461,13 @@ def test_weights_on_the_wire_are_one_bf16_buffer_tied_weights_once(policy):
     assert all(torch.equal(target.state_dict()[k], back[k]) for k in state)
     with pytest.raises(ValueError, match="do not fit"):
         load_weights(torch.nn.Linear(2, 2), wire.unpack(packed))
+
+
+def test_a_round_keeps_groups_with_signal_and_fills_with_all_equal_ones_on_the_last_try():
+    from relay_rl.rollout_workers.lm.rounds import groups_to_keep, has_signal
+
+    rewards = [1.0, 0.0, 1.0, 1.0, None, 1.0, 0.0, 1.0]  # groups of 2: signal, equal, one scored, signal
+    assert [has_signal(rewards[k : k + 2]) for k in range(0, 8, 2)] == [True, False, False, True]
+    assert groups_to_keep(rewards, 2, wanted=3, last=False) == [0, 3]
+    assert groups_to_keep(rewards, 2, wanted=3, last=True) == [0, 3, 1]
+    assert groups_to_keep(rewards, 2, wanted=1, last=True) == [0]

@@ -16,7 +16,7 @@ from ....learner.lm.learner import lm_precision
 from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ....policy.decoders import decoder_entry
 from ....policy.lm_decoding import decoding_problem
-from ....rollout_workers.rewards import resolve_rewards
+from ....rollout_workers.lm.rewards import resolve_rewards
 from ....services.driver.checkpoints import check_language_resumable
 from ....services.driver.checks import PreflightError, registry_problems, runs_here
 from ....services.driver.families.base import Family

@@ -20,9 +20,9 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..contracts.config import REWARDS_WITH_ARGUMENT, is_code_reward
-from ..contracts.metrics import REWARD_FAULT_KINDS
-from .user_code import UserCodeError, import_callable, one_line
+from ...contracts.config import REWARDS_WITH_ARGUMENT, is_code_reward
+from ...contracts.metrics import REWARD_FAULT_KINDS
+from ..user_code import UserCodeError, import_callable, one_line
 
 RewardFn = Callable[..., list[Any]]
 

@@ -13,9 +13,9 @@ from typing import Any
 import ray
 import torch
 
-from ..contracts.config import RelayConfig
+from ...contracts.config import RelayConfig
+from ..worker import adopt_workdir
 from .rewards import Scored, faulted, resolve_rewards, score_batch
-from .worker import adopt_workdir
 
 
 class RewardScorer:
@@ -56,7 +56,7 @@ class RewardPool:
     def score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], ids: list[list[int]]
     ) -> Scored:
-        """The batch's scores (rollout_workers.rewards.Scored); `ids`: each completion's token ids
+        """The batch's scores (rollout_workers.lm.rewards.Scored); `ids`: each completion's token ids
         (TRL's `completion_ids`)."""
         if self.local is not None:
             return self._score_here(prompts, completions, columns, ids)

@@ -17,12 +17,12 @@ import numpy as np
 import ray
 import torch
 
-from ..contracts.config import RelayConfig
-from ..policy.causal_lm import build_language_policy, completion_ids
-from ..policy.compiling import torch_backend
-from ..policy.decoders import DecodeSetup, build_decoder
-from ..policy.weight_wires import load_weights, wire_for
-from .worker import adopt_workdir
+from ...contracts.config import RelayConfig
+from ...policy.causal_lm import build_language_policy, completion_ids
+from ...policy.compiling import torch_backend
+from ...policy.decoders import DecodeSetup, build_decoder
+from ...policy.weight_wires import load_weights, wire_for
+from ..worker import adopt_workdir
 
 
 class StaleWeightsError(RuntimeError):
