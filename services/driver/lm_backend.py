@@ -9,7 +9,6 @@ checkpoints, resume, the dashboard and tracking are the same code. In a language
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -23,10 +22,6 @@ from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.prompts import rewards_input
 from ...contracts.rounds import RoundResult
-from ...learner.actor import learner_resources
-from ...learner.device import ray_options
-from ...learner.lm.actor import LanguageLearnerActor
-from ...learner.lm.learner import LanguageLearner
 from ...learner.lm.settings import lm_settings
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.lm.generator import create_generators, generator_count
@@ -35,7 +30,7 @@ from ...rollout_workers.lm.rewards import Scored, completion_text
 from ...rollout_workers.lm.rounds import groups_to_keep, reward_means
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
-from ...services.driver.loop import LearnerLost
+from ...services.driver.lm_learner import LanguageLearnerProxy
 from ...services.driver.signals import signals_held
 
 SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
@@ -91,7 +86,7 @@ class LanguageBackend:
         self.cfg = cfg
         self.env_spec = None  # a language run has no env (its checkpoints record none)
         self.remote = cfg.rollout.num_workers > 0
-        self.learner: Any = None
+        self.learner: LanguageLearnerProxy | None = None
         self.rewards: RewardPool | None = None
         self.generators: list[Any] = []
         self.version = 0
@@ -113,34 +108,21 @@ class LanguageBackend:
                 self.generators = create_generators(cfg)
             if self.remote:
                 workers = self.rewards.actors + self.generators
-                wait_until_placed(cfg, {"learner": [self.learner], "rollout worker": workers})
+                wait_until_placed(cfg, {"learner": [self._learner.actor], "rollout worker": workers})
             if self.generators:
                 self._sync_weights()
         except BaseException:
             self.close()
             raise
 
-    def _make_learner(self) -> Any:
-        if not self.remote:
-            return LanguageLearner(self.cfg)
-        options = ray_options(learner_resources(self.cfg))
-        return (
-            ray.remote(LanguageLearnerActor)
-            .options(**options)
-            .remote(self.cfg.model_dump(mode="json"), os.getcwd())
-        )
+    def _make_learner(self) -> LanguageLearnerProxy:
+        return LanguageLearnerProxy(self.cfg, self.remote)
 
-    def _call(self, method: str, *args: Any) -> Any:
-        if not self.remote:
-            return getattr(self.learner, method)(*args)
-        return self._learner_answer(getattr(self.learner, method).remote(*args))
-
-    def _learner_answer(self, ref: Any, timeout_s: float | None = None) -> Any:
-        """ray.get of a learner call; a dead learner actor becomes LearnerLost."""
-        try:
-            return ray.get(ref, timeout=timeout_s)
-        except ray.exceptions.ActorDiedError as err:
-            raise LearnerLost(str(err).splitlines()[0]) from None
+    @property
+    def _learner(self) -> LanguageLearnerProxy:
+        """The learner, while the backend is open."""
+        assert self.learner is not None, "the language backend is closed"
+        return self.learner
 
     @property
     def num_workers(self) -> int:
@@ -152,7 +134,7 @@ class LanguageBackend:
         raise RuntimeError("a language run's reward workers are not elastic")
 
     def describe(self) -> dict[str, Any]:
-        info = self._call("describe")
+        info = self._learner.describe()
         return {"mode": "language" + ("" if self.remote else " (local)"), "workers": self.num_workers, **info}
 
     def _sync_weights(self, wait: bool = True) -> float:
@@ -160,7 +142,7 @@ class LanguageBackend:
         wait=False (overlap): the sync is queued behind each generator's round in flight and the
         next `_receive` reports the generators' own seconds."""
         t0 = time.perf_counter()
-        ref = self.learner.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
+        ref = self._learner.actor.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
         refs = [g.set_weights.remote(self.version, [ref]) for g in self.generators]
         if not wait:
             self._syncing = refs
@@ -173,7 +155,7 @@ class LanguageBackend:
         the weights version they hold. Nothing is waited for: each generator takes the learner's
         prepared round as an object ref and starts once the learner has made it."""
         t0 = time.perf_counter()
-        batch = self.learner.prepare_round.remote()
+        batch = self._learner.actor.prepare_round.remote()
         g = self.cfg.learner.group_size
         groups, k = self.cfg.prompts.batch_size, len(self.generators)
         bounds = [(i * groups // k * g, (i + 1) * groups // k * g) for i in range(k)]
@@ -188,7 +170,7 @@ class LanguageBackend:
         """A dispatched round's completions as the rewards take them. Its generation seconds: the
         wall since dispatch, or under overlap (the update ran meanwhile) the slowest generator's
         own."""
-        batch = self._learner_answer(sent.batch)
+        batch = self._learner.answer(sent.batch)
         parts = ray.get(sent.refs)
         gen_s = (
             max(float(p["seconds"]) for p in parts) if self.overlap else time.perf_counter() - sent.started
@@ -207,7 +189,7 @@ class LanguageBackend:
         """Queue the dispatched round's completions on the learner (the parts travel from the
         generators' objects, not through this process); `step` surfaces its errors before the
         update's."""
-        self._accepts.append(self.learner.accept_generated.remote(*sent.refs))
+        self._accepts.append(self._learner.actor.accept_generated.remote(*sent.refs))
 
     def _generate_on_workers(self) -> dict[str, Any]:
         """The round the generators sample: the one in flight, or one dispatched now."""
@@ -258,7 +240,7 @@ class LanguageBackend:
                 gen_s, reward_s = gen_s + ready.gen["gen_s"], reward_s + ready.reward_s
             else:
                 t0 = time.perf_counter()
-                gen = self._generate_on_workers() if self.generators else self._call("generate_round")
+                gen = self._generate_on_workers() if self.generators else self._learner.generate_round()
                 t1 = time.perf_counter()
                 sc, scored_s = self._score(gen)
                 gen_s, reward_s = gen_s + t1 - t0, reward_s + scored_s
@@ -267,7 +249,7 @@ class LanguageBackend:
             if attempts == 1:
                 return gens, scores, sc.rewards, gen_s, reward_s
             take = groups_to_keep(sc.rewards, g, q - len(train_rewards) // g, attempt == attempts - 1)
-            self._call("keep", take)
+            self._learner.keep(take)
             train_rewards += [r for k in take for r in sc.rewards[k * g : (k + 1) * g]]
             if len(train_rewards) == q * g:
                 break
@@ -286,18 +268,18 @@ class LanguageBackend:
             # The update runs in this thread: a stop waits for it (cut halfway, it would leave
             # weights between two versions), and `drain` counts its round.
             with signals_held():
-                metrics = self._call("train", train_rewards)
+                metrics = self._learner.train(train_rewards)
                 self._training = _Training(None, gens, scores, reward_s, gen_s, t2, metrics=metrics)
         else:
             accepts, self._accepts = self._accepts, []  # this round's, queued before its update
             with signals_held():  # submitted and recorded as one (see RayBackend._submit)
-                call = self.learner.train.remote(train_rewards)
+                call = self._learner.actor.train.remote(train_rewards)
                 self._training = _Training(call, gens, scores, reward_s, gen_s, t2, waited=t2 - t0)
             if self.overlap:
                 self._prefetch()
             for ref in accepts:  # done before the update began: an error of theirs comes first
-                self._learner_answer(ref)
-            metrics = self._learner_answer(self._training.ref)
+                self._learner.answer(ref)
+            metrics = self._learner.answer(self._training.ref)
         if self.generators:
             self.version = int(metrics["weights_version"])
             if self.overlap:
@@ -397,7 +379,7 @@ class LanguageBackend:
             return pending.out
         if pending.metrics is not None:
             return self._count(pending, pending.metrics)
-        return self._count(pending, self._learner_answer(pending.ref, timeout_s))
+        return self._count(pending, self._learner.answer(pending.ref, timeout_s))
 
     def taken(self) -> None:
         self._training = None
@@ -411,14 +393,11 @@ class LanguageBackend:
     def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
         # Under overlap the next round's prompts are out being generated: not trained, not counted.
         in_flight = self._inflight is not None or self._ready is not None
-        if self.remote:
-            state = ray.get(self.learner.state_dict.remote(in_flight), timeout=timeout_s)
-        else:
-            state = self.learner.state_dict(in_flight)
+        state = self._learner.state_dict(in_flight, timeout_s)
         return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._call("load_state_dict", state)
+        self._learner.load_state_dict(state)
         self._training = None  # the loop drained it before the restore
         self.completions = int(state.get("completions", 0))
         saved = state.get("reward_faults") or {}
@@ -430,8 +409,7 @@ class LanguageBackend:
             self._sync_weights()
 
     def restart_learner(self) -> None:
-        if self.remote:
-            ray.kill(self.learner, no_restart=True)
+        self._learner.kill()
         self.learner = self._make_learner()
         self._inflight = self._ready = None  # its prompts were the lost learner's
         self._accepts = []
@@ -452,8 +430,8 @@ class LanguageBackend:
         for g in self.generators:
             ray.kill(g, no_restart=True)
         self.generators = []
-        if self.remote and self.learner is not None:
-            ray.kill(self.learner, no_restart=True)
+        if self.learner is not None:
+            self.learner.kill()
         self.learner = None
 
 
@@ -473,7 +451,7 @@ class LanguageEvalRunner:
     def submit(self, iteration: int, video: bool) -> None:
         b, ev = self.backend, self.backend.cfg.eval
         t0 = time.perf_counter()
-        out = b._call("evaluate", ev.episodes, ev.deterministic)
+        out = b._learner.evaluate(ev.episodes, ev.deterministic)
         rewards = b._score(out)[0].rewards
         scored = [r for r in rewards if r is not None]
         arr = np.asarray(scored if scored else [np.nan])
@@ -487,7 +465,7 @@ class LanguageEvalRunner:
             "seconds": time.perf_counter() - t0,
         }
         note = None if scored else "no eval completion got a reward (every reward faulted)"
-        weights = b._call("acting_weights")
+        weights = b._learner.acting_weights()
         self._done = (EvalReport(iteration, int(out["version"]), summary, note=note), lambda: weights)
 
     def poll(self) -> tuple[EvalReport, Callable[[], dict[str, Any]]] | None:
