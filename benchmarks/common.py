@@ -128,7 +128,7 @@ def run_training(cmd: Sequence[str], cwd: Path, env: dict[str, str] | None = Non
     stop short) and a later SIGTERM or SIGHUP is not."""
     # The signals a relay training stops cleanly on, from relay's own list (imported here: the
     # other helpers serve scripts that do not import relay).
-    from relay_rl.services.driver.signals import ALL_STOP_SIGNALS
+    from relay_rl.services.runs.signals import ALL_STOP_SIGNALS
 
     children: list[subprocess.Popen[bytes]] = []
     received: list[int] = []

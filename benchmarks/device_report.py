@@ -231,7 +231,7 @@ def _checkpoint(device: str, tmp: Path) -> Path:
     from relay_rl.learner.algorithms import algorithm_traits
     from relay_rl.learner.learner import Learner
     from relay_rl.rollout_workers.sampler import make_sampler
-    from relay_rl.services.driver.checkpoints import write_learner_checkpoint
+    from relay_rl.services.runs.checkpoints import write_learner_checkpoint
 
     cfg = _load("cartpole_ppo", [f"learner.device={device}", "learner.buffer_size=512"])
     sampler = make_sampler(cfg, algorithm_traits(cfg))

@@ -174,7 +174,7 @@ def _games_against(cfg: Any, run: Path, early: Path, late: Path, games: int) -> 
 
 def selfplay(args: argparse.Namespace) -> None:
     from relay_rl.contracts.config import load_config
-    from relay_rl.services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.runs.checkpoints import list_checkpoints
 
     config = "configs/connect_four_selfplay.yaml"
     sets = [

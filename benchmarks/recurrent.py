@@ -192,7 +192,7 @@ def memory_table(env_steps: int) -> str:
     """MemoryS7 with and without the LSTM core, the same budget each: the mean return (last 100
     episodes) and the wall at each mark of the budget; then each final policy's success with and
     without having seen the cue (`cue_success`)."""
-    from relay_rl.services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.runs.checkpoints import list_checkpoints
 
     runs, cues = {}, {}
     # the post-core layer sits on the core: without one, the heads read the trunk as they always do

@@ -35,7 +35,7 @@ CONCURRENCY = (1, 8, 32)
 
 def _cartpole_checkpoint(folder: Path) -> Path:
     from relay_rl.services.cli import main
-    from relay_rl.services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.runs.checkpoints import list_checkpoints
 
     run = folder / "cartpole"
     sets = ["rollout.num_workers=0", "metrics.progress=none", "stop.env_steps=2048"]
@@ -62,7 +62,7 @@ def _breakout_cnn(folder: Path) -> Path:
     from relay_rl.learner.algorithms import algorithm_traits
     from relay_rl.learner.learner import Learner
     from relay_rl.rollout_workers.sampler import make_sampler
-    from relay_rl.services.driver.checkpoints import write_learner_checkpoint
+    from relay_rl.services.runs.checkpoints import write_learner_checkpoint
 
     cfg = load_config(
         "configs/breakout_ppo.yaml", ["rollout.num_workers=0", "env.num_envs=1", "learner.batch_size=128"]

@@ -7,7 +7,7 @@ owns each registry checks them, with the rules particular to each entry (see
 `services/driver/preflight.py`), so adding an algorithm, a model or an env backend never edits
 this file. An entry's own settings (`learner.<algorithm>`, `model.<kind>`, `metrics.<tracker>`) are an
 `EntrySection` declared beside the entry; here they are plain mappings (`_EntrySections`), which
-`services/config_sections.py` validates by the entry's class before a run starts.
+`services/runs/config_sections.py` validates by the entry's class before a run starts.
 
 Everything read here is data: YAML is parsed with the safe loader (no tags that build objects),
 the expanded size of a document is capped (a YAML alias bomb stops at the cap instead of eating
@@ -127,7 +127,7 @@ EntrySectionData = Annotated[dict[str, Any] | None, BeforeValidator(_entry_secti
 class _EntrySections(_Section):
     """A section that also holds registry entries' own sections, by entry name. Which names exist
     and what they hold is checked by the entries' registries before a run starts
-    (`services/config_sections.py`, run by `relay validate`, `train`, `resume` and sweeps)."""
+    (`services/runs/config_sections.py`, run by `relay validate`, `train`, `resume` and sweeps)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
     __pydantic_extra__: dict[str, EntrySectionData] = Field(init=False)
@@ -137,7 +137,7 @@ class _EntrySections(_Section):
         return (self.model_extra or {}).get(name)
 
     def set_entry_data(self, name: str, data: dict[str, Any] | None) -> None:
-        """Store entry `name`'s section as its entry resolved it (services/config_sections.py)."""
+        """Store entry `name`'s section as its entry resolved it (services/runs/config_sections.py)."""
         assert self.__pydantic_extra__ is not None
         self.__pydantic_extra__[name] = data
 
@@ -1294,7 +1294,7 @@ def config_help(
 
 # Leaves whose `module:attr` values import and run the user's code.
 CODE_LEAVES = ("env.id", "multi_agent.policy_mapping", "prompts.rewards")
-# Reward registry entries written `name:argument` (rollout_workers/rewards.py; a test keeps the two
+# Reward registry entries written `name:argument` (rollout_workers/lm/rewards.py; a test keeps the two
 # in step): any other `a:b` in prompts.rewards names the user's function `module:fn`.
 REWARDS_WITH_ARGUMENT = ("regex", "length_at_most")
 

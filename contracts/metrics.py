@@ -2,7 +2,7 @@
 
 The keys every run may write are RUN_METRICS, drawn by RUN_CHARTS. A registry entry that adds its
 own keys (an algorithm, a model kind, a recurrent core) declares them beside its code as a
-`MetricKeys`, with the charts that draw them; `services/metric_keys.py` assembles the run-wide
+`MetricKeys`, with the charts that draw them; `services/runs/metric_keys.py` assembles the run-wide
 keys and every entry's into one `MetricCatalog`, the catalog the sinks, sweeps and dashboards read.
 Every `metrics.jsonl` line carries catalog keys (an entry's only where that entry runs).
 TensorBoard and Prometheus (`ray_relay_<key>`) export exactly these keys; the learner dashboard

@@ -22,7 +22,7 @@ import numpy as np
 from .bounded import memory_cap
 from .chat_template import MAX_RENDERED_CHARS, TemplateError, render_all
 
-# Arguments every reward receives by these names (rollout_workers/rewards.py): columns may not take them.
+# Arguments every reward receives by these names (rollout_workers/lm/rewards.py): columns may not take them.
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids")
 
 PROMPT = "prompt"

@@ -82,7 +82,7 @@ def recurrent_state_stats(data: dict[str, torch.Tensor], segments: int) -> dict[
 
 @dataclass
 class UpdateOutcome:
-    """An update's metrics line fields (catalog keys, services/metric_keys.py) and its count of
+    """An update's metrics line fields (catalog keys, services/runs/metric_keys.py) and its count of
     skipped optimizer steps."""
 
     metrics: dict[str, Any]

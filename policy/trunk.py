@@ -47,7 +47,7 @@ class ModelKind:
     # numpy mirror, the normalizer statistics).
     default_wire = "arrays"
     exact_weights = True
-    # keys the runs of this kind add to the metrics line (services/metric_keys.py)
+    # keys the runs of this kind add to the metrics line (services/runs/metric_keys.py)
     metrics = MetricKeys({})
     # its own settings, under `model.<its registry name>` (None: none beyond model's)
     settings: type[EntrySection] | None = None

@@ -26,15 +26,15 @@ from ..learner.device import DeviceError, check_device
 from ..rollout_workers.envs import allow_env_module
 from ..rollout_workers.user_code import allow_user_code
 from ..rollout_workers.video import VideoError
-from ..services.config_sections import entry_sections
 from ..services.driver import run as driver
-from ..services.driver.checkpoints import ResumeError, load_checkpoint, load_newest_valid
 from ..services.driver.cluster import ClusterError
 from ..services.driver.families import FAMILIES
 from ..services.driver.preflight import PreflightError, choices, learner_precision, preflight
-from ..services.driver.run_dir import RunDirError
-from ..services.driver.signals import STOP_CODES, exit_code, sigterm_raises, stop_reason
-from ..services.files import OutputError, check_output
+from ..services.runs.checkpoints import ResumeError, load_checkpoint, load_newest_valid
+from ..services.runs.config_sections import entry_sections
+from ..services.runs.files import OutputError, check_output
+from ..services.runs.run_dir import RunDirError
+from ..services.runs.signals import STOP_CODES, exit_code, sigterm_raises, stop_reason
 from ..services.sweep.params import SweepError, parse_cli_param
 from ..services.tools.evaluate import (
     MAX_EPISODES,

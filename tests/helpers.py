@@ -101,7 +101,7 @@ def ray_loop(cfg, run: Path):
     from relay_rl.services.driver.backends import RayBackend
     from relay_rl.services.driver.loop import TrainingLoop
     from relay_rl.services.driver.preflight import check_env
-    from relay_rl.services.driver.run_dir import RunDir
+    from relay_rl.services.runs.run_dir import RunDir
 
     backend = RayBackend(cfg, check_env(cfg))
     return TrainingLoop(cfg, RunDir.claim(run, cfg), backend), backend
@@ -110,7 +110,7 @@ def ray_loop(cfg, run: Path):
 def hold_back_checkpoints(run: Path, held: Path, keep: int = 1) -> None:
     """Move every checkpoint of `run` but its oldest `keep` into `held` (created): checkpoints the
     run "has not written yet", to land later while a `--follow` server runs."""
-    from relay_rl.services.driver.checkpoints import list_checkpoints
+    from relay_rl.services.runs.checkpoints import list_checkpoints
 
     held.mkdir()
     for path in list_checkpoints(run / "checkpoints")[keep:]:

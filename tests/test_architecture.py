@@ -200,14 +200,7 @@ def test_relay_is_one_namespace():
 # the ones below, never one above. The longest prefix decides a module's floor.
 SERVICE_FLOORS: dict[str, int] = {
     "services": 3,  # services/__init__.py
-    "services.files": 0,
-    "services.driver.run_dir": 0,
-    "services.driver.checkpoints": 0,
-    "services.driver.sinks": 0,
-    "services.driver.signals": 0,
-    "services.metric_keys": 0,
-    "services.config_sections": 0,
-    "services.sweep.records": 0,
+    "services.runs": 0,  # one folder: files, run directories, checkpoints, sinks, records, signals
     "services.tracking": 0,
     "services.tools": 1,
     "services.driver": 2,
@@ -241,7 +234,10 @@ def test_services_stand_on_floors():
         if _layer(dep) == "services" and floor_of(dep) > floor_of(name)
     ]
     assert upward == [], upward
-    assert floor_of("services.driver.loop") == 2 and floor_of("services.driver.run_dir") == 0
+    assert floor_of("services.driver.loop") == 2 and floor_of("services.runs.run_dir") == 0
+    # the floors are folders: floor 0 is services/runs/ and the trackers (services/tracking/)
+    bottom = {name for name in MODULES if name.startswith("services.") and floor_of(name) == 0}
+    assert bottom == {name for name in MODULES if name.startswith(("services.runs", "services.tracking"))}
 
 
 # The families of runs (services/driver/families): modules that belong to one family, whose

@@ -59,7 +59,7 @@ def test_kuberay_manifests(name):
 
 
 def test_grafana_dashboard_queries_relays_metrics():
-    from relay_rl.services.metric_keys import catalog
+    from relay_rl.services.runs.metric_keys import catalog
 
     dash = json.loads((DEPLOY / "grafana" / "relay-learner.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])

@@ -85,7 +85,7 @@ class Algorithm:
 
     critic: ClassVar[bool] = True
     grouped: ClassVar[bool] = False
-    # the keys its `batch` and `loss` statistics add to the metrics line (services/metric_keys.py)
+    # the keys its `batch` and `loss` statistics add to the metrics line (services/runs/metric_keys.py)
     metrics: ClassVar[MetricKeys] = MetricKeys({})
     # its own settings, under `learner.<its registry name>` (None: it has none beyond learner's)
     settings: ClassVar[type[EntrySection] | None] = None

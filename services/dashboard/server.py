@@ -42,8 +42,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ...contracts.config import ConfigError, load_config
-from ...services.metric_keys import catalog
-from ...services.sweep.records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
+from ...services.runs.metric_keys import catalog
+from ...services.runs.sweep_records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")
 MAX_LINE_BYTES = 1 << 20  # relay writes lines of a few KB

@@ -28,8 +28,8 @@ from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
 from ...services.driver.health import FleetHealth, actor_record
 from ...services.driver.loop import LearnerLost
-from ...services.driver.signals import signals_held
 from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
+from ...services.runs.signals import signals_held
 
 
 class LocalBackend:

@@ -34,7 +34,7 @@ import ray
 from ...contracts.config import RelayConfig
 from ...learner.actor import learner_resources
 from ...rollout_workers.worker import worker_resources
-from ...services.driver.signals import Terminated, raise_pending
+from ...services.runs.signals import Terminated, raise_pending
 
 REPORT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0

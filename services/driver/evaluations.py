@@ -31,9 +31,9 @@ from ...contracts.spaces import EnvSpec
 from ...policy.weight_wires import WeightWire
 from ...rollout_workers.evaluator import EvalReport, Evaluator
 from ...rollout_workers.video import video_stem
-from ...services.driver.checkpoints import BEST_NAME, load_checkpoint
-from ...services.driver.run_dir import RunDir
-from ...services.files import atomic_write, write_numbered
+from ...services.runs.checkpoints import BEST_NAME, load_checkpoint
+from ...services.runs.files import atomic_write, write_numbered
+from ...services.runs.run_dir import RunDir
 
 Weights = dict[str, Any]  # a state dict: numpy arrays or CPU tensors
 

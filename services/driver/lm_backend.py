@@ -31,7 +31,7 @@ from ...rollout_workers.lm.rounds import groups_to_keep, reward_means
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import EvalRunner
 from ...services.driver.lm_learner import LanguageLearnerProxy
-from ...services.driver.signals import signals_held
+from ...services.runs.signals import signals_held
 
 SAMPLES = 4  # completions per iteration kept in RUN/samples.jsonl
 

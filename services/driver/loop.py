@@ -22,16 +22,16 @@ from ...contracts.metrics import PHASES, stat_means
 from ...contracts.rounds import RoundResult
 from ...contracts.segment import ENV_FAULT_KINDS
 from ...contracts.spaces import EnvSpec
-from ...services.driver.checkpoints import load_newest_valid, write_learner_checkpoint
 from ...services.driver.evaluations import EvalRunner, Evaluations
 from ...services.driver.fleet import FleetScaler
 from ...services.driver.health import FleetLost
 from ...services.driver.memory import HostMemory
 from ...services.driver.notices import Notices
 from ...services.driver.progress import Progress
-from ...services.driver.run_dir import RunDir
-from ...services.driver.signals import STOP_CODES, raise_pending, signals_held, stop_reason
-from ...services.driver.sinks import MetricsSinks, truncate_metrics
+from ...services.runs.checkpoints import load_newest_valid, write_learner_checkpoint
+from ...services.runs.run_dir import RunDir
+from ...services.runs.signals import STOP_CODES, raise_pending, signals_held, stop_reason
+from ...services.runs.sinks import MetricsSinks, truncate_metrics
 from ...services.tracking import RunInfo, Tracking
 
 # Rounds in a row without an update before the run gives up (every segment rejected or lost).

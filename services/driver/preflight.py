@@ -23,11 +23,11 @@ from ...policy.encoders import ENCODERS
 from ...policy.models import MODEL_KINDS, model_kind
 from ...rollout_workers.preprocess import PREPROCESSORS
 from ...rollout_workers.vector_backends import VECTOR_BACKENDS
-from ...services.config_sections import resolve_sections
 from ...services.driver.checks import PreflightError, registry_problems, wire_problems
 from ...services.driver.families import FAMILIES, family
 from ...services.driver.families.env import check_env
 from ...services.driver.families.language import check_language
+from ...services.runs.config_sections import resolve_sections
 from ...services.tracking import missing_tracker
 
 
@@ -47,7 +47,7 @@ def choices() -> dict[str, list[str]]:
 
 def check_config(cfg: RelayConfig) -> None:
     """Registry names, then the rules of the chosen entries, all reported together (ConfigError);
-    the entries' own sections are checked first and stored resolved (services/config_sections.py)."""
+    the entries' own sections are checked first and stored resolved (services/runs/config_sections.py)."""
     resolve_sections(cfg)
     problems = registry_problems([(model_kind, cfg.model.kind)])
     if not problems:

@@ -23,13 +23,13 @@ from ...contracts.config import RelayConfig, load_config, unconfirmed_code
 from ...contracts.spaces import EnvSpec
 from ...rollout_workers.user_code import allow_user_code
 from ...services.dashboard.server import Dashboard
-from ...services.driver.checkpoints import ResumeError, load_newest_valid
 from ...services.driver.cluster import check_cluster_device, init_ray
 from ...services.driver.families import backend_class, check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
 from ...services.driver.preflight import preflight
-from ...services.driver.run_dir import RunDir
-from ...services.driver.signals import STOP_CODES, sigterm_raises
+from ...services.runs.checkpoints import ResumeError, load_newest_valid
+from ...services.runs.run_dir import RunDir
+from ...services.runs.signals import STOP_CODES, sigterm_raises
 
 EXIT_OK = 0
 

@@ -37,7 +37,7 @@ from ...contracts.spaces import PATH_SEP, ObsLeaf
 from ...learner.device import resolve_device
 from ...policy.actor_critic import STATE, draw_noise
 from ...rollout_workers.user_code import one_line
-from ...services.driver.checkpoints import list_checkpoints, load_checkpoint
+from ...services.runs.checkpoints import list_checkpoints, load_checkpoint
 from ...services.serving.runtimes import RUNTIMES
 from ...services.serving.sessions import MAX_SESSION_CHARS, SESSION_ID, Keep, Sessions, SessionStore
 from ...services.tools.handle import PolicyHandle, PolicyLoadError, concat_fields, rows_of

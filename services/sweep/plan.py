@@ -23,10 +23,10 @@ from ...contracts.config import RelayConfig, SweepConfig, build_config, is_code_
 from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
 from ...rollout_workers.worker import worker_resources
-from ...services.config_sections import all_leaves
 from ...services.driver.families import backend_class
 from ...services.driver.preflight import check_config, preflight
-from ...services.metric_keys import catalog
+from ...services.runs.config_sections import all_leaves
+from ...services.runs.metric_keys import catalog
 from ...services.sweep.params import Param, SweepError, draw_trials, parse_param
 from ...services.tracking import TRACKERS
 
@@ -141,7 +141,7 @@ def check_options(options: SweepConfig, params: list[Param]) -> None:
     search, scheduler = options.search, options.scheduler
     if options.metric not in catalog().keys or options.metric in NOT_METRICS:
         raise SweepError(
-            f"sweep.metric={options.metric}: not a numeric metrics key (see services/metric_keys.py)"
+            f"sweep.metric={options.metric}: not a numeric metrics key (see services/runs/metric_keys.py)"
         )
     if search == "grid":
         ranged = [p.key for p in params if not p.finite]

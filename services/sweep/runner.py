@@ -1,7 +1,7 @@
 """`relay sweep`: a checked plan run as one Ray Tune experiment, and its outcome as a table.
 
 The sweep's folder holds one relay run directory per trial, the sweep's records
-(services/sweep/records.py: sweep.yaml, trials.jsonl, summary.json, best.yaml) and `tune/`, Ray
+(services/runs/sweep_records.py: sweep.yaml, trials.jsonl, summary.json, best.yaml) and `tune/`, Ray
 Tune's own experiment folder (relay reads nothing back from it).
 
 Searches: `random` and `grid` values are drawn by relay before anything starts (so each trial's
@@ -29,8 +29,17 @@ import ray
 
 from ...contracts.config import RelayConfig, code_settings, dump_config, load_config, unconfirmed_code
 from ...services.driver.cluster import end_children, join_or_start_ray
-from ...services.driver.signals import Terminated, signals_held
-from ...services.files import atomic_write
+from ...services.runs.files import atomic_write
+from ...services.runs.signals import Terminated, signals_held
+from ...services.runs.sweep_records import (
+    BEST_FILE,
+    ENDED,
+    SUMMARY_FILE,
+    SWEEP_FILE,
+    TRIALS_FILE,
+    TrialLog,
+    summarize,
+)
 from ...services.sweep.params import Param, SweepError
 from ...services.sweep.plan import (
     SweepPlan,
@@ -41,15 +50,6 @@ from ...services.sweep.plan import (
     trial_config,
     trial_cpus,
     trial_resources,
-)
-from ...services.sweep.records import (
-    BEST_FILE,
-    ENDED,
-    SUMMARY_FILE,
-    SWEEP_FILE,
-    TRIALS_FILE,
-    TrialLog,
-    summarize,
 )
 from ...services.sweep.trial import RELAY_DONE, RelayTrial, SweepContext
 from ...services.tracking import PARENT_TAG, SWEEP_TAG, tracker_settings

@@ -28,15 +28,15 @@ from ray import tune
 
 from ...contracts.checkpoint import Checkpoint
 from ...rollout_workers.user_code import allow_user_code
-from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
 from ...services.driver.families import check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
 from ...services.driver.preflight import preflight
-from ...services.driver.run_dir import RunDir, RunDirError
-from ...services.files import atomic_write, open_no_follow
-from ...services.metric_keys import catalog
+from ...services.runs.checkpoints import load_checkpoint, load_newest_valid
+from ...services.runs.files import atomic_write, open_no_follow
+from ...services.runs.metric_keys import catalog
+from ...services.runs.run_dir import RunDir, RunDirError
+from ...services.runs.sweep_records import EXPLOITS_FILE, read_exploits
 from ...services.sweep.plan import quiet_tune, trial_config
-from ...services.sweep.records import EXPLOITS_FILE, read_exploits
 from ...services.tracking import TRIAL_TAG
 
 CKPT_FILE, ORIGIN_FILE = "relay.pt", "origin.json"

@@ -25,8 +25,8 @@ from ...rollout_workers.evaluation import (
 )
 from ...rollout_workers.scenes import open_scene
 from ...rollout_workers.video import encode_mp4, video_stem
-from ...services.driver.checkpoints import BEST_NAME, load_newest_valid
-from ...services.files import write_numbered
+from ...services.runs.checkpoints import BEST_NAME, load_newest_valid
+from ...services.runs.files import write_numbered
 from ...services.tools.handle import PolicyHandle, PolicyLoadError
 from ...services.tools.load import NamedEnv, check_env_fits, scene_policies
 

@@ -30,7 +30,7 @@ import torch
 from ...contracts.config import config_data
 from ...contracts.segment import Fields
 from ...policy.actor_critic import fields_to_numpy, fields_to_torch
-from ...services.files import write_new
+from ...services.runs.files import write_new
 from ...services.tools.handle import (
     RELAY_CONFIG_KEY,
     RELAY_ENV_KEY,

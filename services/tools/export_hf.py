@@ -24,8 +24,8 @@ import torch
 from ...contracts.checkpoint import Checkpoint, CheckpointError
 from ...contracts.config import LANGUAGE_FAMILY, LoraConfig
 from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy
-from ...services.driver.checkpoints import load_checkpoint, load_newest_valid
-from ...services.files import OutputError
+from ...services.runs.checkpoints import load_checkpoint, load_newest_valid
+from ...services.runs.files import OutputError
 
 
 def language_checkpoint(path: Path) -> tuple[Path, Checkpoint]:

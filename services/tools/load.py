@@ -32,7 +32,7 @@ from ...rollout_workers.evaluation import eval_env_config
 from ...rollout_workers.observations import ObsReader
 from ...rollout_workers.scenes import open_scene
 from ...rollout_workers.vector_backends import make_vector_env
-from ...services.driver.checkpoints import read_data
+from ...services.runs.checkpoints import read_data
 from ...services.tools.handle import (
     PolicyHandle,
     PolicyLoadError,

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from ...contracts.config import EntrySection, RelayConfig, entry_section, redact_text
 from ...rollout_workers.user_code import one_line
-from ...services.metric_keys import catalog
+from ...services.runs.metric_keys import catalog
 
 # its section under `metrics` -> (module holding its Settings and Client, the package it needs = its
 # extra). Modules by name: a client module imports this one, and its package only when it starts.

@@ -20,7 +20,7 @@ from relay_rl.learner.algorithms import algorithm_traits
 from relay_rl.learner.device import backend_module, resolve_device
 from relay_rl.learner.learner import Learner
 from relay_rl.rollout_workers.sampler import make_sampler
-from relay_rl.services.driver.checkpoints import write_learner_checkpoint
+from relay_rl.services.runs.checkpoints import write_learner_checkpoint
 from relay_rl.services.serving.service import ActRequest, PolicyService
 from relay_rl.services.tools.load import load_policy
 from relay_rl.services.tools.verify import VerifyOptions, run_verify

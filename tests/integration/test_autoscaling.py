@@ -23,7 +23,7 @@ from relay_rl.contracts.config import load_config
 from relay_rl.services.driver.backends import RayBackend
 from relay_rl.services.driver.loop import TrainingLoop
 from relay_rl.services.driver.preflight import check_env
-from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.runs.run_dir import RunDir
 from tests.helpers_proc import end_processes_of, free_port, processes_of
 
 pytestmark = pytest.mark.ray

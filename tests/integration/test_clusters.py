@@ -17,7 +17,7 @@ import ray
 
 from relay_rl.services.cli import main
 from relay_rl.services.driver import cluster
-from relay_rl.services.driver.checkpoints import load_newest_valid
+from relay_rl.services.runs.checkpoints import load_newest_valid
 from tests.helpers_proc import ROOT, metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 pytestmark = pytest.mark.ray

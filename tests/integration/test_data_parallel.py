@@ -12,7 +12,7 @@ from relay_rl.learner.actor import from_host
 from relay_rl.services.driver.backends import RayBackend
 from relay_rl.services.driver.loop import TrainingLoop
 from relay_rl.services.driver.preflight import check_env
-from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.runs.run_dir import RunDir
 from tests.helpers_proc import metrics_lines, wait_for
 
 pytestmark = pytest.mark.ray

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from relay_rl.services.driver.checkpoints import load_newest_valid
+from relay_rl.services.runs.checkpoints import load_newest_valid
 from tests.helpers_proc import metrics_lines, processes_mentioning, ray_env, start_train, wait_for
 
 pytestmark = pytest.mark.ray

@@ -43,7 +43,7 @@ def test_a_centralized_critic_trains_resumes_and_exports_the_policy_alone(tmp_pa
     goes on from them; the export and its check take the agent's observation alone."""
     import onnx
 
-    from relay_rl.services.driver.checkpoints import read_data
+    from relay_rl.services.runs.checkpoints import read_data
 
     run = tmp_path / "mappo"
     assert train_local("simple_spread_mappo.yaml", run, *SMALL, "stop.env_steps=3000") == 0

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from relay_rl.services.cli import main
-from relay_rl.services.driver.checkpoints import read_data
+from relay_rl.services.runs.checkpoints import read_data
 from relay_rl.services.serving.service import PolicyService
 from tests.helpers import ROOT, train_in_process, train_local
 

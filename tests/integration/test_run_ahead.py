@@ -9,7 +9,7 @@ import pytest
 
 from relay_rl.contracts.config import load_config
 from relay_rl.services.driver.backends import RayBackend
-from relay_rl.services.driver.checkpoints import list_checkpoints, load_checkpoint, load_newest_valid
+from relay_rl.services.runs.checkpoints import list_checkpoints, load_checkpoint, load_newest_valid
 from tests.helpers import ray_loop
 from tests.helpers_proc import metrics_lines, start_train, wait_for
 

@@ -21,7 +21,7 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.runs.checkpoints import list_checkpoints
 from tests.helpers import hold_back_checkpoints, train_local
 from tests.helpers_proc import wait_for
 from tests.services.test_mlagents_import import MLAGENTS_EXPORTS

@@ -12,7 +12,7 @@ import pytest
 
 from relay_rl.contracts.prompts import PromptOrder
 from relay_rl.services.cli import main
-from relay_rl.services.driver.checkpoints import load_newest_valid
+from relay_rl.services.runs.checkpoints import load_newest_valid
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 ROOT = Path(__file__).parents[2]

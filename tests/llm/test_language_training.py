@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relay_rl.services.cli import main
-from relay_rl.services.metric_keys import catalog
+from relay_rl.services.runs.metric_keys import catalog
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 
@@ -113,7 +113,7 @@ def test_a_stop_during_an_evaluation_cuts_it_short(workdir, monkeypatch):
     import signal
 
     from relay_rl.learner.lm.learner import LanguageLearner
-    from relay_rl.services.driver.checkpoints import load_newest_valid
+    from relay_rl.services.runs.checkpoints import load_newest_valid
 
     monkeypatch.chdir(workdir)
     write_jsonl(workdir / "eval.jsonl", sums_rows()[:4])
@@ -243,7 +243,7 @@ def test_a_stop_during_a_local_update_waits_for_it_and_counts_its_round(workdir,
     update finishes and its round is counted: the checkpoint equals the one an uninterrupted run
     wrote at that iteration, bit for bit (a seed fixes a local run)."""
     from relay_rl.learner.lm.learner import LanguageLearner
-    from relay_rl.services.driver.checkpoints import list_checkpoints, load_checkpoint
+    from relay_rl.services.runs.checkpoints import list_checkpoints, load_checkpoint
     from tests.helpers import interrupt_during_update
 
     monkeypatch.chdir(workdir)

@@ -235,7 +235,7 @@ def test_a_language_config_of_before_the_estimators_keeps_loading(tmp_path):
     sections: such a config loads with each key in the section that owns it now, and means the
     same; a key set both ways is one line naming both."""
     from relay_rl.learner.lm.settings import lm_settings
-    from relay_rl.services.config_sections import resolve_sections
+    from relay_rl.services.runs.config_sections import resolve_sections
 
     path = tmp_path / "old.yaml"
     path.write_text(
@@ -257,7 +257,7 @@ def test_a_language_run_is_named_by_its_model_and_sized_with_its_generators(tmp_
     the reward actors count in the CPUs a local Ray starts with, only with placement=workers."""
     from relay_rl.rollout_workers.lm.generator import generator_count
     from relay_rl.services.driver.families import backend_class
-    from relay_rl.services.driver.run_dir import default_run_name
+    from relay_rl.services.runs.run_dir import default_run_name
 
     path = tmp_path / "lm.yaml"
     path.write_text(

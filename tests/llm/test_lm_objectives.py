@@ -26,9 +26,9 @@ from relay_rl.learner.lm.estimators import (
     rloo,
 )
 from relay_rl.learner.lm.policy_losses import POLICY_LOSSES, TokenBatch, gspo
-from relay_rl.services import metric_keys
 from relay_rl.services.cli import main
-from relay_rl.services.config_sections import all_leaves
+from relay_rl.services.runs import metric_keys
+from relay_rl.services.runs.config_sections import all_leaves
 from relay_rl.services.sweep.plan import parse_params
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 

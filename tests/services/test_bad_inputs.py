@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from relay_rl.contracts.config import ConfigError, RelayConfig, build_config, load_config
 from relay_rl.services.cli import main
-from relay_rl.services.config_sections import all_leaves
+from relay_rl.services.runs.config_sections import all_leaves
 
 STRUCTURED = "tests.rollout_workers.structured_envs"
 ROOT = Path(__file__).parents[2]

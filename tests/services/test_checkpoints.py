@@ -15,10 +15,10 @@ from relay_rl.contracts.checkpoint import Checkpoint, RunCounters
 from relay_rl.contracts.config import load_config
 from relay_rl.services.cli import main
 from relay_rl.services.driver.backends import LocalBackend
-from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
 from relay_rl.services.driver.loop import TrainingLoop
-from relay_rl.services.driver.run_dir import RunDir
-from relay_rl.services.driver.sinks import MetricsWriter
+from relay_rl.services.runs.checkpoints import list_checkpoints, load_newest_valid, save_checkpoint
+from relay_rl.services.runs.run_dir import RunDir
+from relay_rl.services.runs.sinks import MetricsWriter
 from tests.helpers_proc import start_train
 
 ROOT = Path(__file__).parents[2]
@@ -207,7 +207,7 @@ def test_a_file_larger_inside_than_outside_is_refused_before_loading(tmp_path):
     import zipfile
 
     from relay_rl.contracts.checkpoint import CheckpointError
-    from relay_rl.services.driver.checkpoints import read_data
+    from relay_rl.services.runs.checkpoints import read_data
 
     good = tmp_path / "good.pt"
     torch.save({"w": torch.zeros(1000)}, good)

@@ -9,7 +9,7 @@ import pytest
 
 from relay_rl.contracts.metrics import REQUIRED_KEYS
 from relay_rl.services.cli import main
-from relay_rl.services.metric_keys import catalog
+from relay_rl.services.runs.metric_keys import catalog
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]
@@ -182,7 +182,7 @@ def test_validate_and_train_refuse_the_same_configs_with_the_same_line(sets, tmp
 
 
 def test_help_config_lists_every_leaf_with_default_and_description(capsys):
-    from relay_rl.services.config_sections import all_leaves
+    from relay_rl.services.runs.config_sections import all_leaves
 
     assert main(["validate", "--help-config"]) == 0
     out = capsys.readouterr().out

@@ -134,7 +134,7 @@ LANGUAGE_RUN = {
 def _validate_all(overrides: list[str]) -> None:
     """Resolve the sections of a config with `overrides`: an env run's, or a language run's where
     they set a learner section only language runs have."""
-    from relay_rl.services.config_sections import entry_sections, resolve_sections
+    from relay_rl.services.runs.config_sections import entry_sections, resolve_sections
 
     language_only = set(entry_sections("language")) - set(entry_sections("env"))
     base = LANGUAGE_RUN if any(".".join(kv.split(".")[:2]) in language_only for kv in overrides) else {}
@@ -145,7 +145,7 @@ def test_true_or_false_is_never_read_as_a_number():
     """Pydantic's lax mode reads true as 1: `env.num_envs: true` ran one env. Every numeric leaf,
     the registry entries' own sections included, refuses a bool in one line naming it; every
     yes/no leaf still takes one."""
-    from relay_rl.services.config_sections import all_leaves
+    from relay_rl.services.runs.config_sections import all_leaves
 
     numeric = bools = 0
     for path, default, _ in all_leaves():

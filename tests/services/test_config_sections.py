@@ -1,6 +1,6 @@
 """Settings that travel with their registry entry: an algorithm declares `learner.<name>` beside its
 code (`Algorithm.settings`), a tracker `metrics.<name>` (its module's `Settings`);
-services/config_sections.py assembles them for preflight, `--help-config` and sweeps."""
+services/runs/config_sections.py assembles them for preflight, `--help-config` and sweeps."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from relay_rl.contracts.config import (
 from relay_rl.contracts.metrics import MetricKeys
 from relay_rl.learner.algorithms import ALGORITHMS, PPO
 from relay_rl.learner.lm.settings import lm_settings
-from relay_rl.services import metric_keys
 from relay_rl.services.cli import main
-from relay_rl.services.config_sections import all_leaves, resolve_sections
+from relay_rl.services.runs import metric_keys
+from relay_rl.services.runs.config_sections import all_leaves, resolve_sections
 from relay_rl.services.sweep.plan import parse_params
 from relay_rl.services.tracking import TRACKERS, RunInfo, Tracking, tracker_settings
 from tests.helpers import train_local

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from relay_rl.services.dashboard.server import SAMPLES_SHOWN, Dashboard
-from relay_rl.services.driver.run_dir import SAMPLE_CHARS, RunDir
+from relay_rl.services.runs.run_dir import SAMPLE_CHARS, RunDir
 from tests.browser import page_at
 
 

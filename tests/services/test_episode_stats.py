@@ -107,7 +107,7 @@ def test_policy_group_metrics_reach_the_sinks_by_group():
     """TensorBoard/MLflow/W&B take "policy/<group>/<key>"; Prometheus a gauge per key with the
     group as its `policy` tag; keys outside POLICY_KEYS and non-finite values are left out."""
     from relay_rl.contracts.metrics import group_metrics
-    from relay_rl.services.metric_keys import catalog
+    from relay_rl.services.runs.metric_keys import catalog
 
     record = {
         "iteration": 3,

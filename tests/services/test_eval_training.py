@@ -12,7 +12,7 @@ import torch
 from relay_rl.contracts.config import ConfigError, build_config
 from relay_rl.services.cli import main
 from relay_rl.services.driver.evaluations import best_return
-from relay_rl.services.driver.run_dir import RunDir
+from relay_rl.services.runs.run_dir import RunDir
 from tests.helpers import train_local
 from tests.helpers_proc import metrics_lines
 

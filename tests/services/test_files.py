@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relay_rl.services.cli import main
-from relay_rl.services.files import OutputError, check_output, read_regular, write_new
+from relay_rl.services.runs.files import OutputError, check_output, read_regular, write_new
 from tests.helpers import train_local
 
 

@@ -12,10 +12,10 @@ import torch
 from relay_rl.contracts.config import build_config
 from relay_rl.contracts.rounds import RoundResult
 from relay_rl.contracts.spaces import ActionSpec, EnvSpec
-from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid
 from relay_rl.services.driver.loop import LearnerLost, NoProgressError, TrainingLoop
-from relay_rl.services.driver.run_dir import RunDir
-from relay_rl.services.driver.signals import Terminated
+from relay_rl.services.runs.checkpoints import list_checkpoints, load_newest_valid
+from relay_rl.services.runs.run_dir import RunDir
+from relay_rl.services.runs.signals import Terminated
 
 
 class FakeBackend:

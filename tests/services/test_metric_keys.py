@@ -8,7 +8,7 @@ from relay_rl.contracts.metrics import RUN, RUN_METRICS, MetricCatalog, MetricKe
 from relay_rl.learner.algorithms import ALGORITHMS, PPO
 from relay_rl.policy.cores import CORES
 from relay_rl.policy.models import MODEL_KINDS
-from relay_rl.services.metric_keys import catalog
+from relay_rl.services.runs.metric_keys import catalog
 
 
 def test_each_entry_owns_its_keys_and_the_catalog_holds_them_all():

@@ -17,8 +17,8 @@ import torch
 
 from relay_rl.contracts.checkpoint import Checkpoint, CheckpointError
 from relay_rl.services.cli import main
-from relay_rl.services.driver.checkpoints import list_checkpoints
-from relay_rl.services.driver.run_dir import RunDir, RunDirError
+from relay_rl.services.runs.checkpoints import list_checkpoints
+from relay_rl.services.runs.run_dir import RunDir, RunDirError
 from tests.helpers import train_local
 from tests.helpers_proc import metrics_lines, start_train, wait_for
 

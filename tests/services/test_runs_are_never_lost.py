@@ -11,9 +11,9 @@ import pytest
 
 from relay_rl.contracts.config import build_config
 from relay_rl.services.cli import main
-from relay_rl.services.driver import run_dir as run_dir_mod
-from relay_rl.services.driver.run_dir import RunDir, RunDirError, default_run_name
-from relay_rl.services.files import atomic_write
+from relay_rl.services.runs import run_dir as run_dir_mod
+from relay_rl.services.runs.files import atomic_write
+from relay_rl.services.runs.run_dir import RunDir, RunDirError, default_run_name
 from tests.helpers import train_local
 
 ROOT = Path(__file__).parents[2]

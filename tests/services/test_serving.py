@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from relay_rl.learner.device import DeviceError
 from relay_rl.services.cli import main
-from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.runs.checkpoints import list_checkpoints
 from relay_rl.services.serving import runtimes
 from relay_rl.services.serving.service import (
     ActRequest,

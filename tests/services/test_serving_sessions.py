@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relay_rl.policy.actor_critic import STATE
-from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.runs.checkpoints import list_checkpoints
 from relay_rl.services.serving.service import BadRequest, PolicyService, parse_act
 from tests.helpers import hold_back_checkpoints, train_local
 

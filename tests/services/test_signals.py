@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from relay_rl.services.driver.checkpoints import list_checkpoints, load_newest_valid
-from relay_rl.services.driver.signals import (
+from relay_rl.services.runs.checkpoints import list_checkpoints, load_newest_valid
+from relay_rl.services.runs.signals import (
     Terminated,
     raise_pending,
     signals_held,
@@ -45,7 +45,7 @@ def test_a_signal_stops_the_run_cleanly_with_a_final_checkpoint(tmp_path, sig, c
 # dropped by Python ("Exception ignored in: ..."); the stop must survive that.
 DROPPED_AT_FORK = """
 import os, signal, sys, time
-from relay_rl.services.driver.signals import raise_pending, sigterm_raises, stop_reason
+from relay_rl.services.runs.signals import raise_pending, sigterm_raises, stop_reason
 
 def land_here():  # the signal arrives while Python runs an at-fork callback
     os.kill(os.getpid(), signal.{sig})
@@ -143,7 +143,7 @@ def test_a_ctrl_c_during_a_local_update_waits_for_the_update_and_counts_its_roun
     import torch
 
     from relay_rl.learner.learner import Learner
-    from relay_rl.services.driver.checkpoints import load_checkpoint
+    from relay_rl.services.runs.checkpoints import load_checkpoint
     from tests.helpers import interrupt_during_update, train_local
 
     sets = (

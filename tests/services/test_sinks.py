@@ -8,9 +8,9 @@ import math
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from relay_rl.contracts.config import build_config
-from relay_rl.services.driver.run_dir import RunDir
-from relay_rl.services.driver.sinks import MetricsSinks, truncate_metrics
-from relay_rl.services.metric_keys import catalog
+from relay_rl.services.runs.metric_keys import catalog
+from relay_rl.services.runs.run_dir import RunDir
+from relay_rl.services.runs.sinks import MetricsSinks, truncate_metrics
 
 
 def _run(tmp_path) -> RunDir:

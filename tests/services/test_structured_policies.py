@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from relay_rl.policy.actor_critic import fields_to_numpy, fields_to_torch
 from relay_rl.services.cli import main
-from relay_rl.services.driver.checkpoints import list_checkpoints
+from relay_rl.services.runs.checkpoints import list_checkpoints
 from relay_rl.services.serving.service import BadRequest, PolicyService, parse_act
 from relay_rl.services.tools.handle import DeterministicPolicy
 from relay_rl.services.tools.load import load_policy

@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 
 from relay_rl.contracts.config import load_config
 from relay_rl.services.cli import main
-from relay_rl.services.sweep.params import Param, SweepError, draw_trials, parse_param, split_args
-from relay_rl.services.sweep.plan import build_plan, trial_config, trial_resources
-from relay_rl.services.sweep.records import (
+from relay_rl.services.runs.sweep_records import (
     BEST_FILE,
     SUMMARY_FILE,
     TRIALS_FILE,
@@ -25,6 +23,8 @@ from relay_rl.services.sweep.records import (
     read_exploits,
     summarize,
 )
+from relay_rl.services.sweep.params import Param, SweepError, draw_trials, parse_param, split_args
+from relay_rl.services.sweep.plan import build_plan, trial_config, trial_resources
 from relay_rl.services.sweep.runner import clip_to_ranges, format_table, write_outcome
 from relay_rl.services.sweep.trial import ORIGIN_FILE, read_origin, report
 
@@ -283,7 +283,7 @@ def test_a_signal_asks_tune_to_stop_once_then_stops_at_once():
     import os
     import signal
 
-    from relay_rl.services.driver.signals import Terminated
+    from relay_rl.services.runs.signals import Terminated
     from relay_rl.services.sweep.runner import graceful_signals
 
     asked: list[int] = []
@@ -400,7 +400,7 @@ def test_a_grid_is_bounded_by_its_product(tmp_path):
 
 def test_a_linked_sweep_or_trial_folder_is_refused(capsys, tmp_path):
     """A sweep folder, or a trial's run folder, that is a symbolic link is never written through."""
-    from relay_rl.services.driver.run_dir import RunDir, RunDirError
+    from relay_rl.services.runs.run_dir import RunDir, RunDirError
 
     real = tmp_path / "real"
     _planted_sweep(real, "    learner.lr: choice(0.001)\n")

@@ -16,9 +16,9 @@ from typing import Any
 from ....contracts.checkpoint import Checkpoint
 from ....contracts.config import ENV_FAMILY, LANGUAGE_FAMILY, RelayConfig
 from ....contracts.spaces import EnvSpec
-from ....services.driver.checkpoints import ResumeError
 from ....services.driver.families import env, language
 from ....services.driver.families.base import Family
+from ....services.runs.checkpoints import ResumeError
 
 FAMILIES: dict[str, Family] = {
     ENV_FAMILY: env.FAMILY,

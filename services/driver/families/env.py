@@ -26,9 +26,9 @@ from ....rollout_workers.multi_agent.common import columns_problem
 from ....rollout_workers.preprocess import preprocessor
 from ....rollout_workers.vector_backends import vector_backend
 from ....services.driver.backends import LocalBackend, RayBackend
-from ....services.driver.checkpoints import check_env_resumable
 from ....services.driver.checks import GB, PreflightError, registry_problems, runs_here
 from ....services.driver.families.base import Family
+from ....services.runs.checkpoints import check_env_resumable
 
 
 def config_problems(cfg: RelayConfig) -> list[str]:

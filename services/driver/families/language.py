@@ -17,10 +17,10 @@ from ....policy.causal_lm import ModelFolderError, check_model_folder, load_toke
 from ....policy.decoders import decoder_entry
 from ....policy.lm_decoding import decoding_problem
 from ....rollout_workers.lm.rewards import resolve_rewards
-from ....services.driver.checkpoints import check_language_resumable
 from ....services.driver.checks import PreflightError, registry_problems, runs_here
 from ....services.driver.families.base import Family
 from ....services.driver.lm_backend import LanguageBackend
+from ....services.runs.checkpoints import check_language_resumable
 
 
 def config_problems(cfg: RelayConfig) -> list[str]:

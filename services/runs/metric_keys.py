@@ -9,12 +9,12 @@ arrive with its registry line; nothing here changes.
 
 from __future__ import annotations
 
-from ..contracts.metrics import MetricCatalog, MetricKeys
-from ..learner.algorithms import ALGORITHMS
-from ..learner.lm.estimators import ESTIMATORS
-from ..learner.lm.policy_losses import POLICY_LOSSES
-from ..policy.cores import CORES
-from ..policy.models import MODEL_KINDS
+from ...contracts.metrics import MetricCatalog, MetricKeys
+from ...learner.algorithms import ALGORITHMS
+from ...learner.lm.estimators import ESTIMATORS
+from ...learner.lm.policy_losses import POLICY_LOSSES
+from ...policy.cores import CORES
+from ...policy.models import MODEL_KINDS
 
 
 def declared() -> list[MetricKeys]:

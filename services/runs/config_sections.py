@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..contracts.config import (
+from ...contracts.config import (
     ENV_FAMILY,
     LANGUAGE_FAMILY,
     ConfigError,
@@ -28,10 +28,10 @@ from ..contracts.config import (
     config_leaves,
     entry_section,
 )
-from ..learner import algorithms
-from ..learner.lm import settings as lm
-from ..policy.models import MODEL_KINDS
-from ..services.tracking import TRACKERS, tracker_module
+from ...learner import algorithms
+from ...learner.lm import settings as lm
+from ...policy.models import MODEL_KINDS
+from ...services.tracking import TRACKERS, tracker_module
 
 # Each family's learner sections ({name: settings}) and the ones a config of it reads.
 LEARNER_SECTIONS: dict[

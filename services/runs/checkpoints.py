@@ -27,7 +27,7 @@ from ...learner.learner import learner_state_problem
 from ...learner.policy_groups import groups_state_problem
 from ...policy.causal_lm import build_language_policy
 from ...policy.models import build_policy, infer_env_spec, weights_mismatch
-from ...services.files import atomic_write_with
+from ...services.runs.files import atomic_write_with
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")

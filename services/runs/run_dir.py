@@ -28,8 +28,8 @@ from typing import Any
 
 from ...contracts.config import RelayConfig, dump_config
 from ...policy.models import model_kind
-from ...services.driver.checkpoints import BEST_NAME, list_checkpoints
-from ...services.files import NOFOLLOW, atomic_write, fsync_dir, open_no_follow
+from ...services.runs.checkpoints import BEST_NAME, list_checkpoints
+from ...services.runs.files import NOFOLLOW, atomic_write, fsync_dir, open_no_follow
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "events", "error.log", "samples.jsonl")
 # A sample's prompt or completion is cut to this many characters in samples.jsonl.
