@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -148,6 +149,10 @@ class StaticDecoder:
     def counts(self) -> dict[str, int]:
         """The metrics line's `compiles`."""
         return {"compiles": self.compiles}
+
+    def load(self, version: int, weights: Callable[[], Mapping[str, Tensor]]) -> None:
+        """Nothing to load: it samples from the policy's own tensors (its low-precision copies are
+        remade when those change, `_low_weights`)."""
 
     def _low_dtype(self, device: torch.device) -> torch.dtype | None:
         """The dtype the weights' copy and the cache are kept in: autocast's for `device` where
