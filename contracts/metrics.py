@@ -52,6 +52,7 @@ RUN_METRICS: dict[str, str] = {
     "policy_loss": "clipped surrogate loss",
     "entropy": "policy entropy",
     "approx_kl": "KL(old || new), k3 estimator",
+    "kl_ref": "KL to the frozen reference policy (GRPO; a language run with learner.kl_coef > 0)",
     "clip_fraction": "fraction of samples whose ratio left the clip range",
     "grad_norm": "global gradient norm before clipping",
     "lr": "learning rate of the update",

@@ -22,7 +22,6 @@ class GRPO(Algorithm):
     # a language run's estimators (learner/lm/learner.py) write the same group keys
     metrics = MetricKeys(
         {
-            "kl_ref": "KL to the frozen reference policy (GRPO)",
             "group_reward_std": "mean within-group std of episodic returns (GRPO)",
             "group_reward_mean": "mean episodic return over groups (GRPO)",
             "zero_std_group_fraction": "groups whose members all scored the same (GRPO)",

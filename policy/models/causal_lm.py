@@ -53,9 +53,27 @@ LANGUAGE_METRICS = MetricKeys(
     },
     (
         {
-            "id": "language",
-            "title": "Language run: reward, completion length, cut at max_new_tokens",
-            "keys": ["reward_mean", "completion_len_mean", "truncated_fraction"],
+            "id": "lm_reward",
+            "title": "Reward: the mean, and each reward's own mean (before its weight)",
+            "keys": ["reward_mean", *(f"reward_{i}_mean" for i in range(MAX_REWARDS))],
+            "optional": True,
+        },
+        {
+            "id": "lm_length",
+            "title": "Completion length (tokens, the end token included)",
+            "keys": ["completion_len_mean"],
+            "optional": True,
+        },
+        {
+            "id": "lm_truncated",
+            "title": "Completions cut at generation.max_new_tokens (fraction)",
+            "keys": ["truncated_fraction"],
+            "optional": True,
+        },
+        {
+            "id": "lm_kl_clip",
+            "title": "KL to the reference and to the sampling policy; tokens clipped low and high",
+            "keys": ["kl_ref", "approx_kl", "clip_low_fraction", "clip_high_fraction"],
             "optional": True,
         },
         {
@@ -64,7 +82,38 @@ LANGUAGE_METRICS = MetricKeys(
             "keys": ["gen_tokens_per_s", "trained_tokens_per_s"],
             "optional": True,
         },
+        {
+            "id": "lm_phases",
+            "title": "Seconds by phase: generation, rewards, old and reference log-probs, update, weight sync",
+            "keys": ["gen_s", "reward_s", "logprob_s", "reference_s", "update_s", "weight_sync_s"],
+            "optional": True,
+        },
+        {
+            "id": "lm_reward_faults",
+            "title": "Reward faults (raised, timed out, non-finite, wrong length)",
+            "keys": ["reward_faults", *(f"reward_faults_{k}" for k in REWARD_FAULT_KINDS)],
+            "optional": True,
+        },
     ),
+)
+# The language family's dashboard (services/driver/families/language.py): its charts first, in
+# this order, then the run-wide ones that mean something to it; x is the iteration.
+LANGUAGE_PANELS = (
+    "lm_reward",
+    "eval",
+    "lm_length",
+    "lm_truncated",
+    "lm_kl_clip",
+    "loss",
+    "entropy",
+    "grad",
+    "lr",
+    "tokens",
+    "lm_phases",
+    "lag",
+    "memory",
+    "host_memory",
+    "lm_reward_faults",
 )
 
 

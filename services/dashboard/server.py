@@ -5,6 +5,7 @@ services/dashboard/static/). The page polls two JSON endpoints and appends new p
 charts without reloading:
 
     GET /api/runs                          the runs under PATH (a run directory is one run)
+    GET /api/charts[?run=NAME]             the charts to draw: the run's family's, and its x axis
     GET /api/metrics?run=NAME&since=K      complete metrics.jsonl lines from line K on
     GET /api/videos?run=NAME               the run's evaluation videos, oldest first
     GET /api/sweep                         a sweep folder's trials: values, status, PBT exploits
@@ -41,8 +42,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ...contracts.config import ConfigError, load_config
+from ...contracts.config import MAX_CONFIG_BYTES, ConfigError, family_of_kind, load_config, parse_yaml
+from ...services.driver.families import FAMILIES
 from ...services.runs.metric_keys import catalog
+from ...services.runs.files import read_regular
 from ...services.runs.sweep_records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")
@@ -86,6 +89,29 @@ class RunStore:
         if is_run(self.root):
             return ["."]
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_run(p))
+
+    def family(self, name: str) -> str:
+        """The family of a run, by its config.yaml's model kind (read as data: a regular file,
+        bounded, YAML's safe loader); a run without a readable one is drawn as an env run."""
+        try:
+            raw = read_regular(self.run_dir(name) / "config.yaml", MAX_CONFIG_BYTES)
+            data = parse_yaml(raw.decode("utf-8"), "config.yaml")
+            model = data.get("model") if isinstance(data, dict) else None
+            return family_of_kind(model.get("kind") if isinstance(model, dict) else None)
+        except (ApiError, OSError, UnicodeDecodeError, ConfigError):
+            return family_of_kind(None)
+
+    def charts(self, run: str | None) -> dict[str, Any]:
+        """The charts the page draws: for a run, its family's panels in their order and its x
+        axis; without one, every chart of the catalog against env steps."""
+        charts = catalog().charts
+        entry = FAMILIES[self.family(run)] if run is not None else None
+        if entry is None or entry.panels is None:
+            x_key, x_label = entry.x_axis if entry is not None else ("env_steps", "env steps")
+            return {"charts": charts, "x": {"key": x_key, "label": x_label}}
+        by_id = {c["id"]: c for c in charts}
+        chosen = [by_id[i] for i in entry.panels if i in by_id]
+        return {"charts": chosen, "x": {"key": entry.x_axis[0], "label": entry.x_axis[1]}}
 
     def run_dir(self, name: str) -> Path:
         path = (self.root / name).resolve()
@@ -344,7 +370,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path.startswith("/static/"):
             self._static(path.removeprefix("/static/"))
         elif path == "/api/charts":
-            self._json(HTTPStatus.OK, {"charts": catalog().charts})
+            self._json(HTTPStatus.OK, self.store.charts(query.get("run")))
         elif path == "/api/runs":
             self._json(HTTPStatus.OK, {"root": str(self.store.root), "runs": self.store.runs()})
         elif path == "/api/sweep":

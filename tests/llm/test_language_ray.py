@@ -185,22 +185,32 @@ def test_a_stop_during_the_update_or_before_it_is_counted_leaves_no_update_uncou
     import signal
 
     from relay_rl.services.driver.lm_backend import LanguageBackend
+    from relay_rl.services.driver.lm_learner import LanguageLearnerProxy
 
     monkeypatch.chdir(tmp_path)
-    name = "_learner_answer" if where == "during" else "step"
-    plain, calls = getattr(LanguageBackend, name), []
+    plain_step, plain_answer = LanguageBackend.step, LanguageLearnerProxy.answer
+    calls: list[str] = []
+    backends: list[LanguageBackend] = []
 
-    def signalling(self, *args, **kwargs):
-        if where == "after" or (self._training is not None and args[0] is self._training.ref):
-            calls.append(name)  # a step, or the wait for an update (not the other learner calls)
-        if where == "during" and len(calls) == 3:
-            signal.raise_signal(signal.SIGINT)  # Python runs it inside the wait for the update
-        out = plain(self, *args, **kwargs)
+    def step(self, *args, **kwargs):
+        backends[:] = [self]
+        if where == "after":
+            calls.append("step")
+        out = plain_step(self, *args, **kwargs)
         if where == "after" and len(calls) == 3:
             signal.raise_signal(signal.SIGINT)
         return out
 
-    monkeypatch.setattr(LanguageBackend, name, signalling)
+    def answer(ref, timeout_s=None):
+        training = backends[0]._training if backends else None
+        if where == "during" and training is not None and ref is training.ref:
+            calls.append("update")  # the wait for an update (not the other learner calls)
+            if len(calls) == 3:
+                signal.raise_signal(signal.SIGINT)  # Python runs it inside the wait for the update
+        return plain_answer(ref, timeout_s)
+
+    monkeypatch.setattr(LanguageBackend, "step", step)
+    monkeypatch.setattr(LanguageLearnerProxy, "answer", staticmethod(answer))
     _write_run(tmp_path, "rewards: ['regex:7'], batch_size: 4", "{max_new_tokens: 6}", 100000, group_size=4)
     run = tmp_path / "runs" / "r"
     assert main(["train", "run.yaml", "--run-dir", str(run)]) == 130

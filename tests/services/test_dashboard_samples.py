@@ -71,3 +71,62 @@ def test_the_page_shows_samples_as_text(board):
         assert rows[0][3] == "none (a reward fault)"
         assert page.locator("#samples b").count() == 0
     assert not errors, errors
+
+
+@pytest.fixture
+def family_board(tmp_path):
+    """Two runs side by side: a language run (its config.yaml names a causal LM) and an env run,
+    each with lines carrying both families' keys, so only the family decides what is drawn."""
+    root = tmp_path / "runs"
+    for name, kind in (("lm", "causal_lm"), ("env", "mlp")):
+        run = root / name
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(f"model: {{kind: {kind}, path: m}}\n")
+        lines = [
+            {
+                "iteration": i,
+                "env_steps": 100 * i,
+                "wall_s": i,
+                "reward_mean": 0.1 * i,
+                "reward_0_mean": 0.1 * i,
+                "episode_return_mean": 0.1 * i,
+                "completion_len_mean": 5,
+                "truncated_fraction": 0.2,
+                "policy_loss": 0.5,
+                "num_workers": 1,
+                "env_faults": 0,
+                "buffer_fill": 1.0,
+            }
+            for i in range(1, 4)
+        ]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    boards = [Dashboard(root / name, port=0).start() for name in ("lm", "env")]
+    yield boards
+    for b in boards:
+        b.stop()
+
+
+def test_a_language_runs_dashboard_is_in_its_own_words(family_board):
+    """#59: the reward (and each reward's part) first, then completion lengths and the cut
+    fraction, against iterations; no panel that cannot apply to a language run (env faults,
+    rollout workers, the ring buffer). An env run keeps its panels against env steps."""
+    lm, env = family_board
+    status, body = _get(lm, "/api/charts?run=.")
+    assert status == 200 and body["x"] == {"key": "iteration", "label": "iterations"}
+    ids = [c["id"] for c in body["charts"]]
+    assert ids[:4] == ["lm_reward", "eval", "lm_length", "lm_truncated"]
+    assert {"env_faults", "workers", "buffer", "return", "length"}.isdisjoint(ids)
+    with page_at(lm.url) as (page, errors):
+        page.wait_for_function("window.relayDashboard.points('lm_reward') >= 3", timeout=30000)
+        cards = page.evaluate("window.relayDashboard.cards()")
+        assert cards[:3] == ["lm_reward", "lm_length", "lm_truncated"] and "workers" not in cards
+        assert page.evaluate("window.relayDashboard.xLabel()") == "iterations"
+        assert page.evaluate("window.relayDashboard.values('lm_reward', 0)") == [1, 2, 3]  # x: iterations
+    assert not errors, errors
+    with page_at(env.url) as (page, errors):
+        page.wait_for_function("window.relayDashboard.points('loss') >= 3", timeout=30000)
+        cards = page.evaluate("window.relayDashboard.cards()")
+        assert "workers" in cards and "lm_reward" in cards  # every chart whose keys the lines carry
+        assert page.evaluate("window.relayDashboard.xLabel()") == "env steps"
+        assert page.evaluate("window.relayDashboard.values('loss', 0)") == [100, 200, 300]
+    assert not errors, errors

@@ -23,7 +23,9 @@ class Family:
     precision: what its learner computes in, in words, for `relay validate`;
     backend: the backend class that trains a config of it (`services/driver/loop.py` Backend);
     check_resumable: ResumeError where a config cannot continue a checkpoint of it;
-    export_formats: what `relay export --format` writes of its checkpoints."""
+    export_formats: what `relay export --format` writes of its checkpoints;
+    panels: the dashboard's charts for its runs, by id, in order (None: every chart of the
+      catalog, in its order); x_axis: the key its charts are drawn against, and its name."""
 
     algorithms: Callable[[], list[str]]
     config_problems: Callable[[RelayConfig], list[str]]
@@ -32,3 +34,5 @@ class Family:
     backend: Callable[[RelayConfig], type[Any]]
     check_resumable: Callable[[RelayConfig, Any, Checkpoint, str], None]
     export_formats: tuple[str, ...]
+    panels: tuple[str, ...] | None = None
+    x_axis: tuple[str, str] = ("env_steps", "env steps")

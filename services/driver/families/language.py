@@ -15,6 +15,7 @@ from ....learner.lm.estimators import ESTIMATORS, estimator
 from ....learner.lm.learner import lm_precision
 from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ....policy.decoders import decoder_entry
+from ....policy.models.causal_lm import LANGUAGE_PANELS
 from ....policy.lm_decoding import decoding_problem
 from ....rollout_workers.lm.rewards import resolve_rewards
 from ....services.driver.checks import PreflightError, registry_problems, runs_here
@@ -119,4 +120,6 @@ FAMILY = Family(
     backend=lambda cfg: LanguageBackend,
     check_resumable=check_language_resumable,
     export_formats=("hf",),
+    panels=LANGUAGE_PANELS,
+    x_axis=("iteration", "iterations"),
 )
