@@ -44,8 +44,8 @@ from urllib.parse import parse_qs, urlparse
 
 from ...contracts.config import MAX_CONFIG_BYTES, ConfigError, family_of_kind, load_config, parse_yaml
 from ...services.driver.families import FAMILIES
-from ...services.runs.metric_keys import catalog
 from ...services.runs.files import read_regular
+from ...services.runs.metric_keys import catalog
 from ...services.runs.sweep_records import SWEEP_FILE, TRIALS_FILE, TrialLog, read_exploits
 
 STATIC = Path(__file__).with_name("static")

@@ -15,8 +15,8 @@ from ....learner.lm.estimators import ESTIMATORS, estimator
 from ....learner.lm.learner import lm_precision
 from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ....policy.decoders import decoder_entry
-from ....policy.models.causal_lm import LANGUAGE_PANELS
 from ....policy.lm_decoding import decoding_problem
+from ....policy.models.causal_lm import LANGUAGE_PANELS
 from ....rollout_workers.lm.rewards import resolve_rewards
 from ....services.driver.checks import PreflightError, registry_problems, runs_here
 from ....services.driver.families.base import Family
