@@ -84,7 +84,7 @@ LANGUAGE_METRICS = MetricKeys(
         },
         {
             "id": "lm_phases",
-            "title": "Seconds by phase: generation, rewards, old and reference log-probs, update, weight sync",
+            "title": "Seconds by phase: generation, rewards, old and reference log-probs, update, sync",
             "keys": ["gen_s", "reward_s", "logprob_s", "reference_s", "update_s", "weight_sync_s"],
             "optional": True,
         },
