@@ -1,11 +1,13 @@
 """Env steps/s of this tree against an older commit of relay, in one run, alternating.
 
-    python benchmarks/ab_tree.py [--base ac3f926] [--seconds 40] [--rounds 2] [--only cartpole|breakout]
+    python benchmarks/ab_tree.py [--base ac3f926] [--seconds 40] [--rounds 2] [--only cartpole|breakout|lm]
 
 The older commit is checked out into a temporary git worktree and run from there with its own
 module layout (before `relay_rl` it was `services.train`); both run the same shipped configs with
-the same settings: CartPole in async mode (4 rollout workers) and Breakout in sync mode (the
-shipped config), each for `--seconds` of wall, A B A B ... so a noisy neighbour hits both. The
+the same settings: CartPole in async mode (4 rollout workers), Breakout in sync mode (the
+shipped config) and the tiny LM task (configs/tiny_lm_grpo.yaml as shipped, its learner and reward
+actor on a local Ray; its env steps are completion tokens; `python benchmarks/tiny_lm.py` writes
+its model and prompts first), each for `--seconds` of wall, A B A B ... so a noisy neighbour hits both. The
 figure is the median over the second half of each run's metrics lines (after start-up), the best
 of the rounds.
 """
@@ -28,6 +30,11 @@ ROOT = Path(__file__).parents[1]
 WORKLOADS = {
     "CartPole async, W=4": ("configs/cartpole_ppo.yaml", ["rollout.mode=async", "rollout.num_workers=4"]),
     "Breakout sync (shipped)": ("configs/breakout_ppo.yaml", []),
+    # the model and prompts this tree's benchmarks/tiny_lm.py wrote, for both trees
+    "tiny LM task (shipped, tokens/s)": (
+        "configs/tiny_lm_grpo.yaml",
+        [f"model.path={ROOT / 'models' / 'tiny-llama'}", f"prompts.train={ROOT / 'data' / 'sums.jsonl'}"],
+    ),
 }
 
 
@@ -53,9 +60,13 @@ def main() -> None:
     parser.add_argument("--base", default="ac3f926", help="the older commit (A)")
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--only", choices=["cartpole", "breakout"], help="one workload")
+    parser.add_argument("--only", choices=["cartpole", "breakout", "lm"], help="one workload")
     args = parser.parse_args()
     workloads = {k: v for k, v in WORKLOADS.items() if args.only is None or args.only in k.lower()}
+    if any("tiny LM" in k for k in workloads) and not (ROOT / "models" / "tiny-llama").is_dir():
+        sys.exit(
+            "ab_tree.py: the tiny LM task needs models/tiny-llama: run python benchmarks/tiny_lm.py first"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True)

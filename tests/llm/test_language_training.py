@@ -261,3 +261,31 @@ def test_a_stop_during_a_local_update_waits_for_it_and_counts_its_round(workdir,
     assert theirs.counters.iteration == ours.counters.iteration == theirs.learner["version"] == 3
     for name, tensor in ours.learner["model"].items():
         assert torch.equal(theirs.learner["model"][name], tensor), name
+
+
+def test_a_language_checkpoint_is_a_language_runs_and_says_so(workdir, monkeypatch, capsys):
+    """A language run's checkpoint records its family and no env; ONNX export of it and a
+    resume by an env config are one line each, naming what would work."""
+    from relay_rl.services.runs.checkpoints import load_newest_valid
+
+    monkeypatch.chdir(workdir)
+    run = workdir / "runs" / "family"
+    assert main(["train", "run.yaml", "--run-dir", str(run), "--set", "stop.iterations=2"]) == 0
+    path, ckpt = load_newest_valid(run / "checkpoints")
+    assert ckpt.family == "language" and ckpt.env is None
+    capsys.readouterr()
+    assert main(["export", str(path), "--format", "onnx", "--out", str(workdir / "x.onnx")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a language run's checkpoint exports as --format hf" in err and len(err.splitlines()) == 1
+    assert not (workdir / "x.onnx").exists()
+    (run / "config.yaml").write_text(
+        (run / "config.yaml").read_text().replace("kind: causal_lm", "kind: mlp")
+    )
+    assert main(["resume", str(run)]) == 2  # its language sections: no env config's
+    assert "learner.lm: runs of model.kind=mlp have no such section" in capsys.readouterr().err
+    from relay_rl.contracts.config import load_config
+    from relay_rl.services.driver.families import check_resumable
+    from relay_rl.services.runs.checkpoints import ResumeError
+
+    with pytest.raises(ResumeError, match="was trained by a language run"):
+        check_resumable(load_config(None), None, ckpt, path.name)

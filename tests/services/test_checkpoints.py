@@ -250,3 +250,19 @@ def test_a_legacy_or_malformed_policy_file_is_one_line_exit_2(tmp_path, capsys):
     assert main(["verify", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "shapes do not fit together" in err[0], err
+
+
+def test_a_checkpoint_records_its_family_and_older_ones_get_their_configs():
+    from relay_rl.contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
+
+    language = {"model": {"kind": "causal_lm"}}
+    ckpt = Checkpoint({"model": {}}, RunCounters(), language, None)
+    assert ckpt.family == "language" and ckpt.to_dict()["family"] == "language"
+    raw = ckpt.to_dict()
+    assert Checkpoint.from_dict(raw).family == "language" and Checkpoint.from_dict(raw).env is None
+    del raw["family"]  # written before families were recorded: the config's model kind says
+    assert Checkpoint.from_dict(raw).family == "language"
+    assert Checkpoint.from_dict({**raw, "config": {}}).family == "env"
+    for bad in ("robotics", 3, None):
+        with pytest.raises(CheckpointError, match="checkpoint family"):
+            Checkpoint.from_dict({**raw, "family": bad})
