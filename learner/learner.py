@@ -28,6 +28,7 @@ from ..learner.telemetry import LearnerTelemetry
 from ..learner.update import run_update
 from ..policy.models import ActorCritic, build_policy, weights_mismatch
 from ..policy.normalizer import Moments
+from ..policy.protocol import Policy
 
 # Seconds the learner spends, by phase: copying segments in, updating. (Waiting for segments
 # arrives with them; publishing weights is the actor's; `contracts/metrics.py` names them all.)
@@ -352,7 +353,7 @@ class Learner:
         self.generator.set_state(state["generator"])
 
 
-def learner_state_problem(model: torch.nn.Module, state: dict[str, Any]) -> str | None:
+def learner_state_problem(model: Policy, state: dict[str, Any]) -> str | None:
     """The first reason a checkpoint's learner `state` would not restore `model`'s learner, or None:
     weights that do not fit or are not finite, GRPO's reference weights that do not fit, an
     optimizer state of another structure (groups, parameter count, moment shapes), a generator
@@ -379,7 +380,7 @@ def learner_state_problem(model: torch.nn.Module, state: dict[str, Any]) -> str 
     return _optimizer_problem(model, state.get("optimizer"))
 
 
-def _optimizer_problem(model: torch.nn.Module, saved: Any) -> str | None:
+def _optimizer_problem(model: Policy, saved: Any) -> str | None:
     """Why Adam's saved state would not load into an optimizer over `model`'s parameters, or None."""
     try:
         optimizer = torch.optim.Adam(model.parameters())

@@ -29,7 +29,7 @@ from ..contracts.segment import Sampled, Segment
 from ..contracts.spaces import EnvSpec
 from ..learner.device import DeviceContext, resolve_device
 from ..learner.learner import Arrival, Arrivals, Learner, learner_state_problem
-from ..policy.models import ActorCritic
+from ..policy.protocol import EnvPolicy
 
 # Metrics that are totals over the groups (sizes); the others of the shared line are the first
 # updated group's (the device, the process) or the groups' mean (the algorithm's statistics).
@@ -191,7 +191,7 @@ def group_state(state: dict[str, Any], name: str) -> dict[str, Any]:
     return {**state["groups"][name], "model": part_of(state["model"], name)}
 
 
-def groups_state_problem(models: dict[str, ActorCritic], state: dict[str, Any]) -> str | None:
+def groups_state_problem(models: dict[str, EnvPolicy], state: dict[str, Any]) -> str | None:
     """The first reason a grouped learner `state` would not restore learners of these models
     ({group: model}), or None (`learner_state_problem` for each group)."""
     groups = state.get("groups")

@@ -15,6 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from ..contracts.spaces import ActionSpec
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -41,6 +43,8 @@ class EnvPolicy(Policy, Protocol):
 
     # Running statistics of the discounted return (env.normalize_reward), or None.
     return_stats: Any
+    # The action space it acts in (contracts/spaces.py ActionSpec: kind, shape, choices).
+    action: ActionSpec
 
     @property
     def has_critic(self) -> bool: ...
@@ -50,6 +54,15 @@ class EnvPolicy(Policy, Protocol):
     def act_with_state(self, inputs: Any, noise: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]: ...
     def evaluate(self, inputs: Any, actions: Tensor) -> Any: ...
     def value(self, inputs: Any) -> Tensor: ...
+    @property
+    def acting_state_size(self) -> int:
+        """Floats of recurrent state acting alone carries per env (0 without a core)."""
+        ...
+
+    def choose(self, inputs: Any, noise: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Actions [B, *act] (greedy without `noise`, sampled with it) and the state after the
+        step [B, S] (None without a core): acting alone, as evaluation and scenes do."""
+        ...
 
 
 @runtime_checkable

@@ -26,7 +26,7 @@ from ..contracts.config import IN_PROCESS, EnvConfig, MultiAgentConfig
 from ..contracts.segment import Fields
 from ..contracts.spaces import EnvSpec
 from ..policy.actor_critic import STATE, draw_noise, fields_to_torch
-from ..policy.models import ActorCritic
+from ..policy.protocol import EnvPolicy
 from ..rollout_workers.continuing import reported_episodes
 from ..rollout_workers.envs import EnvSpecError, check_env_id, env_actions, env_seeds
 from ..rollout_workers.observations import ObsReader
@@ -84,7 +84,7 @@ class EvalResult:
 
 
 def model_act(
-    model: ActorCritic, stochastic: bool, seed: int, transform: Callable[[Tensor], Tensor] | None = None
+    model: EnvPolicy, stochastic: bool, seed: int, transform: Callable[[Tensor], Tensor] | None = None
 ) -> Act:
     """The policy's acting step on numpy fields: greedy, or sampled with noise from a CPU generator
     seeded with `seed`; continuous actions through `transform` (an imported policy's clip)."""
@@ -148,7 +148,7 @@ def _make(ec: EnvConfig, ma: MultiAgentConfig | None) -> gym.vector.VectorEnv:
 def play(
     envs: gym.vector.VectorEnv,
     spec: EnvSpec,
-    model: ActorCritic,
+    model: EnvPolicy,
     ec: EnvConfig,
     episodes: int,
     seed: int,

@@ -23,7 +23,7 @@ from ..contracts.config import EnvConfig, MultiAgentConfig
 from ..contracts.segment import Fields
 from ..contracts.spaces import EnvSpec
 from ..policy.actor_critic import STATE
-from ..policy.models import ActorCritic
+from ..policy.protocol import EnvPolicy
 from ..rollout_workers.envs import env_actions
 from ..rollout_workers.evaluation import build_eval_env, model_act
 from ..rollout_workers.group_envs import joint_seeds
@@ -115,7 +115,7 @@ def scene_config(
 
 
 def scene_players(
-    others: Mapping[str, tuple[EnvSpec, ActorCritic]], stochastic: bool, seed: int
+    others: Mapping[str, tuple[EnvSpec, EnvPolicy]], stochastic: bool, seed: int
 ) -> dict[str, tuple[EnvSpec, GroupAct, int]]:
     """The other groups' acting steps (GroupScene's `others`): greedy, or sampled with noise seeded
     per group apart from the focus group's."""
@@ -128,7 +128,7 @@ def scene_players(
 def open_scene(
     ec: EnvConfig,
     focus: str,
-    policies: Mapping[str, tuple[EnvSpec, ActorCritic]],
+    policies: Mapping[str, tuple[EnvSpec, EnvPolicy]],
     stochastic: bool = False,
     seed: int = 0,
 ) -> tuple[GroupScene, str | None]:
