@@ -1390,13 +1390,17 @@ def _env_learner(learner: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ConfigFamily:
     """A family's part of the config contract: its learner section as the user's becomes it
-    (defaults, moved keys), and its cross-field rules."""
+    (defaults, moved keys), its cross-field rules, and the words its progress lines use for
+    env_steps and the episode return (a language run counts tokens and scores rewards)."""
 
     learner: Callable[[dict[str, Any]], dict[str, Any]]
     problems: Callable[[RelayConfig], list[str]]
+    steps_word: str = "steps"
+    steps_phrase: str = "env steps"
+    return_word: str = "return"
 
 
 CONFIG_FAMILIES: dict[str, ConfigFamily] = {
     ENV_FAMILY: ConfigFamily(_env_learner, _cross_field_problems),
-    LANGUAGE_FAMILY: ConfigFamily(_language_learner, _language_problems),
+    LANGUAGE_FAMILY: ConfigFamily(_language_learner, _language_problems, "tokens", "tokens", "reward"),
 }

@@ -8,7 +8,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import CONFIG_FAMILIES, RelayConfig
 from ...contracts.metrics import bottleneck
 
 LINE_INTERVAL_S = 2.0
@@ -28,8 +28,11 @@ class Progress:
         self._last_line = 0.0
         self._last: dict[str, Any] | None = None
         self._bar = None
+        family = CONFIG_FAMILIES[cfg.family]  # its words: a language run counts tokens, scores rewards
+        self.steps, self.steps_phrase, self.ret = family.steps_word, family.steps_phrase, family.return_word
         if mode == "bar":
-            self._bar = tqdm(total=cfg.stop.env_steps, unit="step", unit_scale=True, file=self.stream)
+            unit = self.steps.removesuffix("s")
+            self._bar = tqdm(total=cfg.stop.env_steps, unit=unit, unit_scale=True, file=self.stream)
 
     def update(self, rec: dict[str, Any]) -> None:
         self._last = rec
@@ -46,9 +49,9 @@ class Progress:
             self._last_line = time.monotonic()
             busy = rec.get("learner_busy", 0.0)
             print(
-                f"iter {rec['iteration']:5d}  steps {rec['env_steps']:9d}  "
-                f"return {_fmt_return(rec['episode_return_mean']):>7}  "
-                f"steps/s {rec['env_steps_per_s']:8.0f}  wall {rec['wall_s']:7.1f}s  "
+                f"iter {rec['iteration']:5d}  {self.steps} {rec['env_steps']:9d}  "
+                f"{self.ret} {_fmt_return(rec['episode_return_mean']):>7}  "
+                f"{self.steps}/s {rec['env_steps_per_s']:8.0f}  wall {rec['wall_s']:7.1f}s  "
                 f"learner busy {busy:4.0%} ({bottleneck(busy)})",
                 file=self.stream,
                 flush=True,
@@ -63,7 +66,7 @@ class Progress:
         if self._last is not None:  # where the run ended, so the last throttled line is not all
             r = self._last
             where = (
-                f" at iteration {r['iteration']}, {r['env_steps']:,} env steps, "
-                f"return {_fmt_return(r['episode_return_mean'])}, {r['wall_s']:.1f}s"
+                f" at iteration {r['iteration']}, {r['env_steps']:,} {self.steps_phrase}, "
+                f"{self.ret} {_fmt_return(r['episode_return_mean'])}, {r['wall_s']:.1f}s"
             )
         print(f"stopped: {reason or 'error'}{where}", file=self.stream, flush=True)

@@ -471,3 +471,39 @@ def test_a_round_keeps_groups_with_signal_and_fills_with_all_equal_ones_on_the_l
     assert groups_to_keep(rewards, 2, wanted=3, last=False) == [0, 3]
     assert groups_to_keep(rewards, 2, wanted=3, last=True) == [0, 3, 1]
     assert groups_to_keep(rewards, 2, wanted=1, last=True) == [0]
+
+
+def test_progress_lines_speak_the_familys_words(tmp_path):
+    """A language run's progress lines count tokens and score rewards; an env run's, env steps
+    and returns."""
+    import io
+
+    from relay_rl.services.driver.progress import Progress
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {kind: causal_lm, path: m}\nprompts: {train: p.jsonl, rewards: [exact_match]}\n")
+    line = {
+        "iteration": 3,
+        "env_steps": 1200,
+        "episode_return_mean": 0.5,
+        "env_steps_per_s": 40.0,
+        "wall_s": 30.0,
+    }
+    said = {}
+    for name, cfg in (
+        ("language", load_config(path, ["metrics.progress=lines"])),
+        ("env", load_config(None)),
+    ):
+        stream = io.StringIO()
+        progress = Progress(
+            cfg.model_copy(update={"metrics": cfg.metrics.model_copy(update={"progress": "lines"})}), stream
+        )
+        progress.update(line)
+        progress.close("wall_s")
+        said[name] = stream.getvalue()
+    assert "tokens      1200  reward     0.5  tokens/s" in said["language"]
+    assert "1,200 tokens, reward 0.5" in said["language"]
+    assert (
+        "steps      1200  return     0.5  steps/s" in said["env"]
+        and "1,200 env steps, return 0.5" in said["env"]
+    )
