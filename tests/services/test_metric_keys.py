@@ -6,6 +6,7 @@ import pytest
 
 from relay_rl.contracts.metrics import RUN, RUN_METRICS, MetricCatalog, MetricKeys
 from relay_rl.learner.algorithms import ALGORITHMS, PPO
+from relay_rl.learner.lm.estimators import ESTIMATORS
 from relay_rl.policy.cores import CORES
 from relay_rl.policy.models import MODEL_KINDS
 from relay_rl.services.runs.metric_keys import catalog
@@ -17,9 +18,12 @@ def test_each_entry_owns_its_keys_and_the_catalog_holds_them_all():
         "grpo": ALGORITHMS["grpo"].metrics,
         "causal_lm": MODEL_KINDS["causal_lm"].metrics,
         "lstm": CORES["lstm"].metrics,
+        "reinforce_pp": ESTIMATORS["reinforce_pp"].metrics,
     }
     assert {"value_loss", "explained_variance"} <= set(owned["ppo"].keys)
-    assert {"kl_ref", "group_reward_std"} <= set(owned["grpo"].keys)
+    assert {"group_reward_std", "zero_std_group_fraction"} <= set(owned["grpo"].keys)
+    assert "kl_ref" in RUN_METRICS  # both families' GRPO write it: a run-wide key
+    assert "return_token_std" in ESTIMATORS["reinforce_pp"].metrics.keys
     assert {"reward_mean", "completions", "reward_31_mean"} <= set(owned["causal_lm"].keys)
     assert "state_abs_mean" in owned["lstm"].keys
     for part in owned.values():
