@@ -83,6 +83,58 @@ class PolicyOutput:
     value: Tensor | None
 
 
+Layers = list[tuple[np.ndarray, np.ndarray]]  # (W [in, out], b [out]) float32, in order
+
+
+def child_state(state: Mapping[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
+    """The state dict of submodule `name` out of its parent's (the prefix "name." removed)."""
+    prefix = f"{name}."
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+@dataclass(frozen=True)
+class MirrorParts:
+    """An ActorCritic's weights as its numpy mirror needs them (policy/numpy_mirror.py), each part
+    read by the component that owns it: trunks' layers by the trunk, statistics by the
+    normalizer, cells by the core. v_layers is empty for a shared trunk, v_head None without a
+    critic, global_stats None without a centralized critic, cores the policy core's cell and then
+    the value core's (none without a core)."""
+
+    pi_layers: Layers
+    v_layers: Layers
+    pi_head: tuple[np.ndarray, np.ndarray]
+    v_head: tuple[np.ndarray, np.ndarray] | None
+    normalizer: tuple[np.ndarray, np.ndarray]  # mean, 1 / std
+    global_stats: tuple[np.ndarray, np.ndarray] | None
+    log_std: np.ndarray | None
+    cores: list[dict[str, np.ndarray]]
+
+
+def mirror_parts(
+    state: Mapping[str, np.ndarray], trunk_layers: Callable[[dict[str, np.ndarray]], Layers]
+) -> MirrorParts:
+    """The parts of an ActorCritic's float32 state dict (its attribute names are its own: they
+    are read here, beside the class that names them); `trunk_layers` reads a trunk's state."""
+
+    def head(name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        linear = child_state(state, name)
+        return (linear["weight"].T, linear["bias"]) if linear else None
+
+    pi_head = head("pi_head")
+    assert pi_head is not None
+    glob = child_state(state, "global_normalizer")
+    return MirrorParts(
+        pi_layers=trunk_layers(child_state(state, "pi_trunk")),
+        v_layers=trunk_layers(child_state(state, "v_trunk")),
+        pi_head=pi_head,
+        v_head=head("v_head"),
+        normalizer=ObsNormalizer.np_stats(child_state(state, "normalizer")),
+        global_stats=ObsNormalizer.np_stats(glob) if glob else None,
+        log_std=state.get("log_std"),
+        cores=[cell for name in ("pi_core", "v_core") if (cell := child_state(state, name))],
+    )
+
+
 class ActorCritic(nn.Module):
     """Normalizer -> trunk(s) -> categorical logits or Gaussian mean (+ state-independent log-std).
 

@@ -7,9 +7,11 @@ can combine them in any order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -77,6 +79,13 @@ class ObsNormalizer(nn.Module):
         for name, original in saved.items():
             self._buffers[name] = original.to(device=getattr(self, name).device, dtype=torch.float32)
         return self
+
+    @staticmethod
+    def np_stats(state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, 1 / std) from this module's own state dict, as float32 arrays: the numpy
+        mirror's normalizer (policy/numpy_mirror.py)."""
+        mean, var_sum, steps = (state[name] for name in ObsNormalizer._STAT_NAMES)
+        return mean, 1.0 / np.sqrt(var_sum / steps)
 
     @property
     def moments(self) -> Moments:

@@ -17,11 +17,12 @@ import torch
 from ..contracts.config import ModelConfig
 from ..contracts.segment import Fields, as_fields
 from ..contracts.spaces import ActionSpec
-from ..policy.actor_critic import STATE, fields_to_torch
+from ..policy.actor_critic import STATE, fields_to_torch, mirror_parts
 from ..policy.cores import RecurrentCore, core_class
 from ..policy.distributions import distribution
 from ..policy.encoders import EncoderPlan, flat_obs, np_encode_others
 from ..policy.models import ActorCritic, model_kind
+from ..policy.models.mlp import Trunk as MlpTrunk
 from ..policy.normalizer import CLIP
 
 # actions [B, *act], logp [B], value [B], and the recurrent state after the step [B, S] (None
@@ -83,53 +84,38 @@ class NumpyPolicy:
         self.has_value = False
         self.global_stats: tuple[np.ndarray, np.ndarray] | None = None  # a centralized critic's
 
-    def _trunk_layers(self, arr: dict[str, np.ndarray], trunk: str) -> list[tuple[np.ndarray, np.ndarray]]:
-        idx = sorted(
-            int(k.split(".")[2]) for k in arr if k.startswith(f"{trunk}.net.") and k.endswith(".weight")
-        )
-        return [(arr[f"{trunk}.net.{i}.weight"].T, arr[f"{trunk}.net.{i}.bias"]) for i in idx]
-
     def load(self, state: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Copy weights (transposed for x @ W, fused) from the torch policy's state dict."""
-        arr = {k: _as_float32(v) for k, v in state.items()}
-        pi = self._trunk_layers(arr, "pi_trunk")
-        v = self._trunk_layers(arr, "v_trunk")
-        head_w, head_b = arr["pi_head.weight"].T, arr["pi_head.bias"]
-        self.has_value = "v_head.weight" in arr
-        self.global_stats = None
-        if "global_normalizer.mean" in arr:  # a centralized critic: [x | state] in, zero rows for pi
-            g = ("global_normalizer.mean", "global_normalizer.var_sum", "global_normalizer.steps")
-            mean, var_sum, steps = (arr[k] for k in g)
-            self.global_stats = (mean, 1.0 / np.sqrt(var_sum / steps))
-            pi[0] = (
-                np.vstack([pi[0][0], np.zeros((mean.shape[0], pi[0][0].shape[1]), np.float32)]),
-                pi[0][1],
-            )
-        if self.has_value and v:  # separate trunks, fused side by side
+        """Copy weights (transposed for x @ W, fused) from the torch policy's state dict, each
+        part as the component that owns it reads it (`actor_critic.mirror_parts`)."""
+        parts = mirror_parts({k: _as_float32(v) for k, v in state.items()}, MlpTrunk.np_layers)
+        pi, v = list(parts.pi_layers), parts.v_layers
+        head_w, head_b = parts.pi_head
+        self.has_value = parts.v_head is not None
+        self.global_stats = parts.global_stats
+        if parts.global_stats is not None:  # a centralized critic: [x | state] in, zero rows for pi
+            rows = parts.global_stats[0].shape[0]
+            pi[0] = (np.vstack([pi[0][0], np.zeros((rows, pi[0][0].shape[1]), np.float32)]), pi[0][1])
+        if parts.v_head is not None and v:  # separate trunks, fused side by side
             layers = [(np.hstack([pi[0][0], v[0][0]]), np.concatenate([pi[0][1], v[0][1]]))]
             layers += [
                 (_block_diag(wp, wv), np.concatenate([bp, bv]))
                 for (wp, bp), (wv, bv) in zip(pi[1:], v[1:], strict=True)
             ]
-            head_w = _block_diag(head_w, arr["v_head.weight"].T)
+            head_w = _block_diag(head_w, parts.v_head[0])
         else:
             layers = pi
-            if self.has_value:  # shared trunk: one head matmul for both outputs
-                head_w = np.hstack([head_w, arr["v_head.weight"].T])
-        if self.has_value:
-            head_b = np.concatenate([head_b, arr["v_head.bias"]])
+            if parts.v_head is not None:  # shared trunk: one head matmul for both outputs
+                head_w = np.hstack([head_w, parts.v_head[0]])
+        if parts.v_head is not None:
+            head_b = np.concatenate([head_b, parts.v_head[1]])
         self.layers = [(np.ascontiguousarray(w), b.copy()) for w, b in layers]
         self.pi_width = pi[-1][0].shape[1] if pi else 0
         self.cores = []
         if self.core is not None:
-            for name in ("pi_core", "v_core"):
-                cell = {k[len(name) + 1 :]: v for k, v in arr.items() if k.startswith(f"{name}.")}
-                if cell:
-                    self.cores.append((self.core.np_prepare(cell), cell["cell.weight_hh"].shape[1]))
+            self.cores = [(self.core.np_prepare(cell), self.core.np_width(cell)) for cell in parts.cores]
         self.head = (np.ascontiguousarray(head_w), head_b.copy())
-        self.log_std = arr.get("log_std") if distribution(self.action.kind).learned_log_std else None
-        self.mean = arr["normalizer.mean"]
-        self.inv_scale = 1.0 / np.sqrt(arr["normalizer.var_sum"] / arr["normalizer.steps"])
+        self.log_std = parts.log_std if self.dist.learned_log_std else None
+        self.mean, self.inv_scale = parts.normalizer
 
     def _normalize(self, x: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """x normalized by the observation's statistics, or `stats` (mean, 1 / std)."""

@@ -132,6 +132,11 @@ class RecurrentCore(nn.Module):
         return torch.stack(outs), state
 
     @classmethod
+    def np_width(cls, weights: Mapping[str, np.ndarray]) -> int:
+        """Hidden units of the cell whose state dict is `weights` (its recurrent matrix's)."""
+        return int(weights["cell.weight_hh"].shape[1])
+
+    @classmethod
     def np_prepare(cls, weights: Mapping[str, np.ndarray]) -> Any:
         """The core's float32 arrays (`weights` keyed as in its state dict: "cell.weight_ih", ...,
         "out.weight") arranged for `np_step`."""

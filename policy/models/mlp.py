@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -35,6 +36,15 @@ class Trunk(TrunkModule):
         self.out_dim = hidden[-1] if hidden else in_dim
         self.checkpointing = False
         init_linear(self.net, math.sqrt(2))
+
+    @staticmethod
+    def np_layers(state: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Its linear layers as (W [in, out], b [out]) float32 arrays, in order, from this
+        module's own state dict: the numpy mirror's trunk (policy/numpy_mirror.py)."""
+        linear = sorted(
+            {int(k.split(".")[1]) for k in state if k.startswith("net.") and k.endswith(".weight")}
+        )
+        return [(state[f"net.{i}.weight"].T, state[f"net.{i}.bias"]) for i in linear]
 
     def forward(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], -1)

@@ -72,3 +72,43 @@ def test_critic_free_mirror_matches_torch(kind):
         torch.testing.assert_close(torch.from_numpy(a), a_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.from_numpy(logp)[same], logp_ref[same], atol=1e-4, rtol=1e-5)
     assert (v == 0).all() and (fast.value(obs.numpy()) == 0).all()
+
+
+def test_the_mirror_reads_no_state_dict_key_names():
+    """#59: each component reads its own part of the state dict (the trunk its layers, the
+    normalizer its statistics, the core its cell, ActorCritic its children), so the acting mirror
+    holds no key name: not a whole key, nor a part of one, of any policy it mirrors (an LSTM core,
+    a centralized critic's global normalizer and learned log-std included)."""
+    import ast
+    from pathlib import Path
+
+    from relay_rl.contracts.config import build_config
+    from relay_rl.contracts.spaces import EnvSpec
+    from relay_rl.policy import numpy_mirror
+    from relay_rl.policy.models import build_policy
+    from relay_rl.policy.models.mlp import Trunk
+
+    cfg = build_config({"model": {"recurrent": "lstm", "shared_trunk": False}})
+    keys = set(build_policy(cfg, EnvSpec((3,), ActionSpec("continuous", 2)), critic=True).state_dict())
+    critic = mlp_policy(
+        4, ActionSpec("discrete", 3), [8], global_state=2, make_value_trunk=lambda: Trunk(6, [8], "tanh")
+    )
+    keys |= set(critic.state_dict())
+    parts = {part for key in keys for part in key.split(".")} | keys
+    parts -= {str(i) for i in range(10)}
+    assert {
+        "pi_trunk",
+        "v_head",
+        "normalizer",
+        "global_normalizer",
+        "pi_core",
+        "log_std",
+        "weight_hh",
+    } <= parts
+    tree = ast.parse(Path(numpy_mirror.__file__).read_text())
+    named = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in parts
+    }
+    assert named == set(), named
