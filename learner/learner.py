@@ -26,9 +26,9 @@ from ..learner.distributed import gather_moments, world_size
 from ..learner.precision import is_convolutional, resolve_precision
 from ..learner.telemetry import LearnerTelemetry
 from ..learner.update import run_update
-from ..policy.models import ActorCritic, build_policy, weights_mismatch
+from ..policy.models import build_policy, weights_mismatch
 from ..policy.normalizer import Moments
-from ..policy.protocol import Policy
+from ..policy.protocol import EnvPolicy, Policy
 
 # Seconds the learner spends, by phase: copying segments in, updating. (Waiting for segments
 # arrives with them; publishing weights is the actor's; `contracts/metrics.py` names them all.)
@@ -100,7 +100,7 @@ class Learner:
         self.telemetry = LearnerTelemetry(self.dev, cfg.learner.num_cpus)
         torch.manual_seed(cfg.env.seed)
         algo_cls = algorithm_class(cfg.learner.algo)
-        self.model: ActorCritic = build_policy(cfg, env, critic=algo_cls.critic).to(self.dev.device)
+        self.model: EnvPolicy = build_policy(cfg, env, critic=algo_cls.critic).to(self.dev.device)
         self.model.set_checkpointing(cfg.learner.grad_checkpointing)
         # `auto` precision and layout made concrete once: everything below reads plain values.
         self.precision = resolve_precision(cfg.learner, self.dev, is_convolutional(self.model))

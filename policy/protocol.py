@@ -41,8 +41,12 @@ class EnvPolicy(Policy, Protocol):
     `noise` is drawn by the caller (CPU-drawn for bit-exact runs); a recurrent policy carries a
     state [B, S] from `initial_state`."""
 
-    # Running statistics of the discounted return (env.normalize_reward), or None.
+    # Running statistics of the discounted return (env.normalize_reward), or None; of the
+    # observations (the learner folds the workers' moments into them between updates); of a
+    # centralized critic's global state, or None.
     return_stats: Any
+    normalizer: Any
+    global_normalizer: Any
     # The action space it acts in (contracts/spaces.py ActionSpec: kind, shape, choices).
     action: ActionSpec
 
