@@ -11,7 +11,7 @@ import torch
 
 from relay_rl.services.cli import main
 from relay_rl.services.runs.metric_keys import catalog
-from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
+from tests.lm_helpers import sevens_run, sums_rows, tiny_model_folder, write_jsonl
 
 
 def _lines(run: Path) -> list[dict]:
@@ -20,20 +20,7 @@ def _lines(run: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lmrun")
-    tiny_model_folder(root / "model")
-    write_jsonl(root / "sums.jsonl", sums_rows())
-    (root / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, rewards: ['regex:7'], batch_size: 4, max_prompt_tokens: 8}\n"
-        "generation: {max_new_tokens: 6}\n"
-        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
-        "rollout: {num_workers: 0}\n"
-        "stop: {env_steps: 8000}\n"
-        "checkpoint: {interval: 5}\n"
-        "metrics: {progress: none}\n"
-    )
-    return root
+    return sevens_run(tmp_path_factory.mktemp("lmrun"))
 
 
 def test_a_language_run_learns_resumes_evaluates_and_exports(workdir, monkeypatch, capsys):

@@ -30,7 +30,7 @@ from relay_rl.services.cli import main
 from relay_rl.services.runs import metric_keys
 from relay_rl.services.runs.config_sections import all_leaves
 from relay_rl.services.sweep.plan import parse_params
-from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
+from tests.lm_helpers import sevens_run
 
 
 def _round(rewards, group_size, valid=None, lengths=None, eps=0.0) -> RoundRewards:
@@ -135,20 +135,7 @@ MEDIAN = AdvantageEstimator(
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("objectives")
-    tiny_model_folder(root / "model")
-    write_jsonl(root / "sums.jsonl", sums_rows())
-    (root / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, rewards: ['regex:7'], batch_size: 4, max_prompt_tokens: 8}\n"
-        "generation: {max_new_tokens: 6}\n"
-        "learner: {group_size: 8, lr: 0.003, device: cpu}\n"
-        "rollout: {num_workers: 0}\n"
-        "stop: {env_steps: 8000}\n"
-        "checkpoint: {interval: 50}\n"
-        "metrics: {progress: none}\n"
-    )
-    return root
+    return sevens_run(tmp_path_factory.mktemp("objectives"), checkpoint_interval=50)
 
 
 @pytest.fixture

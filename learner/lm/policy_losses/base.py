@@ -30,6 +30,17 @@ class TokenBatch:
 TokenLoss = tuple[Tensor, Tensor, Tensor]
 
 
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, low: float, high: float) -> TokenLoss:
+    """-min(rho A, clip(rho, 1 - low, 1 + high) A) per token for ratios [b, C] and advantages [b],
+    with the tokens clipped below (rho < 1 - low where A < 0) and above (rho > 1 + high where
+    A > 0): what a clipped loss is once its ratio is chosen (a token's or its sequence's)."""
+    adv = advantages.unsqueeze(-1)
+    loss = -(ratio * adv).minimum(ratio.clamp(1.0 - low, 1.0 + high) * adv)
+    below = (ratio < 1.0 - low) & (adv < 0)
+    above = (ratio > 1.0 + high) & (adv > 0)
+    return loss, below.float(), above.float()
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     """One `learner.lm.policy_loss`. `loss(batch, settings)`: per-token losses the update weighs

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ....contracts.config import EntrySection
-from ....learner.lm.policy_losses.base import PolicyLoss, TokenBatch, TokenLoss
+from ....learner.lm.policy_losses.base import PolicyLoss, TokenBatch, TokenLoss, clipped_surrogate
 
 
 class ClipSettings(EntrySection):
@@ -26,12 +26,7 @@ class ClipSettings(EntrySection):
 def clipped(b: TokenBatch, settings: ClipSettings) -> TokenLoss:
     lo = b.clip_ratio
     hi = settings.clip_ratio_high if settings.clip_ratio_high is not None else lo
-    ratio = (b.logp - b.old_logp).exp()
-    adv = b.advantages.unsqueeze(-1)
-    loss = -(ratio * adv).minimum(ratio.clamp(1.0 - lo, 1.0 + hi) * adv)
-    low = (ratio < 1.0 - lo) & (adv < 0)
-    high = (ratio > 1.0 + hi) & (adv > 0)
-    return loss, low.float(), high.float()
+    return clipped_surrogate((b.logp - b.old_logp).exp(), b.advantages, lo, hi)
 
 
 LOSS = PolicyLoss(clipped, ClipSettings)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ....contracts.config import EntrySection
-from ....learner.lm.policy_losses.base import PolicyLoss, TokenBatch, TokenLoss
+from ....learner.lm.policy_losses.base import PolicyLoss, TokenBatch, TokenLoss, clipped_surrogate
 
 MAX_LOG_RATIO = 10.0  # verl's cap: exp(10) is already a ratio no update should meet
 
@@ -33,12 +33,7 @@ def sequence_clipped(b: TokenBatch, settings: GspoSettings) -> TokenLoss:
     log_ratio = (b.logp - b.old_logp) * b.mask
     seq = log_ratio.sum(-1, keepdim=True) / b.mask.sum(-1, keepdim=True).clamp(min=1)
     log_s = (b.logp - b.logp.detach() + seq.detach()).clamp(max=MAX_LOG_RATIO)
-    ratio = log_s.exp()
-    adv = b.advantages.unsqueeze(-1)
-    loss = -(ratio * adv).minimum(ratio.clamp(1.0 - lo, 1.0 + hi) * adv)
-    low = (ratio < 1.0 - lo) & (adv < 0)
-    high = (ratio > 1.0 + hi) & (adv > 0)
-    return loss, low.float(), high.float()
+    return clipped_surrogate(log_s.exp(), b.advantages, lo, hi)
 
 
 LOSS = PolicyLoss(sequence_clipped, GspoSettings)
