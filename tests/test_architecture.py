@@ -308,3 +308,22 @@ def test_no_shared_module_branches_on_the_family():
         assert family_branches(probe) == [2]
     finally:
         probe.unlink()
+
+
+def test_every_package_folder_is_a_regular_package():
+    """Every folder of relay's code has its `__init__.py`: a folder without one still imports here
+    (as a namespace package), so nothing but a fresh clone or a job's uploaded working directory
+    would notice it missing (services/runs/'s was never committed: .gitignore's `runs/` matched
+    it, and `ray job submit` left the whole folder out)."""
+    folders = {path.parent for path in MODULES.values()}
+    missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+    assert missing == []
+    import subprocess
+
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *(str(p) for p in MODULES.values())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert ignored == []  # no file of relay's code matches a .gitignore pattern
