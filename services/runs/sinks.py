@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ...contracts.metrics import GROUP_GAUGE_PREFIX, group_metrics
-from ...services.runs.run_dir import RunDir
 from ...services.runs.files import atomic_write, open_no_follow, read_regular
 from ...services.runs.metric_keys import catalog
+from ...services.runs.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 # A torn line is shorter than this (relay writes lines of a few KB).

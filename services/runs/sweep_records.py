@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ...contracts.config import RUN_NAME
-from ...services.runs.sinks import MAX_METRICS_BYTES
 from ...services.runs.files import open_no_follow, read_regular
+from ...services.runs.sinks import MAX_METRICS_BYTES
 
 SWEEP_FILE, TRIALS_FILE, SUMMARY_FILE, BEST_FILE = "sweep.yaml", "trials.jsonl", "summary.json", "best.yaml"
 EXPLOITS_FILE = "exploits.jsonl"
