@@ -54,8 +54,8 @@ arrays.clear()
 freed = heap_stats()
 rss_freed = rss_mb()
 HeapTrimmer(interval_s=0.0).maybe_trim()
-print(live["heap_in_use_bytes"] - start["heap_in_use_bytes"], live["heap_in_use_bytes"] - freed["heap_in_use_bytes"],
-      freed["heap_free_bytes"] - live["heap_free_bytes"], rss_freed - rss_mb())
+used, free = "heap_in_use_bytes", "heap_free_bytes"
+print(live[used] - start[used], live[used] - freed[used], freed[free] - live[free], rss_freed - rss_mb())
 """
 
 
