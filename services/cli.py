@@ -30,7 +30,7 @@ from ..services.driver import run as driver
 from ..services.driver.cluster import ClusterError
 from ..services.driver.families import FAMILIES
 from ..services.driver.preflight import PreflightError, choices, learner_precision, preflight
-from ..services.runs.checkpoints import ResumeError, load_checkpoint, load_newest_valid
+from ..services.runs.checkpoints import ResumeError, load_checkpoint
 from ..services.runs.config_sections import entry_sections
 from ..services.runs.files import OutputError, check_output
 from ..services.runs.run_dir import RunDirError
@@ -365,8 +365,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    _check_export_format(args)
-    if args.format == "hf":
+    if args.format == "hf":  # export_hf checks the checkpoint's family as it loads it
         if args.env or args.env_kwargs or args.policy or args.force:
             raise InputError(
                 "--format hf takes no --env, --env-kwargs, --policy or --force (it never replaces a folder)"
@@ -380,6 +379,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():
         raise InputError(f"{ckpt}: no such checkpoint")
+    _check_export_format(ckpt, args.format)
     policy = _policy(args)
     default = ckpt.with_suffix(".onnx") if policy is None else ckpt.with_name(f"{ckpt.stem}-{policy}.onnx")
     out = Path(args.out) if args.out else default
@@ -393,18 +393,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_export_format(args: argparse.Namespace) -> None:
+def _check_export_format(path: Path, fmt: str) -> None:
     """InputError where the checkpoint's run exports in other formats (its family's)."""
-    path = Path(_best(args.checkpoint, args.best))
-    if path.is_dir():
-        found = load_newest_valid(path / "checkpoints")
-        ckpt = None if found is None else found[1]
-    else:
-        ckpt = _relay_checkpoint(path)
+    ckpt = _relay_checkpoint(path)
     if ckpt is None:
         return  # the exporter names what is wrong with it
     formats = FAMILIES[ckpt.family].export_formats
-    if args.format not in formats:
+    if fmt not in formats:
         raise InputError(
             f"{path}: a {ckpt.family} run's checkpoint exports as --format {' or '.join(formats)}"
         )
