@@ -14,7 +14,6 @@ reads that one copy; and weights the driver owns outlive a learner that dies.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,17 +28,18 @@ from ..contracts.config import RelayConfig
 from ..contracts.rounds import Publication, RoundResult
 from ..contracts.spaces import EnvSpec
 from ..learner.device import accelerator_resources, ray_options
-from ..learner.distributed import init_group, world_size
+from ..learner.distributed import world_size
 from ..learner.heap import HeapTrimmer
 from ..learner.learner import Arrival, Arrivals
 from ..learner.policy_groups import GroupArrival, make_learner
+from ..learner.rank import LearnerRank
 from ..policy.weight_wires import wire_for
 
 Fetched = Arrival | GroupArrival | ray.exceptions.RayError
 Weights = Any  # what the run's wire packed (policy/weight_wires.py)
 
 
-class LearnerActor:
+class LearnerActor(LearnerRank):
     """Holds the Learner on its accelerator; segments arrive by object ref, weights leave as
     `publish`'s second return value (one object per version, owned by the driver)."""
 
@@ -49,8 +49,8 @@ class LearnerActor:
         # workers for cores, fewer leaves a CPU learner's reserved cores idle.
         torch.set_num_threads(cfg.learner.num_cpus)
         self.learner = make_learner(cfg, env)
+        self.dev = self.learner.dev
         self.wire = wire_for(cfg)
-        self._rank = 0  # in the data-parallel group: rank 0 publishes
         # Segments of the next rounds, fetched and staged while the learner updates, by one thread
         # kept for the actor's life rather than one started per round (~45k an hour on CartPole).
         self._prefetched: dict[ray.ObjectRef, Fetched] = {}
@@ -117,18 +117,6 @@ class LearnerActor:
         arrivals.wait_s = time.perf_counter() - t0
         return arrivals
 
-    def rendezvous(self) -> tuple[str, int]:
-        """Address and a free port on this node for the learners' process group (rank 0 hosts it)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def join_group(self, rank: int, world: int, address: str, port: int) -> int:
-        init_group(self.learner.dev, rank, world, address, port)
-        self._rank = rank
-        return rank
-
     @ray.method(num_returns=2, enable_task_events=False)  # hot: no task record kept in the GCS
     def train_round(
         self, segment_refs: list[ray.ObjectRef], progress: float, upcoming: list[ray.ObjectRef] | None = None
@@ -144,7 +132,7 @@ class LearnerActor:
             self._prefetching = self._prefetch_pool.submit(self._prefetch, upcoming)
         out = self.learner.train_arrivals(arrivals, progress, lockstep=world_size() > 1)
         self._heap.maybe_trim()
-        if out.metrics is None or self._rank != 0:
+        if out.metrics is None or self.rank != 0:
             return (out, None), None
         published, weights = self._publish()
         return (out, published), weights

@@ -1,7 +1,7 @@
 """Data-parallel learners: one process group across N learner actors (HCCL on NPUs, NCCL on GPUs,
 gloo on CPUs, chosen by the device layer). Each learner trains on its share of the segments;
 gradients are averaged before every optimizer step, so all replicas hold identical weights.
-No Ray here: the actors call these with the rank and rendezvous address the driver gives them.
+No Ray here: the ranks call these with the rank and the address the learner group gives them.
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def test_the_checks_are_not_vacuous():
     graph = _graph()
     assert "contracts.config" in graph["learner.learner"]
     assert "policy.models" in graph["rollout_workers.sampler_core"]
-    assert "services.driver.loop" in graph["services.driver.backends"]
+    assert "services.driver.loop" in graph["services.driver.learner_group"]
 
 
 def test_relay_is_one_namespace():
@@ -327,3 +327,23 @@ def test_every_package_folder_is_a_regular_package():
         text=True,
     ).stdout.split()
     assert ignored == []  # no file of relay's code matches a .gitignore pattern
+
+
+LEARNER_RANK_NAMES = re.compile(
+    r"\b(LearnerActor|LanguageLearnerActor|create_learner_actor|join_group|rendezvous)\b"
+)
+# where a learner rank is defined, and the one place that creates and joins them
+LEARNER_RANK_OWNERS = ("learner.actor", "learner.rank", "learner.lm.actor", "services.driver.learner_group")
+
+
+def test_only_the_learner_group_creates_and_joins_learner_ranks():
+    """#59: one learner group for both families. Creation, placement and the rendezvous of learner
+    actors happen in services/driver/learner_group.py alone (the env backend and the language
+    backend each did them their own way before)."""
+    named = {
+        name: [n for n, s in enumerate(path.read_text().splitlines(), 1) if LEARNER_RANK_NAMES.search(s)]
+        for name, path in MODULES.items()
+        if name not in LEARNER_RANK_OWNERS
+    }
+    assert {name: lines for name, lines in named.items() if lines} == {}
+    assert LEARNER_RANK_NAMES.search(MODULES["services.driver.learner_group"].read_text())  # not vacuous

@@ -1,5 +1,6 @@
-"""The language learner as a Ray actor (`services/driver/lm_backend.py` creates it): a thin
-shell around `LanguageLearner`, working in the driver's folder (prompt paths are the user's)."""
+"""The language learner as a Ray actor (a rank of the learner group,
+`services/driver/learner_group.py`): a thin shell around `LanguageLearner`, working in the driver's
+folder (prompt paths are the user's)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 
 from ...contracts.config import RelayConfig
 from ...learner.lm.learner import LanguageLearner
+from ...learner.rank import LearnerRank
 
 
-class LanguageLearnerActor:
+class LanguageLearnerActor(LearnerRank):
     """`LanguageLearner`'s methods, called remotely."""
 
     def __init__(self, cfg_data: dict[str, Any], workdir: str) -> None:
@@ -23,6 +25,7 @@ class LanguageLearnerActor:
         if os.path.isdir(workdir):  # where this node has the driver's folder, relative paths mean it
             os.chdir(workdir)
         self.learner = LanguageLearner(cfg)
+        self.dev = self.learner.dev
 
     def describe(self) -> dict[str, Any]:
         return self.learner.describe()

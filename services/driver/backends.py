@@ -11,12 +11,11 @@ from typing import Any, cast
 
 import ray
 from ray.autoscaler.sdk import request_resources
-from ray.exceptions import GetTimeoutError
 
 from ...contracts.config import RelayConfig
 from ...contracts.rounds import Publication, RoundResult
 from ...contracts.spaces import EnvSpec
-from ...learner.actor import create_learner_actor, from_host, learner_resources
+from ...learner.actor import from_host
 from ...learner.algorithms import algorithm_traits
 from ...learner.policy_groups import make_learner
 from ...policy.weight_wires import wire_for
@@ -27,7 +26,7 @@ from ...services.driver.checks import PreflightError
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.evaluations import ActorEvalRunner, EvalRunner, ThreadEvalRunner
 from ...services.driver.health import FleetHealth, actor_record
-from ...services.driver.loop import LearnerLost
+from ...services.driver.learner_group import LearnerGroup, env_ranks
 from ...services.driver.watchdog import LocalStuckReporter, SegmentWatchdog
 from ...services.runs.signals import signals_held
 
@@ -55,11 +54,6 @@ class LocalBackend:
     @property
     def num_workers(self) -> int:
         return 0
-
-    backlog = 0
-
-    def resize(self, target: int) -> None:
-        raise RuntimeError("local mode has no rollout workers to add or retire")
 
     def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult:
         """One round (`ahead` and `state_after` have no meaning here: one process samples, then
@@ -137,21 +131,17 @@ class RayBackend:
         self.cfg = cfg
         self.env_spec = env_spec
         self.workers: list[Any] = []
-        self.learners: list[Any] = []
+        self.group: LearnerGroup | None = None
         try:
             # The learners are placed before any rollout worker is created, so workers can never
             # take the CPUs a learner needs.
-            self.learners = [create_learner_actor(cfg, env_spec) for _ in range(cfg.learner.num_learners)]
-            wait_until_placed(cfg, {"learner": self.learners})
+            self.group = LearnerGroup(cfg, env_ranks(cfg, env_spec))
             self.workers = create_rollout_workers(cfg, algorithm_traits(cfg))
             wait_until_placed(cfg, {"rollout worker": self.workers})
             check_worker_spec(cfg, env_spec, self.workers[0])
         except BaseException:  # unplaceable, interrupted: no actor is left pending behind us
             self.close()
             raise
-        self.learner = self.learners[0]  # rank 0 publishes weights and reports metrics
-        if len(self.learners) > 1:
-            self._join_group()
         self._take_weights(self._publish_now())
         self._in_flight: dict[Any, tuple[Any, int]] = {}  # ref -> (worker, submission number)
         self._ready: list[tuple[int, Any]] = []  # (submission number, ref)
@@ -169,27 +159,28 @@ class RayBackend:
         self._next_index = len(self.workers)  # worker indices name seeds: never reused
         self.health = FleetHealth(cfg, self.workers)
 
+    @property
+    def learners(self) -> LearnerGroup:
+        """The learner group (open while the backend is)."""
+        assert self.group is not None, "the backend is closed"
+        return self.group
+
     def _publish_now(self) -> Publication:
         """The learner's current weights, in an object this driver owns (a call's return)."""
-        info, weights = self.learner.publish.remote()
-        published: Publication = ray.get(info)
+        info, weights = self.learners.lead.publish.remote()
+        published: Publication = self.learners.answer(info)
         return published.carrying(weights)
 
     def _take_weights(self, published: Publication) -> None:
         """Workers sample with these weights from now on (they fetch the ref themselves)."""
         self.version, self.weights_ref = published.version, published.refs
 
-    def _join_group(self) -> None:
-        address, port = ray.get(self.learner.rendezvous.remote())
-        n = len(self.learners)
-        ray.get([lrn.join_group.remote(rank, n, address, port) for rank, lrn in enumerate(self.learners)])
-
     @property
     def num_workers(self) -> int:
         return len(self.workers)
 
     def describe(self) -> dict[str, Any]:
-        info = ray.get(self.learner.describe.remote())
+        info = self.learners.answer(self.learners.lead.describe.remote())
         return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
 
     def _sample_round(self) -> dict[Any, Any]:
@@ -218,7 +209,7 @@ class RayBackend:
         calls = self._rounds[0]
         if ahead and self.cfg.rollout.mode == "async" and len(self._rounds) == 1:
             if state_after:  # an actor runs its calls in order: after this round, before the next
-                self._state_after = (self.learner.state_dict.remote(), self._taken + 1)
+                self._state_after = (self.learners.lead.state_dict.remote(), self._taken + 1)
             self._submit_ahead(calls, self._progress_after(progress))
         # A stuck worker would hold the learner's fetch forever.
         self.health.watch([info for info, _ in calls], sampling)
@@ -264,7 +255,8 @@ class RayBackend:
         n = len(self.learners)
         if n > 1:
             upcoming = []  # each replica takes its own share; no prefetch across shares
-        return [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(self.learners)]
+        ranks = self.learners.ranks
+        return [lrn.train_round.remote(refs[r::n], progress, upcoming) for r, lrn in enumerate(ranks)]
 
     def _upcoming(self) -> list[Any]:
         # Finished segments of the next rounds: the learner fetches them while it updates.
@@ -307,7 +299,7 @@ class RayBackend:
     def _result(
         self, calls: list[Any], timeout_s: float | None = None, drop_dead: bool = True
     ) -> RoundResult:
-        parts = _from_learner([info for info, _ in calls], timeout_s)
+        parts = self.learners.answer([info for info, _ in calls], timeout_s)
         published = parts[0][1]
         out = RoundResult.merge(
             [part for part, _ in parts],
@@ -366,10 +358,7 @@ class RayBackend:
             self._next_index += 1
         while len(self.workers) > target:
             self._retiring.append(self.workers.pop())
-        demand = [worker_resources(self.cfg)] * len(self.workers) + [learner_resources(self.cfg)] * len(
-            self.learners
-        )
-        request_resources(bundles=demand)
+        request_resources(bundles=[worker_resources(self.cfg)] * len(self.workers) + self.learners.demand())
 
     def _collect_finished(self, wait: bool = True) -> None:
         """Move every finished sample to the ready list (with `wait`, blocking until at least one is)."""
@@ -441,11 +430,12 @@ class RayBackend:
         loop asks for the state ahead of every checkpoint a round runs ahead of, and takes every
         round left before the final one)."""
         asked, self._state_after = self._state_after, None
-        ref = asked[0] if asked is not None and asked[1] == self._taken else self.learner.state_dict.remote()
-        return cast(dict[str, Any], from_host(_from_learner(ref, timeout_s)))
+        if asked is None or asked[1] != self._taken:
+            asked = (self.learners.lead.state_dict.remote(), self._taken)
+        return cast(dict[str, Any], from_host(self.learners.answer(asked[0], timeout_s)))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ray.get([lrn.load_state_dict.remote(state) for lrn in self.learners])
+        self.learners.answer(self.learners.each(lambda lrn: lrn.load_state_dict.remote(state)))
         self._rounds.clear()  # the caller drained them first (TrainingLoop): no result is wanted
         self._returned = False
         self._state_after = None
@@ -453,18 +443,9 @@ class RayBackend:
         self._next_round = None  # sampled with weights that are no longer current
 
     def restart_learner(self) -> None:
-        """Fresh learner actors, the whole data-parallel group when there is one (a survivor's
-        process group died with its peer); their state comes from the newest checkpoint, loaded
-        by the caller."""
-        for learner in self.learners:
-            ray.kill(learner)
-        self.learners = [
-            create_learner_actor(self.cfg, self.env_spec) for _ in range(self.cfg.learner.num_learners)
-        ]
-        wait_until_placed(self.cfg, {"learner": self.learners})
-        self.learner = self.learners[0]
-        if len(self.learners) > 1:
-            self._join_group()
+        """A fresh learner group (`LearnerGroup.restart`); its state comes from the newest
+        checkpoint, loaded by the caller."""
+        self.learners.restart()
         self._take_weights(self._publish_now())
         self._next_round = None
         self._rounds.clear()  # calls to the learner that died
@@ -483,39 +464,12 @@ class RayBackend:
         self._next_round = None
 
     def close(self) -> None:
-        for actor in [*self.workers, *getattr(self, "_retiring", []), *self.learners]:
+        for actor in [*self.workers, *getattr(self, "_retiring", [])]:
             ray.kill(actor)
+        if self.group is not None:
+            self.group.kill()
         if self.cfg.rollout.autoscale:
             request_resources(bundles=[])  # the fleet's demand goes with it: idle nodes may leave
-
-
-def _from_learner(refs: Any, timeout_s: float | None = None) -> Any:
-    """ray.get of learner calls; a dead learner actor becomes LearnerLost (the driver restarts it).
-
-    For a data-parallel group the calls are taken as they finish: a survivor of a dead peer
-    blocks in its collective, so waiting for the calls in order could wait forever. A survivor's
-    collective may also fail (the peer's connection reset) before the dead peer's call reports:
-    every call is heard out, and a death among them wins over the errors it caused.
-    """
-    try:
-        if not isinstance(refs, list):
-            return ray.get(refs, timeout=timeout_s)
-        pending, results, failed = list(refs), {}, None
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while pending:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            done, pending = ray.wait(pending, num_returns=1, timeout=left)
-            if not done:
-                raise GetTimeoutError(f"the learner did not answer within {timeout_s} s")
-            try:
-                results[done[0]] = ray.get(done[0])
-            except ray.exceptions.RayTaskError as err:
-                failed = failed or err
-        if failed is not None:
-            raise failed
-        return [results[ref] for ref in refs]
-    except ray.exceptions.RayActorError as err:
-        raise LearnerLost(str(err).splitlines()[0]) from None
 
 
 def check_worker_spec(cfg: RelayConfig, env_spec: EnvSpec, worker: Any) -> None:

@@ -102,21 +102,17 @@ class LanguageBackend:
         self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
         self._warned: set[str] = set()
         try:
-            self.learner = self._make_learner()
+            self.learner = LanguageLearnerProxy(cfg, self.remote)
             self.rewards = RewardPool(cfg)
             if generator_count(cfg):
                 self.generators = create_generators(cfg)
-            if self.remote:
-                workers = self.rewards.actors + self.generators
-                wait_until_placed(cfg, {"learner": [self._learner.actor], "rollout worker": workers})
+            if self.remote:  # the learner group is placed first (as an env run's is)
+                wait_until_placed(cfg, {"rollout worker": self.rewards.actors + self.generators})
             if self.generators:
                 self._sync_weights()
         except BaseException:
             self.close()
             raise
-
-    def _make_learner(self) -> LanguageLearnerProxy:
-        return LanguageLearnerProxy(self.cfg, self.remote)
 
     @property
     def _learner(self) -> LanguageLearnerProxy:
@@ -127,11 +123,6 @@ class LanguageBackend:
     @property
     def num_workers(self) -> int:
         return 0 if self.rewards is None else len(self.rewards.actors)
-
-    backlog = 0
-
-    def resize(self, target: int) -> None:
-        raise RuntimeError("a language run's reward workers are not elastic")
 
     def describe(self) -> dict[str, Any]:
         info = self._learner.describe()
@@ -409,8 +400,7 @@ class LanguageBackend:
             self._sync_weights()
 
     def restart_learner(self) -> None:
-        self._learner.kill()
-        self.learner = self._make_learner()
+        self._learner.restart()
         self._inflight = self._ready = None  # its prompts were the lost learner's
         self._accepts = []
         self._training = None  # a call to the learner that died

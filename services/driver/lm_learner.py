@@ -1,46 +1,36 @@
-"""The learner of a language run behind one typed interface, in this process (local mode) or as a
-Ray actor: the backend calls methods, never method names, and a dead actor answers LearnerLost."""
+"""The learner of a language run behind one typed interface, in this process (local mode) or as
+the learner group's ranks (`services/driver/learner_group.py`): the backend calls methods, never
+method names, and a dead rank answers LearnerLost."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import ray
-
 from ...contracts.config import RelayConfig
-from ...learner.actor import learner_resources
-from ...learner.device import ray_options
-from ...learner.lm.actor import LanguageLearnerActor
 from ...learner.lm.learner import LanguageLearner
-from ...services.driver.loop import LearnerLost
+from ...services.driver.learner_group import LearnerGroup, language_ranks
 
 
 class LanguageLearnerProxy:
-    """`LanguageLearner`'s calls, answered here or by its actor. `actor`: the actor handle (None
-    in local mode), for the calls the backend pipelines (`prepare_round`, `accept_generated`,
-    `weights`, `train` submitted ahead) and places; `answer` fetches such a call's result."""
+    """`LanguageLearner`'s calls, answered here or by the group's lead rank. `actor`: its handle
+    (local mode has none), for the calls the backend pipelines (`prepare_round`,
+    `accept_generated`, `weights`, `train` submitted ahead); `answer` fetches such a call's
+    result."""
 
     def __init__(self, cfg: RelayConfig, remote: bool) -> None:
         self.local: LanguageLearner | None = None
-        self.actor: Any = None
+        self.group: LearnerGroup | None = None
         if remote:
-            options = ray_options(learner_resources(cfg))
-            self.actor = (
-                ray.remote(LanguageLearnerActor)
-                .options(**options)
-                .remote(cfg.model_dump(mode="json"), os.getcwd())
-            )
+            self.group = LearnerGroup(cfg, language_ranks(cfg))
         else:
             self.local = LanguageLearner(cfg)
 
-    @staticmethod
-    def answer(ref: Any, timeout_s: float | None = None) -> Any:
-        """ray.get of a learner call; a dead learner actor becomes LearnerLost."""
-        try:
-            return ray.get(ref, timeout=timeout_s)
-        except ray.exceptions.ActorDiedError as err:
-            raise LearnerLost(str(err).splitlines()[0]) from None
+    @property
+    def actor(self) -> Any:
+        assert self.group is not None, "a local learner has no actor"
+        return self.group.lead
+
+    answer = staticmethod(LearnerGroup.answer)
 
     def describe(self) -> dict[str, Any]:
         return self.local.describe() if self.local else self.answer(self.actor.describe.remote())
@@ -76,7 +66,15 @@ class LanguageLearnerProxy:
         else:
             self.answer(self.actor.load_state_dict.remote(state))
 
+    def restart(self) -> None:
+        """A fresh learner: the group restarted (`LearnerGroup.restart`), or a new local one."""
+        if self.group is not None:
+            self.group.restart()
+        else:
+            assert self.local is not None
+            self.local = LanguageLearner(self.local.cfg)
+
     def kill(self) -> None:
-        """End the actor (a local learner has nothing to end)."""
-        if self.actor is not None:
-            ray.kill(self.actor, no_restart=True)
+        """End the group's ranks (a local learner has nothing to end)."""
+        if self.group is not None:
+            self.group.kill()

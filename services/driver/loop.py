@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ray.exceptions import GetTimeoutError
 
@@ -61,9 +61,6 @@ class Backend(Protocol):
 
     @property
     def num_workers(self) -> int: ...
-    @property
-    def backlog(self) -> int: ...
-    def resize(self, target: int) -> None: ...
     def describe(self) -> dict[str, Any]: ...
     def step(self, progress: float, ahead: bool = False, state_after: bool = False) -> RoundResult: ...
     def drain(self, timeout_s: float | None = None) -> RoundResult | None: ...
@@ -76,6 +73,16 @@ class Backend(Protocol):
     def evaluation_runner(self) -> EvalRunner: ...
     def reseed_workers(self, stream: int) -> None: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ElasticBackend(Backend, Protocol):
+    """A backend whose rollout fleet grows and shrinks (rollout.autoscale: the env family's async
+    Ray backend, the only one the config's rules allow it for)."""
+
+    @property
+    def backlog(self) -> int: ...
+    def resize(self, target: int) -> None: ...
 
 
 def _mean(xs: list[float] | list[int]) -> float | None:
@@ -98,6 +105,8 @@ class TrainingLoop:
         self._phases: dict[str, float] = {}  # seconds by phase since the previous metrics line
         ro = cfg.rollout
         self.fleet = FleetScaler(ro.min_workers, ro.max_workers) if ro.autoscale else None
+        self.elastic = backend if isinstance(backend, ElasticBackend) else None
+        assert self.elastic is not None or self.fleet is None, "rollout.autoscale needs an elastic backend"
         self._last_line_t = time.perf_counter()
         self._run_ahead = False  # iterations() says
         self.notices = Notices()
@@ -388,10 +397,10 @@ class TrainingLoop:
         progress.update(rec)
         if evals is not None:  # not held: a language run's evaluation runs here, and a stop may cut it
             evals.start_if_due(self.c.iteration)
-        if self.fleet is not None and not final:
-            target = self.fleet.decide(rec["learner_busy"], self.backend.backlog, self.backend.num_workers)
-            if target != self.backend.num_workers:
-                self.backend.resize(target)
+        if self.fleet is not None and self.elastic is not None and not final:
+            target = self.fleet.decide(rec["learner_busy"], self.elastic.backlog, self.elastic.num_workers)
+            if target != self.elastic.num_workers:
+                self.elastic.resize(target)
         if self.c.iteration % self.cfg.checkpoint.interval == 0:
             writer.sync()  # the lines it counts on disk first (a resume truncates to it)
             self.checkpoint()

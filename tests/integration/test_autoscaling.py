@@ -202,7 +202,7 @@ def test_autoscaler_adds_rollout_nodes_places_the_learner_and_scales_down(fake_c
         npu_nodes = [n for n in nodes if n["Resources"].get("NPU")]
         assert len(rollout_nodes) == 2  # 3 one-CPU workers need two 2-CPU nodes
         assert len(npu_nodes) == 1
-        assert ray.get(backend.learner.describe.remote())["node_id"] == npu_nodes[0]["NodeID"]
+        assert ray.get(backend.learners.lead.describe.remote())["node_id"] == npu_nodes[0]["NodeID"]
         loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
         assert loop.run_until_stop() == "env_steps"
     finally:

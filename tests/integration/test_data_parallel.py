@@ -37,7 +37,7 @@ def test_two_learners_average_gradients_and_stay_identical(local_ray, tmp_path):
         assert len(backend.learners) == 2
         loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
         assert loop.run_until_stop() == "env_steps"
-        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners])]
+        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners.ranks])]
         for key, value in states[0]["model"].items():
             torch.testing.assert_close(value, states[1]["model"][key], atol=0, rtol=0, msg=key)
         assert states[0]["updates"] == states[1]["updates"] > 10
@@ -80,7 +80,7 @@ def test_a_data_parallel_group_that_loses_a_learner_is_restarted_from_the_checkp
     )
     backend = RayBackend(cfg, check_env(cfg))
     loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
-    victim = backend.learners[1]
+    victim = backend.learners.ranks[1]
 
     def kill_later() -> None:
         wait_for(lambda: len(metrics_lines(loop.run.root)) >= 5, 120, "five iterations")
@@ -90,9 +90,9 @@ def test_a_data_parallel_group_that_loses_a_learner_is_restarted_from_the_checkp
     try:
         assert loop.run_until_stop() == "env_steps"
         lines = metrics_lines(loop.run.root)
-        assert lines[-1]["learner_restarts"] == 1 and victim not in backend.learners
+        assert lines[-1]["learner_restarts"] == 1 and victim not in backend.learners.ranks
         assert len(backend.learners) == 2 and "restarted from ckpt-" in capsys.readouterr().err
-        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners])]
+        states = [from_host(s) for s in ray.get([lrn.state_dict.remote() for lrn in backend.learners.ranks])]
         for key, value in states[0]["model"].items():
             torch.testing.assert_close(value, states[1]["model"][key], atol=0, rtol=0, msg=key)
     finally:

@@ -62,13 +62,13 @@ def test_killed_rollout_worker_is_restarted_by_ray_and_training_goes_on(local_ra
 
 def test_killed_learner_is_restarted_from_the_newest_checkpoint(local_ray, tmp_path, capsys):
     loop, backend = _loop(tmp_path, "stop.env_steps=30000", "checkpoint.interval=2")
-    old = backend.learner
+    old = backend.learners.lead
     _after_iterations(loop, 5, lambda: ray.kill(old))
     try:
         assert loop.run_until_stop() == "env_steps"
         lines = _lines(loop)
         assert lines[-1]["learner_restarts"] == 1
-        assert backend.learner is not old
+        assert backend.learners.lead is not old
         assert "restarted from ckpt-" in capsys.readouterr().err
         versions = [x["weights_version"] for x in lines]
         # after the restart the version resumes from the checkpoint, never from 0

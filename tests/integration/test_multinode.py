@@ -44,7 +44,7 @@ def test_segments_and_weights_cross_object_stores(three_nodes, tmp_path):
     )
     loop, backend = ray_loop(cfg, tmp_path / "run")
     try:
-        learner_at = ray.get(backend.learner.describe.remote())["node_id"]
+        learner_at = ray.get(backend.learners.lead.describe.remote())["node_id"]
         workers_at = ray.get([w.node_id.remote() for w in backend.workers])
         assert learner_at == learner_node.node_id
         assert set(workers_at) == {n.node_id for n in rollout_nodes}  # spread over both, two each
