@@ -230,7 +230,12 @@ class EnvConfig(_Section):
 
 class RolloutConfig(_Section):
     num_workers: int = Field(
-        2, ge=0, le=4096, description="Rollout worker actors; 0 samples in the driver process (local mode)."
+        2,
+        ge=0,
+        le=4096,
+        description="Rollout worker actors; 0 samples in the driver process (local mode). A language "
+        "run's are its reward workers (each with a generator actor beside it where "
+        "generation.placement=workers).",
     )
     rollout_len: int = Field(
         128, ge=1, le=1_000_000, description="Steps per segment (the T of a [T, N] segment)."
@@ -373,6 +378,19 @@ class PromptsConfig(_Section):
         256, ge=1, le=1_000_000, description="The longest prompt (after the chat template) accepted."
     )
     shuffle: bool = Field(True, description="Visit prompts in a seeded random order per epoch.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        lt=2**63,
+        description="A language run's seed: the prompt order, the sampling noise of generation, and "
+        "parameters the run initialises (LoRA adapters). null: env.seed, which seeded language runs "
+        "configured before 2026-12-07.",
+    )
+
+
+def language_seed(cfg: RelayConfig) -> int:
+    """The seed of a language run: prompts.seed, else env.seed (what configs before it set)."""
+    return cfg.prompts.seed if cfg.prompts.seed is not None else cfg.env.seed
 
 
 class GenerationConfig(_Section):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import RelayConfig, language_seed
 from ...contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
 from ...learner.device import DeviceContext, resolve_device
 from ...learner.lm import tokens
@@ -59,7 +59,7 @@ class LanguageLearner:
         self.loss = policy_loss(self.lm.policy_loss)
         self.loss_settings = self.loss.settings_of(lc, self.lm.policy_loss)
         self.dev = resolve_device(lc.device, lc.npu_ids)
-        torch.manual_seed(cfg.env.seed)
+        torch.manual_seed(language_seed(cfg))
         assert cfg.model.path is not None
         self.policy, self.tokenizer = build_language_policy(cfg)
         self.policy.to(self.dev.device)
@@ -82,11 +82,12 @@ class LanguageLearner:
         self.prompts: PromptSet = load_prompts(
             cfg.prompts.train, self.tokenizer, cfg.prompts.max_prompt_tokens
         )
-        self.order = PromptOrder(len(self.prompts), cfg.prompts.batch_size, cfg.env.seed, cfg.prompts.shuffle)
+        seed = language_seed(cfg)
+        self.order = PromptOrder(len(self.prompts), cfg.prompts.batch_size, seed, cfg.prompts.shuffle)
         self.buckets = cfg.generation.buckets(cfg.prompts.max_prompt_tokens)
         gen = cfg.generation
         self.noise_device = torch.device("cpu") if gen.noise == "cpu" else self.dev.device
-        self.generator = torch.Generator(self.noise_device).manual_seed(cfg.env.seed)
+        self.generator = torch.Generator(self.noise_device).manual_seed(language_seed(cfg))
         # generation.compile: the compiled static-cache step; else the eager loop it is tied to.
         # learner.compile: the update's log-probs (forward, and backward through AOTAutograd)
         # compiled once per prompt bucket and micro-batch size; the frozen passes stay eager.
@@ -105,7 +106,7 @@ class LanguageLearner:
             return backend if backend is not None else self.dev.compile_backend(lc.compile_backend)
 
         self.decoder = build_decoder(
-            DecodeSetup(self.policy, cfg, self.dev.device, compiled_by, cfg.env.seed)
+            DecodeSetup(self.policy, cfg, self.dev.device, compiled_by, language_seed(cfg))
         )
         self.version = 0
         self.updates = 0
@@ -218,7 +219,8 @@ class LanguageLearner:
         prompts, token_ids, columns = self._eval_prompts.rows(rows)
         per = cfg.prompts.batch_size * cfg.learner.group_size
         self.policy.eval()
-        noise = torch.Generator(self.noise_device).manual_seed(cfg.env.seed + 1)  # the same draws each time
+        # the same draws each time
+        noise = torch.Generator(self.noise_device).manual_seed(language_seed(cfg) + 1)
 
         def decode(ids: torch.Tensor, mask: torch.Tensor) -> Completions:
             with self.dev.autocast(self.amp, self.amp_dtype):

@@ -17,7 +17,7 @@ import numpy as np
 import ray
 import torch
 
-from ...contracts.config import RelayConfig
+from ...contracts.config import RelayConfig, language_seed
 from ...policy.causal_lm import build_language_policy, completion_ids
 from ...policy.compiling import torch_backend
 from ...policy.decoders import DecodeSetup, build_decoder
@@ -43,7 +43,7 @@ class Generator:
         self.cfg = cfg
         self.wire = wire_for(cfg)
         self.version = -1
-        self.generator = torch.Generator().manual_seed(cfg.env.seed * 1000 + index + 1)
+        self.generator = torch.Generator().manual_seed(language_seed(cfg) * 1000 + index + 1)
         # generation.backend's decoder on these CPUs; a compiling one with torch's backend of
         # that name (the learner's device graph mode is not this actor's).
         self.decode = build_decoder(
@@ -52,7 +52,7 @@ class Generator:
                 cfg,
                 torch.device("cpu"),
                 lambda: torch_backend(cfg.learner.compile_backend),
-                cfg.env.seed * 1000 + index + 1,
+                language_seed(cfg) * 1000 + index + 1,
             )
         )
 

@@ -49,7 +49,7 @@ class LocalBackend:
         return 0
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "local", "device": str(self.learner.dev), "workers": 0}
+        return {"mode": "local", "device": str(self.learner.dev), "workers": 0, "fleet": "no workers"}
 
     @property
     def num_workers(self) -> int:
@@ -181,7 +181,11 @@ class RayBackend:
 
     def describe(self) -> dict[str, Any]:
         info = self.learners.answer(self.learners.lead.describe.remote())
-        return {"mode": self.cfg.rollout.mode, "workers": len(self.workers), **info}
+        n = len(self.workers)
+        fleet = f"{n} rollout worker{'s' * (n != 1)}" + f" x {len(self.learners)} learners" * (
+            len(self.learners) > 1
+        )
+        return {"mode": self.cfg.rollout.mode, "workers": n, "fleet": fleet, **info}
 
     def _sample_round(self) -> dict[Any, Any]:
         """Every worker samples once with the current weights: {segment ref: worker}."""

@@ -126,7 +126,12 @@ class LanguageBackend:
 
     def describe(self) -> dict[str, Any]:
         info = self._learner.describe()
-        return {"mode": "language" + ("" if self.remote else " (local)"), "workers": self.num_workers, **info}
+        n, g = self.num_workers, len(self.generators)
+        fleet = f"{n} reward worker{'s' * (n != 1)}" + f", {g} generator{'s' * (g != 1)}" * (g > 0)
+        ranks = len(self._learner.group) if self._learner.group is not None else 1
+        fleet += f", {ranks} learner rank{'s' * (ranks != 1)}"
+        mode = "language" + ("" if self.remote else " (local)")
+        return {"mode": mode, "workers": n, "fleet": fleet, **info}
 
     def _sync_weights(self, wait: bool = True) -> float:
         """Send the learner's weights to every generator, once per version; the seconds it took.

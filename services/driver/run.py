@@ -148,8 +148,7 @@ def _train(
             run.write_config(cfg)  # the resume has started: its merged config is the run's now
         info = backend.describe()
         print(
-            f"relay: run {run.root} | {info.get('mode')} | device {info.get('device')} | "
-            f"workers {info.get('workers')}",
+            f"relay: run {run.root} | {info.get('mode')} | device {info.get('device')} | {info.get('fleet')}",
             file=sys.stderr,
             flush=True,
         )

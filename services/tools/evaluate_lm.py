@@ -91,7 +91,9 @@ def evaluate_language(
     texts, token_ids, columns = rows.rows(take)
     new, temperature = int(gen_cfg.get("max_new_tokens", 64)), float(gen_cfg.get("temperature", 1.0))
     t0 = time.perf_counter()
-    g = torch.Generator().manual_seed(int((cfg.get("env") or {}).get("seed", 0)))
+    seed = prompt_cfg.get("seed")  # the run's seed (prompts.seed, else env.seed: language_seed)
+    seed = seed if seed is not None else (cfg.get("env") or {}).get("seed", 0)
+    g = torch.Generator().manual_seed(int(seed))
     top_k = 0 if stochastic else 1
     tokens = complete(
         lambda ids, mask: policy.generate(ids, mask, new, temperature, top_k, g),

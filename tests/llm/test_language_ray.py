@@ -84,6 +84,7 @@ def test_rewards_on_actors_with_a_hang_and_a_raise(local_ray, tmp_path, monkeypa
     assert len(faulted) == 2 and all(x["policy_loss"] == 0 for x in faulted)  # no reward, no advantage
     err = capsys.readouterr().err
     assert err.count("reward_timeout_s=5") == 1 and err.count("judge unavailable") == 1
+    assert "| 1 reward worker, 1 learner rank\n" in err  # the start line, in a language run's words
 
 
 def test_generation_on_worker_actors_with_weights_by_version(local_ray, tmp_path, monkeypatch):

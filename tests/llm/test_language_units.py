@@ -507,3 +507,36 @@ def test_progress_lines_speak_the_familys_words(tmp_path):
         "steps      1200  return     0.5  steps/s" in said["env"]
         and "1,200 env steps, return 0.5" in said["env"]
     )
+
+
+def test_a_language_run_is_seeded_by_prompts_seed_and_configs_before_it_by_env_seed(tmp_path, monkeypatch):
+    """#59: a language run's seed is its own (prompts.seed), not the env's; a config written before
+    it, which set env.seed, draws the same prompts and completions as prompts.seed does now."""
+    from relay_rl.learner.lm.learner import LanguageLearner
+
+    tiny_model_folder(tmp_path / "m")
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}+{i}="} for i in range(8)])
+    monkeypatch.chdir(tmp_path)
+
+    def round_of(prompts: dict | None = None, env: dict | None = None) -> tuple[list, list]:
+        cfg = RelayConfig.model_validate(
+            {
+                "model": {"kind": "causal_lm", "path": "m"},
+                "prompts": {
+                    "train": "p.jsonl",
+                    "rewards": ["regex:7"],
+                    "batch_size": 2,
+                    **(prompts or {}),
+                },
+                "generation": {"max_new_tokens": 4},
+                "learner": {"group_size": 2, "device": "cpu"},
+                "env": env or {},
+            }
+        )
+        gen = LanguageLearner(cfg).generate_round()
+        return list(gen["prompts"]), [list(map(int, ids)) for ids in gen["completion_ids"]]
+
+    ours = round_of(prompts={"seed": 11})
+    assert round_of(env={"seed": 11}) == ours  # what such a config drew before prompts.seed
+    assert round_of(prompts={"seed": 11}, env={"seed": 3}) == ours  # env.seed is not a language seed
+    assert round_of(prompts={"seed": 12}) != ours
