@@ -362,6 +362,12 @@ class ActorCritic(nn.Module):
         logp, entropy = self.log_prob_entropy(params, actions, as_fields(inputs).get("action_mask"))
         return PolicyOutput(logp, entropy, value)
 
+    def action_summary(self, inputs: Inputs) -> Tensor:
+        """What precision checks compare, float32 [B, param_size] (the distribution's `summary`):
+        the probabilities of every choice (0 where masked) or bit, or the Gaussian's mean."""
+        params, _ = self.policy_step(inputs)
+        return self.dist.summary(self.action, params, as_fields(inputs).get("action_mask"))
+
     def sample_actions(self, params: Tensor, noise: Tensor, mask: Tensor | None = None) -> Tensor:
         """Actions from distribution params and caller noise (`ActionSpec.noise_shape`)."""
         return self.dist.sample(self.action, params, noise, mask, self._log_std)

@@ -68,6 +68,22 @@ class EnvPolicy(Policy, Protocol):
         step [B, S] (None without a core): acting alone, as evaluation and scenes do."""
         ...
 
+    def policy_step(self, inputs: Any) -> tuple[Tensor, Tensor | None]:
+        """The acting path alone: action params [B, param_size] and a recurrent policy's state
+        after the step (what exported graphs, serving and `relay verify` run)."""
+        ...
+
+    def sample_actions(self, params: Tensor, noise: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Actions [B, *act] from `policy_step`'s params and caller noise."""
+        ...
+
+    def action_summary(self, inputs: Any) -> Tensor:
+        """What precision checks compare, float32 [B, param_size]: the probabilities of every
+        choice (0 where masked) or bit, or the Gaussian's mean (before any action transform)."""
+        ...
+
+    def to(self, *args: Any, **kwargs: Any) -> Any: ...
+
 
 @runtime_checkable
 class LanguagePolicy(Policy, Protocol):

@@ -134,6 +134,19 @@ def test_only_the_policy_layer_reads_state_dict_keys_or_model_classes():
     assert not offenders, offenders
 
 
+def test_actor_critic_is_named_above_the_policy_layer_only_where_policies_are_built():
+    """#59's count (house-policy-protocol): modules above policy/ work on the EnvPolicy protocol;
+    the concrete ActorCritic is named only where a policy file is turned into one (load, the
+    ML-Agents importer, the tools' handle): at most three modules."""
+    named = sorted(
+        name
+        for name, path in MODULES.items()
+        if _layer(name) != "policy" and re.search(r"\bActorCritic\b", path.read_text())
+    )
+    assert len(named) <= 3, named
+    assert "services.tools.verify" not in named
+
+
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     seen: set[str] = set()
     todo = list(graph[start])

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from ...contracts.segment import Fields
 from ...learner.device import AMP_DTYPES, DeviceContext, resolve_device
-from ...policy.actor_critic import ActorCritic, draw_noise, fields_to_numpy, fields_to_torch
+from ...policy.actor_critic import draw_noise, fields_to_numpy, fields_to_torch
+from ...policy.protocol import EnvPolicy
 from ...services.tools.export import onnx_bytes
 from ...services.tools.handle import (
     PolicyHandle,
@@ -49,13 +50,11 @@ class PrecisionRow:
 
 
 @torch.no_grad()
-def policy_outputs(handle: PolicyHandle, model: ActorCritic, obs: dict[str, Tensor]) -> Tensor:
+def policy_outputs(handle: PolicyHandle, model: EnvPolicy, obs: dict[str, Tensor]) -> Tensor:
     """What precision is judged on, [B, P] fp32: transformed mean actions, the (allowed) action
     probabilities per component, or each bit's probability."""
-    params, _ = model.policy_step(obs)
-    if handle.continuous:
-        return handle.action_transform(params.float())
-    return model.dist.summary(model.action, params, obs.get("action_mask"))
+    summary = model.action_summary(obs)
+    return handle.action_transform(summary) if handle.continuous else summary
 
 
 def _to(fields: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, Tensor]:
@@ -63,9 +62,9 @@ def _to(fields: dict[str, Tensor], device: torch.device, dtype: torch.dtype) -> 
     return {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in fields.items()}
 
 
-def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> ActorCritic:
+def _on(handle: PolicyHandle, dev: DeviceContext, dtype: torch.dtype) -> EnvPolicy:
     """A copy of the policy on `dev` in `dtype` (the normalizer's statistics stay float32)."""
-    model = copy.deepcopy(handle.model)
+    model: EnvPolicy = copy.deepcopy(handle.model)
     model.to(device=dev.device, dtype=dtype).eval()
     return model
 
