@@ -14,13 +14,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..contracts.config import MODEL_FAMILIES, family_of_kind
+from ..contracts.config import ENV_FAMILY, MODEL_FAMILIES, family_of_kind
 from ..contracts.rounds import RoundResult, add_faults, add_stats
 from ..contracts.spaces import EnvSpec, SpecError
 
 # 1: session 1-2 checkpoints (no env spec, counters without amp_skipped_steps/env_faults).
 CHECKPOINT_FORMAT = 2
-FAMILY_NAMES = tuple(dict.fromkeys([family_of_kind(None), *MODEL_FAMILIES.values()]))
+FAMILY_NAMES = tuple(dict.fromkeys([ENV_FAMILY, *MODEL_FAMILIES.values()]))
 RETURN_WINDOW = 20  # finished episodes behind episode_return_mean
 STAT_WINDOW = 100  # values behind each episode statistic's mean (a win rate needs more than 20 games)
 

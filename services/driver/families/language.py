@@ -28,10 +28,14 @@ def config_problems(cfg: RelayConfig) -> list[str]:
     """The language family's registry names: learner.algo is an advantage estimator (its section,
     the update's and the policy loss's are checked with every entry section), generation.backend
     a decoder that samples where generation.placement puts it."""
-    problems = registry_problems([(estimator, cfg.learner.algo), (lambda _: decoder_entry(cfg), "")])
+    problems = registry_problems([(estimator, cfg.learner.algo)])
+    try:
+        decoder = decoder_entry(cfg)
+    except ValueError as err:
+        return [*problems, str(err)]
     gen = cfg.generation
-    if not problems and gen.placement not in decoder_entry(cfg).placements:
-        where = " or ".join(decoder_entry(cfg).placements)
+    if gen.placement not in decoder.placements:
+        where = " or ".join(decoder.placements)
         problems.append(
             f"generation.backend={gen.backend} samples on {where}, not generation.placement={gen.placement}"
         )
