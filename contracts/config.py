@@ -476,7 +476,30 @@ class LearnerConfig(_EntrySections):
         1,
         ge=1,
         le=1024,
-        description="Data-parallel learner actors, one accelerator each (HCCL on npu, NCCL on cuda).",
+        description="Learner ranks: Ray actors, one device each, joined in one process group (gloo on "
+        "CPUs, cpu:gloo,cuda:nccl on GPUs, cpu:gloo,npu:hccl on NPUs).",
+    )
+    collective_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="Seconds a learner rank waits in one collective for its peers before it fails: a "
+        "peer that died or raised surfaces as an error (and a learner restart), never a hang.",
+    )
+    device_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description="Memory of one learner device in GiB, for the language runs' fit check where "
+        "relay cannot read it (a CPU, an NPU, a GPU on another host): a run whose estimate "
+        "per device is larger is refused before it starts. null: read it where it can be (a CUDA "
+        "device on this host), else no check.",
+    )
+    parallel: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto",
+        description="How learner.num_learners ranks share the model: fsdp shards a causal LM's "
+        "parameters, gradients and optimizer state with torch's FSDP2; ddp keeps a replica on each "
+        "(env policies); auto is fsdp for causal LMs and ddp for env policies.",
     )
     num_cpus: int = Field(
         1,
@@ -987,7 +1010,52 @@ def _cross_field_problems(cfg: RelayConfig) -> list[str]:
         )
     if lrn.lr_anneal and cfg.stop.env_steps is None:
         problems.append("learner.lr_anneal=true needs stop.env_steps to anneal over")
-    return problems + _fleet_problems(cfg) + _policy_group_problems(cfg) + _central_critic_problems(cfg)
+    return (
+        problems
+        + _fleet_problems(cfg)
+        + _policy_group_problems(cfg)
+        + _central_critic_problems(cfg)
+        + _env_parallel_problems(cfg)
+    )
+
+
+def _sharded_language_problems(cfg: RelayConfig) -> list[str]:
+    """What a causal LM sharded over learner.num_learners > 1 ranks (FSDP2) needs, and what it
+    does not do yet (each a line naming the setting to change)."""
+    lrn, gen, n = cfg.learner, cfg.generation, cfg.learner.num_learners
+    if n == 1:
+        return []
+    if lrn.parallel == "ddp":
+        return [f"learner.parallel=ddp: a causal LM is sharded (fsdp) over learner.num_learners={n} ranks"]
+    problems = []
+    if cfg.rollout.num_workers == 0:
+        problems.append(f"learner.num_learners={n} ranks are Ray actors: set rollout.num_workers >= 1")
+    if cfg.prompts.batch_size % n:
+        problems.append(
+            f"prompts.batch_size={cfg.prompts.batch_size} must be a multiple of learner.num_learners={n} "
+            "(each rank samples and trains whole groups)"
+        )
+    lm = lrn.entry_data("lm") or {}
+    later = [
+        (gen.placement != "learner", "generation.placement=workers"),
+        (gen.backend not in ("relay", "eager"), f"generation.backend={gen.backend}"),
+        (gen.compile, "generation.compile=true"),
+        (lrn.compile, "learner.compile=true"),
+        (bool(lm.get("refill_rounds")), "learner.lm.refill_rounds > 0"),
+        (lrn.use_amp is True and lrn.amp_dtype == "float16", "float16 autocast"),
+    ]
+    problems += [
+        f"{what} with learner.num_learners={n} (FSDP2) is not built yet: set learner.num_learners=1"
+        for bad, what in later
+        if bad
+    ]
+    return problems
+
+
+def _env_parallel_problems(cfg: RelayConfig) -> list[str]:
+    if cfg.learner.parallel == "fsdp":
+        return ["learner.parallel=fsdp shards causal LMs; env policies train as ddp replicas (or auto)"]
+    return []
 
 
 def _language_problems(cfg: RelayConfig) -> list[str]:
@@ -996,10 +1064,7 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
     lrn, gen = cfg.learner, cfg.generation
     if lrn.group_size < 2:
         problems.append(f"model.kind=causal_lm needs learner.group_size >= 2 (got {lrn.group_size})")
-    if lrn.num_learners != 1:
-        problems.append(
-            f"model.kind=causal_lm trains on one learner (learner.num_learners={lrn.num_learners})"
-        )
+    problems += _sharded_language_problems(cfg)
     if _no_stop(cfg):
         problems.append(
             "no stop criterion: set stop.iterations, stop.env_steps (completion tokens), stop.wall_s or "

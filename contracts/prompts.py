@@ -303,6 +303,24 @@ def rewards_input(
     }
 
 
+def merged_rounds(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round from the `rewards_input` of each learner rank's share, in rank order (each rank
+    sampled whole groups of the round's rows). Its generation seconds are the slowest share's."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    return {
+        **{
+            k: [x for p in parts for x in p[k]]
+            for k in ("prompts", "completions", "completion_ids", "lengths", "ended")
+        },
+        "columns": {c: [x for p in parts for x in p["columns"][c]] for c in first["columns"]},
+        "gen_s": max(float(p["gen_s"]) for p in parts),
+        "gen_tokens": sum(int(p["gen_tokens"]) for p in parts),
+        "prompt_width": first["prompt_width"],
+    }
+
+
 class PromptOrder:
     """Which rows each round takes: every row once per epoch, in a seeded random order (or file
     order), `batch` rows at a time; its position is part of the checkpoint."""

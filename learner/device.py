@@ -239,8 +239,10 @@ class DeviceContext:
         return torch_backend(name)
 
     def distributed_backend(self) -> str:
-        """torch.distributed backend for multi-device learners: HCCL on npu, NCCL on cuda, gloo on cpu."""
-        return {"npu": "hccl", "cuda": "nccl"}.get(self.type, "gloo")
+        """torch.distributed backend of the learner group: gloo on cpu; on an accelerator its own
+        collectives for device tensors and gloo beside them for CPU ones (object collectives, a
+        sharded learner's state gathered to the CPU), as verl and OpenRLHF join their ranks."""
+        return {"npu": "cpu:gloo,npu:hccl", "cuda": "cpu:gloo,cuda:nccl"}.get(self.type, "gloo")
 
     @contextlib.contextmanager
     def timed(self, out: dict[str, float], key: str) -> Iterator[None]:

@@ -6,6 +6,8 @@ No Ray here: the ranks call these with the rank and the address the learner grou
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -14,13 +16,18 @@ from ..learner.device import DeviceContext
 from ..policy.normalizer import Moments
 
 
-def init_group(dev: DeviceContext, rank: int, world_size: int, address: str, port: int) -> None:
-    """Join the learners' process group (blocks until all `world_size` ranks have joined)."""
+def init_group(
+    dev: DeviceContext, rank: int, world_size: int, address: str, port: int, timeout_s: float = 1800.0
+) -> None:
+    """Join the learners' process group (blocks until all `world_size` ranks have joined). A
+    collective that waits `timeout_s` for its peers fails instead of hanging (a peer that died or
+    raised between collectives)."""
     dist.init_process_group(
         backend=dev.distributed_backend(),
         init_method=f"tcp://{address}:{port}",
         rank=rank,
         world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
     )
 
 

@@ -25,9 +25,10 @@ class LearnerRank:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def join_group(self, rank: int, world: int, address: str, port: int) -> int:
-        """Join the group as `rank` of `world` (blocks until every rank has joined)."""
-        init_group(self.dev, rank, world, address, port)
+    def join_group(self, rank: int, world: int, address: str, port: int, timeout_s: float = 1800.0) -> int:
+        """Join the group as `rank` of `world` (blocks until every rank has joined); a collective
+        waiting `timeout_s` for its peers fails."""
+        init_group(self.dev, rank, world, address, port, timeout_s)
         self.rank = rank
         return rank
 

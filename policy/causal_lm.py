@@ -253,8 +253,26 @@ def capped(logits: Tensor, softcap: float | None) -> Tensor:
     return torch.tanh(logits / softcap) * softcap if softcap is not None else logits
 
 
+@dataclass(frozen=True)
+class NoiseRows:
+    """Rows [lo, lo + b) of the noise a whole batch of `rows` draws each step: a learner rank
+    decoding its share of a round draws the whole round's [rows, V] and keeps its own, so its
+    completions are those one device sampling the whole round would make."""
+
+    generator: torch.Generator
+    rows: int
+    lo: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.generator.device
+
+
+Noise = torch.Generator | NoiseRows  # what a decoder draws its sampling noise from
+
+
 def sampling_noise(
-    generator: torch.Generator | None, shape: tuple[int, int], device: torch.device, greedy: bool = False
+    generator: Noise | None, shape: tuple[int, int], device: torch.device, greedy: bool = False
 ) -> Tensor:
     """One decoding step's noise [B, V]: Exp(1) draws from `generator` on its own device, moved to
     `device` (a CPU generator: the same draws on any accelerator, the ML-Agents port's bit-exact
@@ -267,7 +285,11 @@ def sampling_noise(
     if greedy:
         return torch.ones(shape, device=device)
     where = generator.device if generator is not None else device
-    u = torch.rand(shape, device=where, generator=generator)
+    if isinstance(generator, NoiseRows):
+        whole = torch.rand((generator.rows, shape[1]), device=where, generator=generator.generator)
+        u = whole[generator.lo : generator.lo + shape[0]]
+    else:
+        u = torch.rand(shape, device=where, generator=generator)
     draws = u.clamp_min_(2.0**-25).log_().neg_()
     return draws.to(device, non_blocking=True)
 
@@ -386,7 +408,7 @@ class CausalLMPolicy(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int = 0,
-        generator: torch.Generator | None = None,
+        generator: Noise | None = None,
     ) -> Completions:
         """Sample a completion for each left-padded prompt [B, P] (mask [B, P]) with a KV cache.
 

@@ -40,7 +40,7 @@ import torch
 import torch._dynamo
 from torch import Tensor
 
-from .causal_lm import CausalLMPolicy, Completions, capped, next_token, positions, sampling_noise
+from .causal_lm import CausalLMPolicy, Completions, Noise, capped, next_token, positions, sampling_noise
 from .compiling import counting_compile, torch_backend
 
 
@@ -229,7 +229,7 @@ class StaticDecoder:
         max_new_tokens: int,
         temperature: float,
         top_k: int,
-        generator: torch.Generator | None = None,
+        generator: Noise | None = None,
     ) -> Completions:
         greedy = top_k == 1
         if not greedy and (float(temperature), int(top_k)) != (self.temperature, self.top_k):

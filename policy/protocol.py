@@ -97,7 +97,7 @@ class LanguagePolicy(Policy, Protocol):
         max_new_tokens: int,
         temperature: float,
         top_k: int,
-        generator: torch.Generator | None,
+        generator: Any,  # a torch.Generator or causal_lm.NoiseRows
     ) -> Any: ...
     def completion_logp(
         self,

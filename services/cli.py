@@ -29,7 +29,7 @@ from ..rollout_workers.video import VideoError
 from ..services.driver import run as driver
 from ..services.driver.cluster import ClusterError
 from ..services.driver.families import FAMILIES
-from ..services.driver.preflight import PreflightError, choices, learner_precision, preflight
+from ..services.driver.preflight import PreflightError, choices, learner_memory, learner_precision, preflight
 from ..services.runs.checkpoints import ResumeError, load_checkpoint
 from ..services.runs.config_sections import entry_sections
 from ..services.runs.files import OutputError, check_output
@@ -338,6 +338,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     env = preflight(cfg, args.address)
     # A YAML comment, so the output stays a config file to save and train from.
     sys.stdout.write(f"# learner precision: {learner_precision(cfg, env, args.address)}\n")
+    memory = learner_memory(cfg)
+    if memory is not None:
+        sys.stdout.write(f"# learner memory (estimate): {memory}\n")
     sys.stdout.write(dump_config(cfg))
     return EXIT_OK
 

@@ -27,6 +27,12 @@ class LanguageLearnerActor(LearnerRank):
         self.learner = LanguageLearner(cfg)
         self.dev = self.learner.dev
 
+    def join_group(self, rank: int, world: int, address: str, port: int, timeout_s: float = 1800.0) -> int:
+        """Join the learner group, then shard the policy over it (`LanguageLearner.shard`)."""
+        super().join_group(rank, world, address, port, timeout_s)
+        self.learner.shard(rank, world)
+        return rank
+
     def describe(self) -> dict[str, Any]:
         return self.learner.describe()
 
@@ -45,8 +51,10 @@ class LanguageLearnerActor(LearnerRank):
     def weights(self) -> Any:
         return self.learner.weights()
 
-    def acting_weights(self) -> dict[str, Any]:
-        return self.learner.acting_weights()
+    def acting_weights(self) -> dict[str, Any] | None:
+        """The whole weights (every rank takes part in gathering them); rank 0 returns them."""
+        weights = self.learner.acting_weights()
+        return weights if self.rank == 0 else None
 
     def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
         return self.learner.evaluate(limit, greedy)
@@ -54,8 +62,10 @@ class LanguageLearnerActor(LearnerRank):
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         return self.learner.train(rewards)
 
-    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
-        return self.learner.state_dict(in_flight)
+    def state_dict(self, in_flight: bool = False) -> dict[str, Any] | None:
+        """The learner's state (every rank takes part in gathering it); rank 0 returns it."""
+        state = self.learner.state_dict(in_flight)
+        return state if self.rank == 0 else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.learner.load_state_dict(state)

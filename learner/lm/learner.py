@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch
 from ...contracts.config import RelayConfig, language_seed
 from ...contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
 from ...learner.device import DeviceContext, resolve_device
-from ...learner.lm import tokens
+from ...learner.lm import sharding, tokens
 from ...learner.lm.estimators import RoundRewards, estimator
 from ...learner.lm.policy_losses import TokenBatch, policy_loss
 from ...learner.lm.settings import lm_settings
@@ -30,6 +31,7 @@ from ...learner.telemetry import LearnerTelemetry
 from ...policy.causal_lm import (
     CausalLMPolicy,
     Completions,
+    NoiseRows,
     build_language_policy,
     complete,
     completion_ids,
@@ -94,10 +96,10 @@ class LanguageLearner:
         self.update_compiles = 0
         # The device's backend, resolved once for both (on npu it imports torchair: only if asked).
         backend = self.dev.compile_backend(lc.compile_backend) if lc.compile or gen.compile else None
-        self._trained_logp = (
+        self._compiled_logp = (
             counting_compile(CausalLMPolicy.completion_logp, backend, self._count)
             if backend is not None and lc.compile
-            else CausalLMPolicy.completion_logp
+            else None
         )
 
         # generation.backend's decoder (policy/decoders): the eager loop, the compiled static
@@ -110,7 +112,12 @@ class LanguageLearner:
         )
         self.version = 0
         self.updates = 0
+        self.rounds = 0  # rounds prepared: round k's sampling noise is seeded by (seed, k)
         self.skipped_steps = 0
+        # This learner's place in the learner group: rank of world, rows [lo, lo + b) of each
+        # round's B (`shard`; one learner alone holds every row).
+        self.rank, self.world = 0, 1
+        self.sharded = False
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
         self._order_before: dict[str, int] | None = None  # the prompt order before the last prepare_round
@@ -120,11 +127,33 @@ class LanguageLearner:
         self._packed: Any = None  # the previous version's payload, whose buffer the wire may reuse
         self._generated_by: int | None = None  # the generators' weights version, or None: here
 
+    def shard(self, rank: int, world: int) -> None:
+        """Shard the policy (and a reference model) over the learner group this rank has joined
+        (`learner/lm/sharding.py`: FSDP2); the optimizer is made anew over the shards. From now on
+        this learner samples and trains rows [rank * B / world, (rank + 1) * B / world) of each
+        round of B rows: whole groups."""
+        self.rank, self.world = rank, world
+        if world == 1:
+            return
+        mixed = self.amp and self.amp_dtype == "bfloat16"
+        sharding.shard(self.policy, self.policy.lm, self.dev.type, mixed)
+        if self.reference is not None:
+            sharding.shard(self.reference, self.reference.lm, self.dev.type, mixed)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = self.dev.adam(trainable, self.cfg.learner.lr, eps=1e-8)
+        self.sharded = True
+
+    def _rows(self, total: int) -> slice:
+        """This rank's rows of a round of `total`."""
+        share = total // self.world
+        return slice(self.rank * share, (self.rank + 1) * share)
+
     # ---- generation ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         return {
             "device": str(self.dev),
             "parameters": sum(p.numel() for p in self.policy.parameters()),
+            "learner_ranks": self.world,
             "precision": self.amp_dtype if self.amp else "float32",
             "threads": torch.get_num_threads(),
         }
@@ -136,8 +165,21 @@ class LanguageLearner:
         self._order_before = self.order.state_dict()  # where a resume takes these prompts again
         idx = [i for i in self.order.next() for _ in range(self.cfg.learner.group_size)]
         prompts, token_ids, columns = self.prompts.rows(idx)
+        # the round's width, whichever rows this rank takes: the shapes one learner would have
         ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
-        self._pending = {"prompts": prompts, "columns": columns, "ids": ids, "mask": mask}
+        rows = self._rows(len(idx))
+        self._pending = {
+            "prompts": prompts[rows],
+            "columns": {k: v[rows] for k, v in columns.items()},
+            "ids": ids[rows],
+            "mask": mask[rows],
+        }
+        # Round k's noise: seeded by (seed, k), every rank drawing the whole round's rows and
+        # keeping its own (NoiseRows), so a round's completions are the same at any
+        # learner.num_learners however many steps each rank's rows take to end.
+        self.generator.manual_seed((language_seed(self.cfg) * 1_000_003 + self.rounds) % 2**63)
+        self._noise = NoiseRows(self.generator, len(idx), rows.start)
+        self.rounds += 1
         return dict(self._pending)
 
     def generate_round(self) -> dict[str, Any]:
@@ -153,8 +195,8 @@ class LanguageLearner:
         self.policy.eval()
         self.dev.synchronize()
         t0 = time.perf_counter()
-        with self.dev.autocast(self.amp, self.amp_dtype):
-            out = self._generate(ids_t, mask_t, gen.top_k, self.generator)
+        with self.dev.autocast(self.amp, self.amp_dtype), sharding.gathered(self.policy):
+            out = self._generate(ids_t, mask_t, gen.top_k, self._noise)
         self.dev.synchronize()
         gen_s = time.perf_counter() - t0
         self._accept(out.tokens, out.mask, out.logp, None)
@@ -166,7 +208,7 @@ class LanguageLearner:
         )
 
     def _generate(
-        self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator
+        self, ids: torch.Tensor, mask: torch.Tensor, top_k: int, noise: torch.Generator | NoiseRows
     ) -> Completions:
         gen = self.cfg.generation
         # a decoder with its own copy of the weights (vLLM's) refreshes it by version
@@ -223,7 +265,7 @@ class LanguageLearner:
         noise = torch.Generator(self.noise_device).manual_seed(language_seed(cfg) + 1)
 
         def decode(ids: torch.Tensor, mask: torch.Tensor) -> Completions:
-            with self.dev.autocast(self.amp, self.amp_dtype):
+            with self.dev.autocast(self.amp, self.amp_dtype), sharding.gathered(self.policy):
                 return self._generate(ids, mask, 1 if greedy else cfg.generation.top_k, noise)
 
         ids_list = complete(decode, token_ids, self.buckets, self.policy.pad_id, per, self.dev.device)
@@ -239,6 +281,8 @@ class LanguageLearner:
 
     def acting_weights(self) -> dict[str, torch.Tensor]:
         """The current weights in float32 on the CPU (what a best.pt keeps)."""
+        if self.sharded:
+            return sharding.full_state(self.policy)  # every rank calls it: a collective
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
     def keep(self, groups: list[int]) -> None:
@@ -287,10 +331,11 @@ class LanguageLearner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         gen = self.cfg.generation
         trained = policy is self.policy and torch.is_grad_enabled()
-        logp = self._trained_logp if trained else CausalLMPolicy.completion_logp
+        compiled = self._compiled_logp if trained else None
+        # the bound method where it is not compiled: a sharded policy gathers its root unit for it
+        logp = partial(compiled, policy) if compiled is not None else policy.completion_logp
         with self.dev.autocast(self.amp, self.amp_dtype):
             return logp(
-                policy,
                 r["prompt_ids"][rows],
                 r["prompt_mask"][rows],
                 r["tokens"][rows],
@@ -336,7 +381,10 @@ class LanguageLearner:
         if lc.entropy_coef and entropy is not None:
             per_token = per_token - lc.entropy_coef * entropy.float()
         loss = (per_token * w).sum()
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        # A rank's loss is its rows' share of the round's (`w` sums to 1 over the whole round);
+        # FSDP averages the ranks' gradients, so each share counts world times to sum them.
+        scaled = loss * self.world if self.world > 1 else loss
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         d = old - logp.detach()
         stats["policy_loss"] = float(loss.detach())
         stats["clip_low_fraction"] = float((clip_low * w).sum())
@@ -352,6 +400,8 @@ class LanguageLearner:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.learner.max_grad_norm)
+        full_tensor = getattr(norm, "full_tensor", None)  # a sharded policy's norm is a DTensor
+        norm = full_tensor() if full_tensor is not None else norm
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -416,7 +466,10 @@ class LanguageLearner:
         t0 = time.perf_counter()
         self.dev.reset_peak_memory()
         dev = self.dev.device
-        mask = r["mask"]
+        # The round's advantages and token weights are computed over all of it on every rank (the
+        # rewards are the whole round's, the masks gathered), then each rank takes its rows: the
+        # update is the one a single learner makes, at any learner.num_learners.
+        mask = sharding.gather_rows(r["mask"])
         valid = torch.tensor([x is not None for x in rewards], device=dev)
         reward_t = torch.tensor([0.0 if x is None else float(x) for x in rewards], device=dev)
         outcome = RoundRewards(reward_t, valid, mask.sum(-1).float(), lc.group_size, lc.group_eps)
@@ -426,7 +479,9 @@ class LanguageLearner:
         if gc.drop_equal_groups:
             rows_in &= (std > 0).repeat_interleave(lc.group_size)
         weights = tokens.token_weights(mask, rows_in, gc.loss_agg, cfg.generation.max_new_tokens)
-        parts = self._micro_batches(mask.shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
+        mine = self._rows(mask.shape[0])
+        adv, weights = adv[mine], weights[mine]
+        parts = self._micro_batches(r["mask"].shape[0], r["prompt_ids"].shape[1] + mask.shape[1])
         old_logp, ref_logp, is_weight, gap = self._baselines(r, parts)
         self.policy.train()
         skipped_before = self.skipped_steps
@@ -439,6 +494,7 @@ class LanguageLearner:
                 for k, v in self._backward(r, s, adv[s], weights[s], old_logp, ref_logp, iw).items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norms.append(self._step())
+        sums = sharding.sum_across(sums, dev)  # each rank's share of the round's statistics
         self.updates += 1
         self.version += 1
         if (
@@ -446,7 +502,11 @@ class LanguageLearner:
             and self.reference is not None
             and self.updates % lc.ref_update_interval == 0
         ):
-            self.reference.load_state_dict(self.policy.state_dict())
+            if self.sharded:  # both sharded alike: each rank copies its own shards
+                for ref_p, p in zip(self.reference.parameters(), self.policy.parameters(), strict=True):
+                    ref_p.data.copy_(p.data)
+            else:
+                self.reference.load_state_dict(self.policy.state_dict())
         self.dev.synchronize()
         update_s = time.perf_counter() - t0
         n_epochs = max(lc.epochs, 1)
@@ -465,6 +525,10 @@ class LanguageLearner:
             "weights_version": self.version,
             "update_s": update_s,
             "trained_tokens_per_s": trained_tokens / max(update_s, 1e-9),
+            # NeMo-RL's: trained tokens / step seconds / devices
+            "tokens_per_s_per_device": trained_tokens / max(update_s, 1e-9) / self.world,
+            "learner_param_bytes": sharding.local_bytes(self.policy),
+            "model_param_bytes": sharding.model_bytes(self.policy),
             "learner_samples_per_s": mask.shape[0] * n_epochs / max(update_s, 1e-9),
             **self.decoder.counts(),
             **({"update_compiles": self.update_compiles} if lc.compile else {}),
@@ -484,24 +548,67 @@ class LanguageLearner:
             self._order_before if in_flight and self._order_before is not None else self.order.state_dict()
         )
         return {
-            "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "reference": None
-            if self.reference is None
-            else {k: v.cpu() for k, v in self.reference.state_dict().items()},
+            "model": self._whole(self.policy),
+            "optimizer": self._optimizer_state(),
+            "reference": None if self.reference is None else self._whole(self.reference),
             "version": self.version,
             "updates": self.updates,
+            "rounds": self.rounds - (1 if in_flight and self._order_before is not None else 0),
             "prompt_order": dict(order),
-            "generator": self.generator.get_state(),
+        }
+
+    def _whole(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """A module's state, whole, on the CPU (gathered from the ranks' shards where sharded:
+        a checkpoint is the same file at any learner.num_learners)."""
+        if self.sharded:
+            return sharding.full_state(module)
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+    def _trainable_names(self) -> list[str]:
+        return [n for n, p in self.policy.named_parameters() if p.requires_grad]
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """torch's optimizer state_dict (parameters by their index among the trainable ones),
+        whole: a sharded learner's is gathered and re-keyed from names to those indices."""
+        if not self.sharded:
+            return self.optimizer.state_dict()
+        full = sharding.full_optimizer_state(self.policy, self.optimizer)
+        if not full:  # gathered to rank 0 alone: the other ranks took part and hold nothing
+            return {}
+        index = {name: i for i, name in enumerate(self._trainable_names())}
+        return {
+            "state": {index[name]: v for name, v in full["state"].items()},
+            "param_groups": [
+                {**g, "params": [index[name] for name in g["params"]]} for g in full["param_groups"]
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.reference is not None and state.get("reference") is not None:
-            self.reference.load_state_dict(state["reference"])
+        """A state of `state_dict`'s, written at this learner.num_learners or another."""
+        ref = state.get("reference") if self.reference is not None else None
+        if self.sharded:  # every rank loads the whole tensors and keeps its shards
+            sharding.load_full_state(self.policy, state["model"])
+            names = self._trainable_names()
+            opt = state["optimizer"]
+            sharding.load_full_optimizer_state(
+                self.policy,
+                self.optimizer,
+                {
+                    "state": {names[int(i)]: v for i, v in opt["state"].items()},
+                    "param_groups": [
+                        {**g, "params": [names[int(i)] for i in g["params"]]} for g in opt["param_groups"]
+                    ],
+                },
+            )
+            if ref is not None and self.reference is not None:
+                sharding.load_full_state(self.reference, ref)
+        else:
+            self.policy.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if ref is not None and self.reference is not None:
+                self.reference.load_state_dict(ref)
         self.version = int(state["version"])
         self.updates = int(state.get("updates", self.version))
+        # rounds prepared (a checkpoint from before round seeds counts its updates)
+        self.rounds = int(state.get("rounds", self.updates))
         self.order.load_state_dict(state.get("prompt_order", {}))
-        if isinstance(state.get("generator"), torch.Tensor):
-            self.generator.set_state(state["generator"])

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ...contracts.config import RelayConfig
-from ...policy.causal_lm import CausalLMPolicy, Completions
+from ...policy.causal_lm import CausalLMPolicy, Completions, Noise
 
 
 class Decoder(Protocol):
@@ -28,7 +28,7 @@ class Decoder(Protocol):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int = 0,
-        generator: torch.Generator | None = None,
+        generator: Noise | None = None,
     ) -> Completions: ...
 
     def load(self, version: int, weights: Callable[[], Mapping[str, Tensor]]) -> None: ...

@@ -38,6 +38,11 @@ LANGUAGE_METRICS = MetricKeys(
         "weight_sync_s": "seconds to send the new weights to the generators (generation.placement=workers)",
         "gen_tokens_per_s": "completion tokens generated per second of generation",
         "trained_tokens_per_s": "completion tokens the update trained on per second of update",
+        "tokens_per_s_per_device": "trained tokens / update seconds / learner devices (NeMo-RL's throughput "
+        "per device)",
+        "learner_param_bytes": "parameter bytes one learner rank holds (its shards where "
+        "learner.parallel=fsdp)",
+        "model_param_bytes": "parameter bytes of the whole model",
         "gen_logp_gap": "mean |learner log-prob - generator log-prob| over completion tokens "
         "(generation.placement=workers: precision, numerics and staleness show)",
         "is_weight_mean": "mean truncated importance weight learner / generator "

@@ -70,7 +70,8 @@ class LearnerGroup:
         """One torch process group over the ranks; rank 0 hosts its rendezvous."""
         address, port = self.answer(self.lead.rendezvous.remote())
         n = len(self.ranks)
-        self.answer([r.join_group.remote(k, n, address, port) for k, r in enumerate(self.ranks)])
+        timeout = self.cfg.learner.collective_timeout_s
+        self.answer([r.join_group.remote(k, n, address, port, timeout) for k, r in enumerate(self.ranks)])
 
     @property
     def lead(self) -> Any:

@@ -269,13 +269,13 @@ class LanguageBackend:
         else:
             accepts, self._accepts = self._accepts, []  # this round's, queued before its update
             with signals_held():  # submitted and recorded as one (see RayBackend._submit)
-                call = self._learner.actor.train.remote(train_rewards)
+                call = self._learner.submit_train(train_rewards)
                 self._training = _Training(call, gens, scores, reward_s, gen_s, t2, waited=t2 - t0)
             if self.overlap:
                 self._prefetch()
             for ref in accepts:  # done before the update began: an error of theirs comes first
                 self._learner.answer(ref)
-            metrics = self._learner.answer(self._training.ref)
+            metrics = self._learner.answer(self._training.ref)[0]  # rank 0's: the round's
         if self.generators:
             self.version = int(metrics["weights_version"])
             if self.overlap:
@@ -375,7 +375,7 @@ class LanguageBackend:
             return pending.out
         if pending.metrics is not None:
             return self._count(pending, pending.metrics)
-        return self._count(pending, self._learner.answer(pending.ref, timeout_s))
+        return self._count(pending, self._learner.answer(pending.ref, timeout_s)[0])
 
     def taken(self) -> None:
         self._training = None

@@ -4,9 +4,11 @@ method names, and a dead rank answers LearnerLost."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...contracts.config import RelayConfig
+from ...contracts.prompts import merged_rounds
 from ...learner.lm.learner import LanguageLearner
 from ...services.driver.learner_group import LearnerGroup, language_ranks
 
@@ -32,39 +34,55 @@ class LanguageLearnerProxy:
 
     answer = staticmethod(LearnerGroup.answer)
 
+    def _all(self, call: Callable[[Any], Any], timeout_s: float | None = None) -> Any:
+        """`call` on every rank (a sharded learner's collectives need them all): rank 0's answer."""
+        assert self.group is not None
+        return self.answer(self.group.each(call), timeout_s)[0]
+
     def describe(self) -> dict[str, Any]:
-        return self.local.describe() if self.local else self.answer(self.actor.describe.remote())
+        return self.local.describe() if self.local else self._all(lambda r: r.describe.remote())
 
     def generate_round(self) -> dict[str, Any]:
-        return self.local.generate_round() if self.local else self.answer(self.actor.generate_round.remote())
+        """The round's completions: each rank samples its rows (whole groups), in rank order."""
+        if self.local:
+            return self.local.generate_round()
+        assert self.group is not None
+        return merged_rounds(self.answer(self.group.each(lambda r: r.generate_round.remote())))
 
     def keep(self, groups: list[int]) -> None:
         if self.local:
             self.local.keep(groups)
         else:
-            self.answer(self.actor.keep.remote(groups))
+            self._all(lambda r: r.keep.remote(groups))
 
     def evaluate(self, limit: int, greedy: bool) -> dict[str, Any]:
         if self.local:
             return self.local.evaluate(limit, greedy)
-        return self.answer(self.actor.evaluate.remote(limit, greedy))
+        return self._all(lambda r: r.evaluate.remote(limit, greedy))
 
     def acting_weights(self) -> dict[str, Any]:
-        return self.local.acting_weights() if self.local else self.answer(self.actor.acting_weights.remote())
+        return self.local.acting_weights() if self.local else self._all(lambda r: r.acting_weights.remote())
 
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
-        return self.local.train(rewards) if self.local else self.answer(self.actor.train.remote(rewards))
+        """One update on the round, every rank given the whole round's rewards."""
+        return self.local.train(rewards) if self.local else self.answer(self.submit_train(rewards))
+
+    def submit_train(self, rewards: list[float | None]) -> list[Any]:
+        """The update's calls on every rank, not waited for: `answer` takes them (rank 0's
+        metrics are the round's)."""
+        assert self.group is not None
+        return self.group.each(lambda r: r.train.remote(rewards))
 
     def state_dict(self, in_flight: bool, timeout_s: float | None = None) -> dict[str, Any]:
         if self.local:
             return self.local.state_dict(in_flight)
-        return self.answer(self.actor.state_dict.remote(in_flight), timeout_s)
+        return self._all(lambda r: r.state_dict.remote(in_flight), timeout_s)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.local:
             self.local.load_state_dict(state)
         else:
-            self.answer(self.actor.load_state_dict.remote(state))
+            self._all(lambda r: r.load_state_dict.remote(state))
 
     def restart(self) -> None:
         """A fresh learner: the group restarted (`LearnerGroup.restart`), or a new local one."""

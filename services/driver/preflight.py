@@ -70,6 +70,11 @@ def preflight(cfg: RelayConfig, address: str | None = None) -> EnvSpec | None:
     return family(cfg).check(cfg, address)
 
 
+def learner_memory(cfg: RelayConfig) -> str | None:
+    """The learner's memory per device, estimated by the config's family (None: no estimate)."""
+    return family(cfg).memory(cfg)
+
+
 def learner_precision(cfg: RelayConfig, spec: EnvSpec | None, address: str | None = None) -> str:
     """What the learner will compute in, for `relay validate` (its family's answer)."""
     return family(cfg).precision(cfg, spec, address)
@@ -81,6 +86,7 @@ __all__ = [
     "check_env",
     "check_language",
     "choices",
+    "learner_memory",
     "learner_precision",
     "preflight",
 ]

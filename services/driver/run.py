@@ -26,7 +26,7 @@ from ...services.dashboard.server import Dashboard
 from ...services.driver.cluster import check_cluster_device, init_ray
 from ...services.driver.families import backend_class, check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
-from ...services.driver.preflight import preflight
+from ...services.driver.preflight import learner_memory, preflight
 from ...services.runs.checkpoints import ResumeError, load_newest_valid
 from ...services.runs.run_dir import RunDir
 from ...services.runs.signals import STOP_CODES, sigterm_raises
@@ -152,6 +152,9 @@ def _train(
             file=sys.stderr,
             flush=True,
         )
+        memory = learner_memory(cfg)
+        if memory is not None:
+            print(f"relay: learner memory (estimate): {memory}", file=sys.stderr, flush=True)
         failed = True
         try:
             reason = loop.run_until_stop(startup_s=time.perf_counter() - t_start)

@@ -66,7 +66,7 @@ def check_auto_prefers_npu(fake: FakeNpuBackend) -> None:
     assert ("reset", "npu:0") in fake.calls
     assert dev.grad_scaler(True, "float16") == ("npu-scaler",)
     assert dev.grad_scaler(True, "bfloat16") is None
-    assert dev.distributed_backend() == "hccl"
+    assert dev.distributed_backend() == "cpu:gloo,npu:hccl"
 
 
 def check_explicit_index_and_ids() -> None:

@@ -89,7 +89,7 @@ def test_cuda_dispatch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     dev = resolve_device("auto")
     assert str(dev) == "cuda:0"
-    assert dev.distributed_backend() == "nccl"
+    assert dev.distributed_backend() == "cpu:gloo,cuda:nccl"
 
 
 def test_accelerator_resources_and_ray_options():

@@ -230,6 +230,51 @@ def test_language_defaults_and_rules(tmp_path):
         check_config(load_config(path, ["learner.algo=ppo"]))
 
 
+def test_sharded_language_learner_rules(tmp_path):
+    """learner.num_learners > 1 for a causal LM: fsdp (auto), whole groups per rank, Ray; what is
+    not built with it yet is refused in one line naming the setting, as is fsdp for an env policy."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model: {kind: causal_lm, path: m}\n"
+        "prompts: {train: p.jsonl, rewards: [exact_match], batch_size: 4}\n"
+        "rollout: {num_workers: 1}\nlearner: {num_learners: 2}\n"
+    )
+    assert load_config(path).learner.parallel == "auto"
+    assert load_config(path, ["learner.parallel=fsdp"]).learner.num_learners == 2
+    for bad, match in [
+        ("learner.parallel=ddp", "a causal LM is sharded"),
+        ("prompts.batch_size=3", r"prompts.batch_size=3 must be a multiple of learner.num_learners=2"),
+        ("rollout.num_workers=0", "ranks are Ray actors"),
+        ("generation.compile=true", "generation.compile=true with learner.num_learners=2 .* not built yet"),
+        ("generation.placement=workers", "generation.placement=workers with learner.num_learners=2"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            load_config(path, [bad])
+    with pytest.raises(ConfigError, match=r"learner\.parallel=fsdp shards causal LMs"):
+        load_config("configs/cartpole_ppo.yaml", ["learner.parallel=fsdp"])
+
+
+def test_validate_prints_the_memory_estimate_and_refuses_a_run_that_cannot_fit(folder, tmp_path, capsys):
+    """relay validate states the learner's memory per device; with the device's memory known
+    (learner.device_memory_gb) a run above it is one line naming the knobs, exit 2."""
+    from relay_rl.services.cli import main
+
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": "1+1="}])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"model: {{kind: causal_lm, path: {folder}}}\n"
+        f"prompts: {{train: {tmp_path / 'p.jsonl'}, rewards: [exact_match], max_prompt_tokens: 8}}\n"
+        "learner: {device: cpu}\nstop: {iterations: 1}\n"
+    )
+    assert main(["validate", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("# learner memory (estimate): peak "))
+    assert "weights" in line and "optimizer" in line and line.endswith("on each of 1 learner device")
+    assert main(["validate", str(cfg), "--set", "learner.device_memory_gb=0.000001"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "learner.num_learners" in err[0] and "more than its" in err[0]
+
+
 def test_a_language_config_of_before_the_estimators_keeps_loading(tmp_path):
     """learner.grpo held the whole language update until the estimators and losses got their own
     sections: such a config loads with each key in the section that owns it now, and means the

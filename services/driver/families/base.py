@@ -25,7 +25,9 @@ class Family:
     check_resumable: ResumeError where a config cannot continue a checkpoint of it;
     export_formats: what `relay export --format` writes of its checkpoints;
     panels: the dashboard's charts for its runs, by id, in order (None: every chart of the
-      catalog, in its order); x_axis: the key its charts are drawn against, and its name."""
+      catalog, in its order); x_axis: the key its charts are drawn against, and its name;
+    memory: its learner's memory per device, estimated, in words (None: no estimate), for
+      `relay validate` and the start of a run."""
 
     algorithms: Callable[[], list[str]]
     config_problems: Callable[[RelayConfig], list[str]]
@@ -36,3 +38,4 @@ class Family:
     export_formats: tuple[str, ...]
     panels: tuple[str, ...] | None = None
     x_axis: tuple[str, str] = ("env_steps", "env steps")
+    memory: Callable[[RelayConfig], str | None] = lambda cfg: None

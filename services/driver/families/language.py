@@ -13,7 +13,9 @@ from ....contracts.prompts import PromptError, load_prompts
 from ....learner.device import DeviceContext, check_device
 from ....learner.lm.estimators import ESTIMATORS, estimator
 from ....learner.lm.learner import lm_precision
-from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
+from ....learner.lm.memory import GIB, Architecture, MemoryEstimate, Settings, estimate
+from ....learner.lm.settings import lm_settings
+from ....policy.causal_lm import ModelFolderError, build_language_policy, check_model_folder, load_tokenizer
 from ....policy.decoders import decoder_entry
 from ....policy.lm_decoding import decoding_problem
 from ....policy.models.causal_lm import LANGUAGE_PANELS
@@ -83,9 +85,68 @@ def compile_problem(cfg: RelayConfig) -> str | None:
 
 
 def check(cfg: RelayConfig, address: str | None) -> None:
-    """`check_language`, then the learner's device where the learner runs here. A language run
-    has no env: no spec."""
+    """`check_language`, then whether the learner fits its device. A language run has no env: no
+    spec."""
     check_language(cfg)
+    check_fits(cfg, address)
+
+
+def memory_estimate(cfg: RelayConfig) -> MemoryEstimate:
+    """The learner's memory per device (`learner/lm/memory.py`), from model.path's architecture
+    on the meta device and the run's settings."""
+    from transformers import AutoConfig
+
+    policy, _ = build_language_policy(cfg, meta=True)
+    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
+    lc, lm = cfg.learner, lm_settings(cfg)
+    half = lc.amp_dtype == "bfloat16" and (
+        lc.use_amp is True or (lc.use_amp == "auto" and not lc.device.startswith("cpu"))
+    )
+    settings = Settings(
+        ranks=lc.num_learners,
+        half=half,
+        reference=lc.kl_coef > 0 and cfg.model.lora is None,
+        checkpointing=lc.grad_checkpointing,
+        micro_batch_tokens=lm.micro_batch_tokens,
+        logprob_chunk=lm.logprob_chunk,
+        rows=cfg.prompts.batch_size * lc.group_size,
+        prompt_tokens=cfg.prompts.max_prompt_tokens,
+        new_tokens=cfg.generation.max_new_tokens,
+    )
+    return estimate(Architecture.of(policy, config.get_text_config()), settings)
+
+
+def describe_memory(cfg: RelayConfig) -> str:
+    """The estimate in words, for `relay validate` and the start of a run."""
+    ranks = cfg.learner.num_learners
+    return f"{memory_estimate(cfg).describe()} on each of {ranks} learner device{'s' * (ranks != 1)}"
+
+
+def device_memory(cfg: RelayConfig, address: str | None) -> float | None:
+    """One learner device's memory in bytes: learner.device_memory_gb, else a CUDA device's where
+    the learner runs on this host, else unknown (None)."""
+    lc = cfg.learner
+    if lc.device_memory_gb is not None:
+        return lc.device_memory_gb * GIB
+    if lc.device.startswith("cuda") and runs_here(cfg, address) and torch.cuda.is_available():
+        index = int(lc.device.split(":")[1]) if ":" in lc.device else 0
+        return float(torch.cuda.get_device_properties(index).total_memory)
+    return None
+
+
+def check_fits(cfg: RelayConfig, address: str | None) -> None:
+    """PreflightError (one line naming the knobs) where the estimate is above the device's memory."""
+    have = device_memory(cfg, address)
+    if have is None:
+        return
+    est = memory_estimate(cfg)
+    if est.peak > have:
+        raise PreflightError(
+            f"the learner needs about {est.describe()} per device, more than its {have / GIB:.3g} GiB: "
+            "shard it over more ranks (learner.num_learners), train LoRA adapters (model.lora), turn on "
+            "learner.grad_checkpointing, or lower learner.lm.micro_batch_tokens, prompts.batch_size or "
+            "generation.max_new_tokens"
+        )
 
 
 def check_language(cfg: RelayConfig) -> None:
@@ -126,4 +187,5 @@ FAMILY = Family(
     export_formats=("hf",),
     panels=LANGUAGE_PANELS,
     x_axis=("iteration", "iterations"),
+    memory=describe_memory,
 )
