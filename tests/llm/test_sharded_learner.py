@@ -74,6 +74,12 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
     for n, lines in ((1, one), (2, two)):
         est = memory_estimate(load_config("run.yaml", [f"learner.num_learners={n}"]))
         assert abs(est.weights - lines[-1]["learner_param_bytes"]) <= 0.2 * lines[-1]["learner_param_bytes"]
+    # its Hugging Face export is one folder that generates the learner's greedy tokens (the
+    # exporter checks that as it writes)
+    assert (
+        main(["export", str(tmp_path / "runs" / "two"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    )
+    assert (tmp_path / "hf" / "config.json").is_file()
     # the sharded run resumes at N=1 from its whole-tensor checkpoint, and goes on learning
     assert (
         main(
@@ -90,3 +96,83 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
     )
     lines = (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == list(range(1, 8))
+
+
+def _update_on_ranks(rank: int, world: int, folder: str, port: int, out: str) -> None:
+    """One round generated and one update on rank `rank` of `world` (gloo): rank 0 writes the
+    whole weights after the update to `out`."""
+    import os
+
+    import torch.distributed as dist
+
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.distributed import init_group
+    from relay_rl.learner.lm.learner import LanguageLearner
+
+    os.chdir(folder)
+    torch.set_num_threads(1)
+    learner = LanguageLearner(load_config("run.yaml", [f"learner.num_learners={world}"]))
+    if world > 1:
+        init_group(learner.dev, rank, world, "127.0.0.1", port, timeout_s=120)
+        learner.shard(rank, world)
+    parts = [learner.generate_round()]
+    if world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, parts[0])
+        parts = gathered
+    completions = [c for p in parts for c in p["completions"]]
+    # rewards that differ within every group: a real gradient, not a KL term's float noise at its
+    # first step (the reference equals the policy there: Adam's first step is the sign of the
+    # gradient, and a gradient of noise would flip signs between any two summation orders)
+    rewards = [float(i % 3) for i in range(len(completions))]
+    learner.train(rewards)
+    state = learner.state_dict()
+    if rank == 0:
+        torch.save({"model": state["model"], "completions": completions}, out)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("variant", ["kl", "lora"])
+def test_one_fsdp_update_at_two_ranks_is_the_update_at_one(arch, variant, tmp_path):
+    """#60's engine check, without Ray: the same round's update by one learner and by two FSDP2
+    ranks (two processes, gloo) gives the same weights within 1e-6, for each architecture the
+    tests build, with a KL reference (sharded too) and with LoRA adapters (the base frozen)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    tiny_model_folder(tmp_path / "model", arch)
+    # No dropout: each rank draws its own rows' masks, so with dropout the update is the same in
+    # distribution at any N but not bit for bit (GPT-2's config has 0.1 by default).
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    config.update({k: 0.0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop") if k in config})
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    # LoRA's B starts at zero with gradients of Adam's eps's order: its first step, g / (|g| + eps)
+    # times lr, carries their float differences at lr's scale (1.8e-6 at lr 0.01; 1.8e-7 here)
+    learner = "kl_coef: 0.1" if variant == "kl" else "kl_coef: 0.1, lr: 0.001"
+    lora = ", lora: {r: 4, alpha: 8}" if variant == "lora" else ""
+    (tmp_path / "run.yaml").write_text(
+        f"model: {{kind: causal_lm, path: model{lora}}}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:1'], batch_size: 4, seed: 5}\n"
+        "generation: {max_new_tokens: 5, noise: cpu}\n"
+        f"learner: {{group_size: 4, device: cpu, use_amp: false, {learner}}}\n"
+        "rollout: {num_workers: 1}\nstop: {iterations: 1}\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _update_on_ranks(0, 1, str(tmp_path), 0, str(tmp_path / "one.pt"))
+    mp.start_processes(
+        _update_on_ranks,
+        args=(2, str(tmp_path), port, str(tmp_path / "two.pt")),
+        nprocs=2,
+        start_method="spawn",
+    )
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert one["completions"] == two["completions"]
+    assert set(one["model"]) == set(two["model"])
+    assert max(float((one["model"][k] - two["model"][k]).abs().max()) for k in one["model"]) < 1e-6
