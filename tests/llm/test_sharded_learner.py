@@ -176,3 +176,52 @@ def test_one_fsdp_update_at_two_ranks_is_the_update_at_one(arch, variant, tmp_pa
     assert one["completions"] == two["completions"]
     assert set(one["model"]) == set(two["model"])
     assert max(float((one["model"][k] - two["model"][k]).abs().max()) for k in one["model"]) < 1e-6
+
+
+def test_a_sharded_group_that_loses_a_rank_is_restarted_from_the_checkpoint(
+    local_ray, tmp_path, monkeypatch, capsys
+):
+    """One rank dies mid-run; its peer's collective fails with it (gloo: the connection resets;
+    NCCL and HCCL: learner.collective_timeout_s), the whole group is recreated, joins and shards
+    anew, loads the newest checkpoint, and the run ends at its stop."""
+    import threading
+
+    import ray
+
+    from relay_rl.contracts.config import load_config
+    from relay_rl.services.driver.lm_backend import LanguageBackend
+    from relay_rl.services.driver.loop import TrainingLoop
+    from relay_rl.services.runs.run_dir import RunDir
+    from tests.helpers_proc import metrics_lines, wait_for
+
+    monkeypatch.chdir(tmp_path)
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    (tmp_path / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
+        "generation: {max_new_tokens: 6}\n"
+        "learner: {group_size: 4, lr: 0.003, device: cpu, num_learners: 2, num_cpus: 1,\n"
+        "          collective_timeout_s: 60}\n"
+        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
+        "checkpoint: {interval: 2}\nstop: {iterations: 12, env_steps: null}\nmetrics: {progress: none}\n"
+    )
+    cfg = load_config("run.yaml")
+    backend = LanguageBackend(cfg)
+    loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
+    group = backend.learner.group
+    victim = group.ranks[1]
+
+    def kill_later() -> None:
+        wait_for(lambda: len(metrics_lines(loop.run.root)) >= 5, 120, "five iterations")
+        ray.kill(victim)
+
+    threading.Thread(target=kill_later, daemon=True).start()
+    try:
+        assert loop.run_until_stop() == "iterations"
+        lines = metrics_lines(loop.run.root)
+        assert lines[-1]["learner_restarts"] == 1 and victim not in group.ranks and len(group) == 2
+        assert lines[-1]["iteration"] == 12 and "restarted from ckpt-" in capsys.readouterr().err
+        assert lines[-1]["learner_param_bytes"] < lines[-1]["model_param_bytes"]  # sharded again
+    finally:
+        backend.close()
