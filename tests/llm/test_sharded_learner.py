@@ -225,3 +225,55 @@ def test_a_sharded_group_that_loses_a_rank_is_restarted_from_the_checkpoint(
         assert lines[-1]["learner_param_bytes"] < lines[-1]["model_param_bytes"]  # sharded again
     finally:
         backend.close()
+
+
+def test_sigterm_stops_every_rank_cleanly(tmp_path):
+    """SIGTERM to a sharded run: exit 143, a final checkpoint at the last metrics line (gathered
+    from both ranks), and no process of the run left (the ranks work in the run's folder)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.helpers_proc import ROOT, metrics_lines, wait_for
+
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    (tmp_path / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
+        "generation: {max_new_tokens: 6}\n"
+        "learner: {group_size: 4, lr: 0.003, device: cpu, num_learners: 2, num_cpus: 1}\n"
+        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
+        "checkpoint: {interval: 1000}\nstop: {iterations: 100000, env_steps: null}\n"
+        "metrics: {progress: none}\n"
+    )
+    run = tmp_path / "runs" / "r"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relay_rl.services.train", "run.yaml", "--run-dir", str(run)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    wait_for(lambda: len(metrics_lines(run)) >= 3, 180, "three iterations")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    lines = metrics_lines(run)
+    _, ckpt = load_newest_valid(run / "checkpoints")
+    assert ckpt.counters.iteration == lines[-1]["iteration"] and ckpt.learner["version"] == len(lines)
+
+    def left() -> list[str]:
+        out = []
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and os.readlink(f"/proc/{pid}/cwd") == str(tmp_path):
+                    out.append(pid)
+            except OSError:
+                continue
+        return out
+
+    wait_for(lambda: not left(), 30, "the run's processes to end")
