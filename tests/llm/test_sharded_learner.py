@@ -96,6 +96,26 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
     )
     lines = (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == list(range(1, 8))
+    # and the single learner's run resumes on two ranks (each loads the whole tensors, keeps its
+    # shards): its 6th and 7th updates are the ones the sharded run resumed at N=1 made
+    assert (
+        main(
+            [
+                "resume",
+                str(tmp_path / "runs" / "one"),
+                "--set",
+                "learner.num_learners=2",
+                "--set",
+                "stop.iterations=7",
+            ]
+        )
+        == 0
+    )
+    again = (tmp_path / "runs" / "one" / "metrics.jsonl").read_text().splitlines()
+    for a, b in zip(again[5:], lines[5:], strict=True):
+        x, y = json.loads(a), json.loads(b)
+        assert x["iteration"] == y["iteration"] and x["reward_mean"] == y["reward_mean"]
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
 
 
 def _update_on_ranks(rank: int, world: int, folder: str, port: int, out: str) -> None:
