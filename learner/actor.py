@@ -205,6 +205,7 @@ def learner_resources(cfg: RelayConfig) -> dict[str, float]:
     }
 
 
-def create_learner_actor(cfg: RelayConfig, env: EnvSpec) -> Any:
-    options = ray_options(learner_resources(cfg))
+def create_learner_actor(cfg: RelayConfig, env: EnvSpec, **placed: Any) -> Any:
+    """An env run's learner actor; `placed`: Ray options that place it (a placement group's bundle)."""
+    options = {**ray_options(learner_resources(cfg)), **placed}
     return ray.remote(LearnerActor).options(**options).remote(cfg.model_dump(mode="json"), env)

@@ -35,3 +35,7 @@ class LearnerRank:
     def world(self) -> int:
         """Ranks in this rank's process group (1 where it trains alone)."""
         return world_size()
+
+    def node(self) -> str:
+        """The Ray node this rank runs on."""
+        return str(ray.get_runtime_context().get_node_id())

@@ -17,6 +17,8 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ...contracts.config import RelayConfig
 from ...contracts.spaces import EnvSpec
@@ -26,20 +28,25 @@ from ...learner.lm.actor import LanguageLearnerActor
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.loop import LearnerLost
 
-RankFactory = Callable[[], Any]  # a new rank's actor handle, not yet placed
+# A new rank's actor handle, not yet placed, from the Ray options that place it (its bundle).
+RankFactory = Callable[..., Any]
 
 
 def env_ranks(cfg: RelayConfig, env_spec: EnvSpec) -> RankFactory:
     """An env run's learner rank: `LearnerActor` over the probed spec."""
-    return lambda: create_learner_actor(cfg, env_spec)
+    return lambda **placed: create_learner_actor(cfg, env_spec, **placed)
 
 
 def language_ranks(cfg: RelayConfig) -> RankFactory:
     """A language run's learner rank: `LanguageLearnerActor`, working in the driver's folder."""
 
-    def make() -> Any:
-        actor = ray.remote(LanguageLearnerActor).options(**ray_options(learner_resources(cfg)))
-        return actor.remote(cfg.model_dump(mode="json"), os.getcwd())
+    def make(**placed: Any) -> Any:
+        options = {**ray_options(learner_resources(cfg)), **placed}
+        return (
+            ray.remote(LanguageLearnerActor)
+            .options(**options)
+            .remote(cfg.model_dump(mode="json"), os.getcwd())
+        )
 
     return make
 
@@ -52,19 +59,41 @@ class LearnerGroup:
         self.cfg = cfg
         self._make_rank = make_rank
         self.ranks: list[Any] = []
+        self.placement: PlacementGroup | None = None  # N > 1: one bundle per rank, packed per node
+        self.nodes: list[str] = []  # each rank's node (N > 1)
         self.started = 0  # groups started: 1, then one more per restart
         self._start()
 
     def _start(self) -> None:
+        n = self.cfg.learner.num_learners
         try:
-            self.ranks = [self._make_rank() for _ in range(self.cfg.learner.num_learners)]
+            if n == 1:
+                self.ranks = [self._make_rank()]
+            else:
+                # One placement group: the ranks are placed together or not at all (a group half
+                # placed would hold devices while it waits), packed onto as few nodes as take them.
+                self.placement = placement_group([learner_resources(self.cfg)] * n, strategy="PACK")
+                self.ranks = [
+                    self._make_rank(scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, k))
+                    for k in range(n)
+                ]
             wait_until_placed(self.cfg, {"learner": self.ranks})
-            if len(self.ranks) > 1:
+            if n > 1:
+                self._order_by_node()
                 self._join()
         except BaseException:  # unplaceable, interrupted: no rank is left pending behind us
             self.kill()
             raise
         self.started += 1
+
+    def _order_by_node(self) -> None:
+        """Ranks on one node take consecutive ranks, nodes in a stable order (their ids), each
+        node's in bundle order: the rank a shard file or a device gets does not move between
+        starts of the same placement."""
+        nodes = self.answer([r.node.remote() for r in self.ranks])
+        order = sorted(range(len(self.ranks)), key=lambda k: (nodes[k], k))
+        self.ranks = [self.ranks[k] for k in order]
+        self.nodes = [nodes[k] for k in order]
 
     def _join(self) -> None:
         """One torch process group over the ranks; rank 0 hosts its rendezvous."""
@@ -128,3 +157,6 @@ class LearnerGroup:
         for rank in self.ranks:
             ray.kill(rank, no_restart=True)
         self.ranks = []
+        if self.placement is not None:
+            remove_placement_group(self.placement)
+            self.placement = None

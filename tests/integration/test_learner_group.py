@@ -37,6 +37,10 @@ def test_a_group_joins_fails_as_one_and_restarts_whole(local_ray):
         assert len(group) == 2 and group.started == 1
         first = list(group.ranks)
         assert group.answer(group.each(lambda r: r.world.remote())) == [2, 2]  # joined as one
+        # one placement group, a bundle per rank; ranks ordered by node
+        assert group.placement is not None and group.placement.bundle_count == 2
+        assert group.nodes == sorted(group.nodes) and len(group.nodes) == 2
+        placement = group.placement
         ray.kill(first[1], no_restart=True)
         with pytest.raises(LearnerLost):
             group.answer(group.each(lambda r: r.state_dict.remote()), timeout_s=60)
@@ -50,3 +54,5 @@ def test_a_group_joins_fails_as_one_and_restarts_whole(local_ray):
         kept = list(group.ranks)
         group.kill()
     assert group.ranks == [] and all(_gone(a) for a in kept)
+    assert group.placement is None
+    assert ray.util.placement_group_table(placement)["state"] == "REMOVED"

@@ -55,3 +55,30 @@ def test_segments_and_weights_cross_object_stores(three_nodes, tmp_path):
         assert lines[-1]["episode_return_mean"] > 2 * lines[0]["episode_return_mean"]
     finally:
         backend.close()
+
+
+def test_a_learner_group_of_two_ranks_spreads_over_two_nodes_and_joins():
+    """Two learner nodes of one CPU each: the group's placement group cannot pack both ranks on
+    one, so each node gets a rank; they join one process group across the nodes, ordered by node."""
+    from relay_rl.services.driver.learner_group import LearnerGroup, env_ranks
+    from relay_rl.services.driver.preflight import check_env
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": STORE})
+    nodes = [cluster.add_node(num_cpus=1, object_store_memory=STORE) for _ in range(2)]
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    try:
+        cfg = load_config(
+            "configs/cartpole_ppo.yaml",
+            ["learner.num_learners=2", "learner.device=cpu", "rollout.num_workers=2", "learner.num_cpus=1"],
+        )
+        group = LearnerGroup(cfg, env_ranks(cfg, check_env(cfg)))
+        try:
+            assert set(group.nodes) == {n.node_id for n in nodes} and group.nodes == sorted(group.nodes)
+            assert group.answer(group.each(lambda r: r.world.remote())) == [2, 2]
+            assert group.answer(group.each(lambda r: r.node.remote())) == group.nodes
+        finally:
+            group.kill()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
