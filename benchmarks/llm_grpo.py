@@ -395,6 +395,144 @@ def memory(layers: int) -> None:
     )
 
 
+def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> None:
+    """One rank of `sharded`: a round and two updates of the Llama-shaped model, its figures to
+    `out` (JSON): the tensor bytes it holds after the update, its peak RSS and tokens/s/device."""
+    import torch
+
+    from relay_rl.contracts.config import RelayConfig
+    from relay_rl.learner.distributed import init_group
+    from relay_rl.learner.lm.learner import LanguageLearner
+    from relay_rl.learner.lm.sharding import DTensor
+
+    torch.set_num_threads(1)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cfg = RelayConfig.model_validate(_sharded_config(folder, world))
+    learner = LanguageLearner(cfg)
+    if world > 1:
+        init_group(learner.dev, rank, world, "127.0.0.1", port, 600)
+        learner.shard(rank, world)
+    rates = []
+    for _ in range(2):
+        learner.generate_round()
+        metrics = learner.train(
+            [float(i % 3 == 0) for i in range(cfg.prompts.batch_size * cfg.learner.group_size)]
+        )
+        rates.append(metrics["tokens_per_s_per_device"])
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    params = sum(local(p) for p in learner.policy.parameters())
+    grads = sum(local(p.grad) for p in learner.policy.parameters() if p.grad is not None)
+    state = sum(local(v) for s in learner.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    Path(out).write_text(
+        json.dumps(
+            {
+                "held": params + grads + state,
+                "params": params,
+                "peak_rss": (peak - base) * 1024,
+                "tokens_per_s_per_device": rates[-1],
+            }
+        )
+    )
+
+
+def _sharded_config(folder: str, world: int) -> dict[str, Any]:
+    return {
+        "model": {"kind": "causal_lm", "path": folder},
+        "prompts": {
+            "train": f"{folder}/prompts.jsonl",
+            "rewards": ["exact_match"],
+            "batch_size": 2,
+            "max_prompt_tokens": 64,
+        },
+        "generation": {"max_new_tokens": 64, "prompt_buckets": [64]},
+        "learner": {
+            "group_size": 8,
+            "device": "cpu",
+            "use_amp": False,
+            "num_learners": world,
+            "num_cpus": 1,
+            "lm": {"logprob_chunk": 32, "micro_batch_tokens": 16 * 128},
+        },
+        "rollout": {"num_workers": 1},
+        "stop": {"iterations": 2},
+    }
+
+
+def sharded(layers: int) -> None:
+    """The language learner on one rank and sharded over two (FSDP2, gloo, one process each, one
+    thread each): the parameter + gradient + optimizer bytes a rank holds, its peak RSS over the
+    process's own start, tokens/s per device, and the memory estimate beside them."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from relay_rl.contracts.config import RelayConfig
+    from relay_rl.services.driver.families.language import memory_estimate
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _llama_folder(Path(tmp) / "m", layers)
+        write_jsonl(
+            folder / "prompts.jsonl",
+            [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)],
+        )
+        for world in (1, 2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            outs = [f"{tmp}/rank{world}-{k}.json" for k in range(world)]
+            ctx = mp.get_context("spawn")
+            procs = [
+                ctx.Process(target=_sharded_rank, args=(k, world, str(folder), port, outs[k]))
+                for k in range(world)
+            ]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+            got = [json.loads(Path(o).read_text()) for o in outs]
+            est = memory_estimate(RelayConfig.model_validate(_sharded_config(str(folder), world)))
+            rows.append((world, got[0], est))
+    params = rows[0][1]["params"] // 4
+    print(
+        machine_header(
+            f"Sharded language learner (FSDP2, gloo): a Llama-shaped model of {params / 1e6:.0f}M "
+            "parameters, 16 x (64 + 64) tokens a round, float32, one thread a rank"
+        )
+    )
+    one = rows[0][1]
+    print(
+        table(
+            [
+                "ranks",
+                "held by rank 0 (MB)",
+                "held / N=1",
+                "estimate: weights+grads+optimizer (MB)",
+                "peak RSS rank 0 (MB)",
+                "estimate: peak (MB)",
+                "tokens/s per device",
+            ],
+            [
+                [
+                    world,
+                    got["held"] / 2**20,
+                    got["held"] / one["held"],
+                    (est.weights + est.gradients + est.optimizer) / 2**20,
+                    got["peak_rss"] / 2**20,
+                    est.peak / 2**20,
+                    got["tokens_per_s_per_device"],
+                ]
+                for world, got, est in rows
+            ],
+        )
+    )
+
+
 def _llama_folder(folder: Path, layers: int) -> Path:
     """A Llama-shaped random model (hidden 512, vocab 32,000, `layers` blocks) with the tiny
     tokenizer, written as a model folder."""
@@ -582,6 +720,8 @@ def main() -> None:
     g.add_argument("--new", type=int, default=128)
     g.add_argument("--tiny", action="store_true", help="the side-by-side's tiny Llama (vocab 48, hidden 32)")
     sub.add_parser("weight-sync")
+    sh = sub.add_parser("sharded")
+    sh.add_argument("--layers", type=int, default=10)
     o = sub.add_parser("overlap")
     o.add_argument("--seconds", type=float, default=60.0)
     o.add_argument("--compile", action="store_true", help="generation.compile on the generator")
@@ -599,6 +739,8 @@ def main() -> None:
         overlap(args.seconds, args.compile, args.pairs)
     elif args.what == "memory":
         memory(args.layers)
+    elif args.what == "sharded":
+        sharded(args.layers)
     elif args.what == "generate":
         generate(args.layers, args.rows, args.new, args.tiny)
     else:

@@ -27,6 +27,21 @@ def local_ray():
     ray.shutdown()
 
 
+def _sharded_folder(folder: Path, prompts: str, generation: str, learner: str, rest: str) -> None:
+    """The tiny model, the sums and a run.yaml in `folder`: a group of 4 completions per prompt,
+    one reward worker, its own `prompts`, `generation`, `learner` settings and further sections."""
+    tiny_model_folder(folder / "model")
+    write_jsonl(folder / "sums.jsonl", sums_rows())
+    (folder / "run.yaml").write_text(
+        "model: {kind: causal_lm, path: model}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], "
+        f"batch_size: 4{prompts}}}\n"
+        f"generation: {{max_new_tokens: 6{generation}}}\n"
+        f"learner: {{group_size: 4, lr: 0.003, device: cpu, num_cpus: 1{learner}}}\n"
+        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\nmetrics: {progress: none}\n" + rest
+    )
+
+
 def _run(folder: Path, name: str, *sets: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """`relay train` of the tiny model for 5 iterations with CPU-drawn noise: its metrics lines and
     its final checkpoint's weights."""
@@ -42,17 +57,12 @@ def _run(folder: Path, name: str, *sets: str) -> tuple[list[dict], dict[str, tor
 
 def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
-    (tmp_path / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4, seed: 3}\n"
-        "generation: {max_new_tokens: 6, noise: cpu}\n"
-        "learner: {group_size: 4, lr: 0.003, device: cpu, use_amp: false, kl_coef: 0.05, num_cpus: 1}\n"
-        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
-        "checkpoint: {interval: 5}\n"
-        "stop: {iterations: 5, env_steps: null}\n"
-        "metrics: {progress: none}\n"
+    _sharded_folder(
+        tmp_path,
+        ", seed: 3",
+        ", noise: cpu",
+        ", use_amp: false, kl_coef: 0.05",
+        "checkpoint: {interval: 5}\nstop: {iterations: 5, env_steps: null}\n",
     )
     one, w1 = _run(tmp_path, "one")
     two, w2 = _run(tmp_path, "two", "learner.num_learners=2")
@@ -215,16 +225,12 @@ def test_a_sharded_group_that_loses_a_rank_is_restarted_from_the_checkpoint(
     from tests.helpers_proc import metrics_lines, wait_for
 
     monkeypatch.chdir(tmp_path)
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
-    (tmp_path / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
-        "generation: {max_new_tokens: 6}\n"
-        "learner: {group_size: 4, lr: 0.003, device: cpu, num_learners: 2, num_cpus: 1,\n"
-        "          collective_timeout_s: 60}\n"
-        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
-        "checkpoint: {interval: 2}\nstop: {iterations: 12, env_steps: null}\nmetrics: {progress: none}\n"
+    _sharded_folder(
+        tmp_path,
+        "",
+        "",
+        ", num_learners: 2, collective_timeout_s: 60",
+        "checkpoint: {interval: 2}\nstop: {iterations: 12, env_steps: null}\n",
     )
     cfg = load_config("run.yaml")
     backend = LanguageBackend(cfg)
@@ -257,16 +263,12 @@ def test_sigterm_stops_every_rank_cleanly(tmp_path):
 
     from tests.helpers_proc import ROOT, metrics_lines, wait_for
 
-    tiny_model_folder(tmp_path / "model")
-    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
-    (tmp_path / "run.yaml").write_text(
-        "model: {kind: causal_lm, path: model}\n"
-        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:7'], batch_size: 4}\n"
-        "generation: {max_new_tokens: 6}\n"
-        "learner: {group_size: 4, lr: 0.003, device: cpu, num_learners: 2, num_cpus: 1}\n"
-        "rollout: {num_workers: 1, num_cpus_per_worker: 1}\n"
-        "checkpoint: {interval: 1000}\nstop: {iterations: 100000, env_steps: null}\n"
-        "metrics: {progress: none}\n"
+    _sharded_folder(
+        tmp_path,
+        "",
+        "",
+        ", num_learners: 2",
+        "checkpoint: {interval: 1000}\nstop: {iterations: 100000, env_steps: null}\n",
     )
     run = tmp_path / "runs" / "r"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
