@@ -479,8 +479,10 @@ class CausalLMPolicy(nn.Module):
                 )
             else:
                 parts.append(_chunk_logp(head, self.softcap, hc, tc, temperature))
-        both = torch.cat(parts, dim=2)  # [2, B, C]
-        return both[0], (both[1] if with_entropy else None)
+        # Two concatenations, not one and two views of it: a sharded policy's FSDP root hooks
+        # its outputs for backward, which a view of an output would bypass.
+        logp = torch.cat([p[0] for p in parts], dim=1)  # [B, C]
+        return logp, (torch.cat([p[1] for p in parts], dim=1) if with_entropy else None)
 
     def save_pretrained(self, folder: str | os.PathLike[str]) -> None:
         """The model as a Hugging Face folder (safetensors), loadable by `from_pretrained`; LoRA
