@@ -195,13 +195,14 @@ def test_one_fsdp_update_at_two_ranks_is_the_update_at_one(arch, variant, tmp_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    _update_on_ranks(0, 1, str(tmp_path), 0, str(tmp_path / "one.pt"))
-    mp.start_processes(
-        _update_on_ranks,
-        args=(2, str(tmp_path), port, str(tmp_path / "two.pt")),
-        nprocs=2,
-        start_method="spawn",
-    )
+    # each in processes of its own: a rank changes its working folder and its torch threads
+    for world, out in ((1, "one.pt"), (2, "two.pt")):
+        mp.start_processes(
+            _update_on_ranks,
+            args=(world, str(tmp_path), port, str(tmp_path / out)),
+            nprocs=world,
+            start_method="spawn",
+        )
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert one["completions"] == two["completions"]
     assert set(one["model"]) == set(two["model"])
