@@ -718,6 +718,13 @@ class CheckpointConfig(_Section):
         description="Keep the policy with the best evaluation return as checkpoints/best.pt (never "
         "pruned; needs eval.every_iterations).",
     )
+    format: Literal["auto", "whole", "sharded"] = Field(
+        "auto",
+        description="whole: one file, the learner's state gathered to one place; sharded: a folder "
+        "where every learner rank writes its own shards (torch.distributed.checkpoint; a causal LM's "
+        "learner; the run folder must be on storage every learner node sees); auto: sharded for a "
+        "causal LM over learner.num_learners > 1 ranks, whole otherwise.",
+    )
 
 
 class EvalConfig(_Section):
@@ -1053,9 +1060,16 @@ def _sharded_language_problems(cfg: RelayConfig) -> list[str]:
 
 
 def _env_parallel_problems(cfg: RelayConfig) -> list[str]:
+    problems = []
     if cfg.learner.parallel == "fsdp":
-        return ["learner.parallel=fsdp shards causal LMs; env policies train as ddp replicas (or auto)"]
-    return []
+        problems.append(
+            "learner.parallel=fsdp shards causal LMs; env policies train as ddp replicas (or auto)"
+        )
+    if cfg.checkpoint.format == "sharded":
+        problems.append(
+            "checkpoint.format=sharded is a causal LM learner's; an env run's checkpoints are whole"
+        )
+    return problems
 
 
 def _language_problems(cfg: RelayConfig) -> list[str]:

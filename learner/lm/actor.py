@@ -62,9 +62,10 @@ class LanguageLearnerActor(LearnerRank):
     def train(self, rewards: list[float | None]) -> dict[str, Any]:
         return self.learner.train(rewards)
 
-    def state_dict(self, in_flight: bool = False) -> dict[str, Any] | None:
-        """The learner's state (every rank takes part in gathering it); rank 0 returns it."""
-        state = self.learner.state_dict(in_flight)
+    def state_dict(self, in_flight: bool = False, shards: str | None = None) -> dict[str, Any] | None:
+        """The learner's state (every rank takes part in gathering it, or writes its shards into
+        `shards`); rank 0 returns it."""
+        state = self.learner.state_dict(in_flight, shards)
         return state if self.rank == 0 else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

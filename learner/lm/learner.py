@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from ...contracts.config import RelayConfig, language_seed
 from ...contracts.prompts import PromptOrder, PromptSet, as_completions, load_prompts, pad_left, rewards_input
 from ...learner.device import DeviceContext, resolve_device
 from ...learner.lm import sharding, tokens
+from ...learner.lm import shards as shards_io
 from ...learner.lm.estimators import RoundRewards, estimator
 from ...learner.lm.policy_losses import TokenBatch, policy_loss
 from ...learner.lm.settings import lm_settings
@@ -540,22 +542,42 @@ class LanguageLearner:
         self.policy.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
 
-    def state_dict(self, in_flight: bool = False) -> dict[str, Any]:
+    def state_dict(self, in_flight: bool = False, shards: str | None = None) -> dict[str, Any]:
         """The learner's state. `in_flight`: the last prepared round is out being generated and not
         trained (generation.max_staleness=1): its prompts go back to the order, so a resume
-        samples them again instead of skipping them."""
+        samples them again instead of skipping them. `shards`: a folder where every rank writes
+        its shards of the model, optimizer and reference (`learner/lm/shards.py`, a collective);
+        the state returned then holds the rest (`sharded` names the parts written)."""
         order = (
             self._order_before if in_flight and self._order_before is not None else self.order.state_dict()
         )
-        return {
-            "model": self._whole(self.policy),
-            "optimizer": self._optimizer_state(),
-            "reference": None if self.reference is None else self._whole(self.reference),
+        rest = {
             "version": self.version,
             "updates": self.updates,
             "rounds": self.rounds - (1 if in_flight and self._order_before is not None else 0),
             "prompt_order": dict(order),
         }
+        if shards is not None:
+            parts, groups = self._shard_parts()
+            shards_io.save(parts, Path(shards))
+            return {**rest, "optimizer": {"param_groups": groups}, "sharded": {"parts": sorted(parts)}}
+        return {
+            "model": self._whole(self.policy),
+            "optimizer": self._optimizer_state(),
+            "reference": None if self.reference is None else self._whole(self.reference),
+            **rest,
+        }
+
+    def _shard_parts(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """This rank's shards by part (its own where sharded, whole tensors where not), and the
+        optimizer's parameter groups with parameters by their index among the trainable ones."""
+        model, optim = sharding.local_state(self.policy, self.optimizer)
+        parts: dict[str, Any] = {"model": model, "optimizer": optim["state"]}
+        if self.reference is not None:
+            parts["reference"] = sharding.local_state(self.reference)[0]
+        index = {name: i for i, name in enumerate(self._trainable_names())}
+        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]]
+        return parts, groups
 
     def _whole(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """A module's state, whole, on the CPU (gathered from the ranks' shards where sharded:
@@ -584,9 +606,12 @@ class LanguageLearner:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A state of `state_dict`'s, written at this learner.num_learners or another."""
+        """A state of `state_dict`'s, written at this learner.num_learners or another: whole
+        tensors, or (`shards`: their folder) every rank's shards, read resharded to this group."""
         ref = state.get("reference") if self.reference is not None else None
-        if self.sharded:  # every rank loads the whole tensors and keeps its shards
+        if state.get("shards") is not None:
+            self._load_shards(Path(state["shards"]), state)
+        elif self.sharded:  # every rank loads the whole tensors and keeps its shards
             sharding.load_full_state(self.policy, state["model"])
             names = self._trainable_names()
             opt = state["optimizer"]
@@ -607,6 +632,23 @@ class LanguageLearner:
             self.optimizer.load_state_dict(state["optimizer"])
             if ref is not None and self.reference is not None:
                 self.reference.load_state_dict(ref)
+        self._load_counts(state)
+
+    def _load_shards(self, folder: Path, state: dict[str, Any]) -> None:
+        """Every part the checkpoint holds (a reference only where this learner keeps one)."""
+        saved = set(state.get("sharded", {}).get("parts", ["model", "optimizer"]))
+        parts, _ = self._shard_parts()
+        parts = {k: v for k, v in parts.items() if k in saved}
+        shards_io.load(parts, folder)
+        names = self._trainable_names()
+        groups = [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["optimizer"]["param_groups"]
+        ]
+        sharding.set_local_state(self.policy, parts["model"], self.optimizer, parts["optimizer"], groups)
+        if "reference" in parts and self.reference is not None:
+            sharding.set_local_state(self.reference, parts["reference"])
+
+    def _load_counts(self, state: dict[str, Any]) -> None:
         self.version = int(state["version"])
         self.updates = int(state.get("updates", self.version))
         # rounds prepared (a checkpoint from before round seeds counts its updates)

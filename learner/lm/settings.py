@@ -81,6 +81,13 @@ class LmSettings(EntrySection):
         return self
 
 
+def sharded_checkpoints(cfg: RelayConfig) -> bool:
+    """Whether a language run's checkpoints are folders of every learner rank's shards
+    (`checkpoint.format`; auto: where the model is sharded, over learner.num_learners > 1)."""
+    fmt = cfg.checkpoint.format
+    return fmt == "sharded" or (fmt == "auto" and cfg.learner.num_learners > 1)
+
+
 def lm_settings(cfg: RelayConfig) -> LmSettings:
     """A language run's `learner.lm`, validated, its defaults filled."""
     return entry_section(cfg.learner, "learner", SECTION, LmSettings)

@@ -123,6 +123,32 @@ def load_full_optimizer_state(
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+def local_state(
+    module: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """What this rank holds of a module (its DTensor shards where sharded, the whole tensors where
+    not) and of its optimizer ({"state": {name: {...}}, "param_groups": [...]}, by parameter name;
+    empty without one): what each rank writes of a sharded checkpoint, and the layout one is read
+    into. No collective, no copy."""
+    model = cast(dict[str, torch.Tensor], get_model_state_dict(module))
+    optim = get_optimizer_state_dict(module, optimizer) if optimizer is not None else {}
+    return model, cast(dict[str, Any], optim)
+
+
+def set_local_state(
+    module: nn.Module,
+    model: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer | None = None,
+    optim_state: dict[str, Any] | None = None,
+    param_groups: list[dict[str, Any]] | None = None,
+) -> None:
+    """`local_state`'s layout, filled (from shards), into the module and its optimizer."""
+    set_model_state_dict(module, cast(dict[str, Any], model))
+    if optimizer is not None:
+        state = {"state": optim_state or {}, "param_groups": param_groups or []}
+        set_optimizer_state_dict(module, optimizer, cast(Any, state))
+
+
 def gather_rows(t: torch.Tensor) -> torch.Tensor:
     """Every rank's rows of `t` [b, ...], in rank order: [N * b, ...] (every rank has b rows)."""
     if world_size() == 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any, cast
 
 import ray
@@ -32,6 +33,7 @@ from ...services.runs.signals import signals_held
 
 
 class LocalBackend:
+    sharded_checkpoints = False  # an env learner's checkpoints are whole
     """Sampler and learner in this process: the same code as the actors, for debugging and tests."""
 
     def __init__(self, cfg: RelayConfig, env_spec: EnvSpec | None = None) -> None:
@@ -89,7 +91,8 @@ class LocalBackend:
     def worker_pids(self) -> list[int]:
         return []  # the sampler is the driver itself
 
-    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
+        assert shards is None, "an env learner's checkpoints are whole"
         return self.learner.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -110,6 +113,7 @@ class LocalBackend:
 
 
 class RayBackend:
+    sharded_checkpoints = False  # an env learner's checkpoints are whole (rank 0's)
     """Rollout worker actors + learner actors. Segments go worker -> learner by object ref.
 
     sync: each round, every worker samples once with the current weights (policy lag 0); the next
@@ -428,11 +432,12 @@ class RayBackend:
         for worker in [*self.workers, *self._retiring]:
             ray.kill(worker, no_restart=True)
 
-    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
         """The learner's state after the last round taken: the one `step(state_after=True)` asked
         for where that round was the last taken, else asked now (no round runs ahead then: the
         loop asks for the state ahead of every checkpoint a round runs ahead of, and takes every
         round left before the final one)."""
+        assert shards is None, "an env learner's checkpoints are whole"
         asked, self._state_after = self._state_after, None
         if asked is None or asked[1] != self._taken:
             asked = (self.learners.lead.state_dict.remote(), self._taken)

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ...contracts.config import RelayConfig
 from ...contracts.metrics import REWARD_FAULT_KINDS
 from ...contracts.prompts import rewards_input
 from ...contracts.rounds import RoundResult
-from ...learner.lm.settings import lm_settings
+from ...learner.lm.settings import lm_settings, sharded_checkpoints
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.lm.generator import create_generators, generator_count
 from ...rollout_workers.lm.reward_workers import RewardPool
@@ -85,6 +86,7 @@ class LanguageBackend:
     def __init__(self, cfg: RelayConfig, spec: None = None) -> None:
         self.cfg = cfg
         self.env_spec = None  # a language run has no env (its checkpoints record none)
+        self.sharded_checkpoints = sharded_checkpoints(cfg)
         self.remote = cfg.rollout.num_workers > 0
         self.learner: LanguageLearnerProxy | None = None
         self.rewards: RewardPool | None = None
@@ -386,13 +388,15 @@ class LanguageBackend:
     def worker_pids(self) -> list[int]:
         return []
 
-    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
         # Under overlap the next round's prompts are out being generated: not trained, not counted.
         in_flight = self._inflight is not None or self._ready is not None
-        state = self._learner.state_dict(in_flight, timeout_s)
+        state = self._learner.state_dict(in_flight, timeout_s, None if shards is None else str(shards))
         return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("shards") is not None:  # the ranks read the model from its shards, not these shapes
+            state = {k: v for k, v in state.items() if k != "model"}
         self._learner.load_state_dict(state)
         self._training = None  # the loop drained it before the restore
         self.completions = int(state.get("completions", 0))

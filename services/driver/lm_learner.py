@@ -73,10 +73,14 @@ class LanguageLearnerProxy:
         assert self.group is not None
         return self.group.each(lambda r: r.train.remote(rewards))
 
-    def state_dict(self, in_flight: bool, timeout_s: float | None = None) -> dict[str, Any]:
+    def state_dict(
+        self, in_flight: bool, timeout_s: float | None = None, shards: str | None = None
+    ) -> dict[str, Any]:
+        """The learner's state; with `shards`, every rank writes its shards there (rank 0's
+        answer then holds the rest)."""
         if self.local:
-            return self.local.state_dict(in_flight)
-        return self._all(lambda r: r.state_dict.remote(in_flight), timeout_s)
+            return self.local.state_dict(in_flight, shards)
+        return self._all(lambda r: r.state_dict.remote(in_flight, shards), timeout_s)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.local:

@@ -28,7 +28,7 @@ from ...services.driver.health import FleetLost
 from ...services.driver.memory import HostMemory
 from ...services.driver.notices import Notices
 from ...services.driver.progress import Progress
-from ...services.runs.checkpoints import load_newest_valid, write_learner_checkpoint
+from ...services.runs.checkpoints import load_newest_valid, write_learner_checkpoint, write_sharded_checkpoint
 from ...services.runs.run_dir import RunDir
 from ...services.runs.signals import STOP_CODES, raise_pending, signals_held, stop_reason
 from ...services.runs.sinks import MetricsSinks, truncate_metrics
@@ -58,6 +58,7 @@ class Backend(Protocol):
     """Where sampling and learning run (`services/driver/backends.py`)."""
 
     env_spec: EnvSpec | None  # None: a family without an env (a language run)
+    sharded_checkpoints: bool  # True: checkpoints are folders every learner rank writes its shards into
 
     @property
     def num_workers(self) -> int: ...
@@ -67,7 +68,11 @@ class Backend(Protocol):
     def taken(self) -> None: ...
     def stop_sampling(self) -> None: ...
     def worker_pids(self) -> list[int]: ...
-    def state_dict(self, timeout_s: float | None = None) -> dict[str, Any]: ...
+    def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
+        """The learner's state; `shards` (sharded checkpoints only): every learner rank writes its
+        shards there, and the state returned holds the rest."""
+        ...
+
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def restart_learner(self) -> None: ...
     def evaluation_runner(self) -> EvalRunner: ...
@@ -192,6 +197,13 @@ class TrainingLoop:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def checkpoint(self, timeout_s: float | None = None) -> Path:
+        if self.backend.sharded_checkpoints:
+            return write_sharded_checkpoint(
+                self.run.checkpoints,
+                self.cfg,
+                self.c,
+                lambda shards: self.backend.state_dict(timeout_s, shards),
+            )
         state = self.backend.state_dict(timeout_s)
         return write_learner_checkpoint(self.run.checkpoints, self.cfg, self.backend.env_spec, state, self.c)
 

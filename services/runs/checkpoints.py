@@ -1,8 +1,18 @@
 """Checkpoints: written atomically (temporary file, fsync, rename, directory fsync); the newest
 loadable one wins; one restore path for `relay resume` and for a learner that died mid-run.
 
-Loading is `torch.load(weights_only=True)` (tensors and plain containers, never pickled code)
-followed by the schema check of `contracts/checkpoint.py`.
+Two forms, one name each iteration:
+- `ckpt-<iteration>.pt`, one file: the learner's state whole (what one learner, or rank 0 after
+  gathering, holds);
+- `ckpt-<iteration>/`, a folder (a sharded learner, `checkpoint.format: sharded`): `shards/`, where
+  each learner rank wrote its own shards with torch.distributed.checkpoint (`learner/lm/shards.py`),
+  and `checkpoint.pt`, the rest of the state with the counters and config. It is written under a
+  temporary name and renamed into place once every shard is there, so a folder missing a shard
+  never carries a checkpoint's name.
+
+Loading is `torch.load(weights_only=True)` (tensors and plain containers, never pickled code), or
+for shards DCP's reader restricted to data, followed by the schema check of
+`contracts/checkpoint.py`.
 """
 
 from __future__ import annotations
@@ -10,8 +20,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
+import shutil
 import warnings
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,15 +33,20 @@ from ...contracts.checkpoint import Checkpoint, CheckpointError, RunCounters
 from ...contracts.config import RelayConfig, config_data
 from ...contracts.policy_groups import group_config, part_of
 from ...contracts.spaces import EnvSpec
+from ...contracts.torch_files import zip_entries_problem
 from ...learner.algorithms import algorithm_class
 from ...learner.learner import learner_state_problem
+from ...learner.lm import shards
 from ...learner.policy_groups import groups_state_problem
 from ...policy.causal_lm import build_language_policy
 from ...policy.models import build_policy, infer_env_spec, weights_mismatch
-from ...services.runs.files import atomic_write_with
+from ...services.runs.files import atomic_write_with, fsync_dir
 
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_NAME = re.compile(r"^ckpt-(\d+)(\.pt)?$")
+MANIFEST = "checkpoint.pt"  # a sharded checkpoint's own file: everything but the shards
+SHARDS = "shards"  # a sharded checkpoint's folder of shards
+SHARDS_KEY = "shards"  # where a loaded sharded checkpoint's learner state names its shards folder
 BEST_NAME = "best.pt"  # checkpoint.keep_best: the best evaluation's, never pruned
 SUPERSEDED = ".superseded"  # an unreadable checkpoint a resumed run reached again: kept, never listed
 
@@ -49,10 +65,74 @@ def write_learner_checkpoint(
     return save_checkpoint(folder, counters.iteration, ckpt.to_dict(), cfg.checkpoint.keep)
 
 
+def write_sharded_checkpoint(
+    folder: Path,
+    cfg: RelayConfig,
+    counters: RunCounters,
+    write_shards: Callable[[Path], dict[str, Any]],
+) -> Path:
+    """A sharded learner's checkpoint: `write_shards(shards)` has every rank write its shards
+    there and returns the rest of the state (no tensors of the model); the folder becomes
+    `ckpt-<iteration>/` only once the shards are whole and the state is written. A checkpoint
+    that fails is removed whole, and nothing older is touched."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(folder, counters.iteration).with_suffix("")
+    tmp = folder / f"{final.name}.tmp-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        state = write_shards(tmp / SHARDS)
+        problem = shards.problem(tmp / SHARDS)
+        if problem:
+            raise CheckpointError(
+                f"{final.name}: {problem} after every learner rank wrote its shards into {tmp}; a "
+                "sharded checkpoint needs the run folder on storage every learner node sees (or "
+                "checkpoint.format=whole)"
+            )
+        ckpt = Checkpoint({**state, "model": {}}, counters, config_data(cfg), None, family=cfg.family)
+        atomic_write_with(tmp / MANIFEST, lambda f: torch.save(ckpt.to_dict(), f))
+        fsync_dir(tmp / SHARDS)
+        _set_aside(folder, counters.iteration)
+        os.rename(tmp, final)
+        fsync_dir(folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(folder, counters.iteration, cfg.checkpoint.keep)
+    return final
+
+
 def list_checkpoints(folder: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temporary files are ignored)."""
-    found = [(n, p) for p in folder.glob("ckpt-*.pt") if (n := _iteration(p)) >= 0]
+    """Finished checkpoints, files and sharded folders, oldest first (temporary files and folders
+    and links are ignored)."""
+    found = [
+        (n, p)
+        for p in folder.glob("ckpt-*")
+        if (n := _iteration(p)) >= 0 and not p.is_symlink() and (p.is_dir() != p.name.endswith(".pt"))
+    ]
     return [p for _, p in sorted(found)]
+
+
+def _set_aside(folder: Path, iteration: int) -> None:
+    """A checkpoint of this iteration already there (a resume skipped it as unreadable) is set
+    aside as `<name>.superseded`, never overwritten."""
+    for old in (checkpoint_path(folder, iteration), checkpoint_path(folder, iteration).with_suffix("")):
+        if old.exists() and not old.is_symlink():
+            aside = old.with_name(old.name + SUPERSEDED)
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside)
+            os.replace(old, aside)
+
+
+def _prune(folder: Path, iteration: int, keep: int) -> None:
+    """Keep the newest `keep` checkpoints up to `iteration`. Later ones exist only when a resume
+    skipped them as unreadable: they are never pruned (pruning by name would keep them and delete
+    every good one)."""
+    upto = [p for p in list_checkpoints(folder) if _iteration(p) <= iteration]
+    for old in upto[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: int) -> Path:
@@ -64,12 +144,9 @@ def save_checkpoint(folder: Path, iteration: int, state: dict[str, Any], keep: i
     and one at this very name is set aside as `<name>.superseded`, not overwritten."""
     folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, iteration)
-    if final.is_file() and not final.is_symlink():
-        os.replace(final, final.with_name(final.name + SUPERSEDED))
+    _set_aside(folder, iteration)
     atomic_write_with(final, lambda f: torch.save(state, f))
-    upto = [p for p in list_checkpoints(folder) if _iteration(p) <= iteration]
-    for old in upto[:-keep]:
-        old.unlink(missing_ok=True)
+    _prune(folder, iteration, keep)
     return final
 
 
@@ -103,33 +180,34 @@ def read_data(path: Path) -> Any:
 
 
 def check_entries(path: Path) -> None:
-    """Refuse, before torch reads anything, a file whose contents would be larger than the file.
-
-    torch.save writes a zip of stored (uncompressed) entries; a deflated entry, or one declaring
-    more bytes than the file holds, is how a few MB become GBs in memory before torch's own checks
-    (a 2.9 MB file of deflated zeros cost 3.3 GB). torch's older, non-zip format is refused too:
-    it allocates every storage at the size the file declares before reading it."""
-    size = path.stat().st_size
-    try:
-        with zipfile.ZipFile(path) as z:
-            entries = z.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError):
-        raise CheckpointError(
-            f"{path.name} cannot be read as data (not torch's zip format; relay reads files saved "
-            "by torch >= 1.6)"
-        ) from None
-    for info in entries:
-        stored = info.compress_type == zipfile.ZIP_STORED and info.file_size == info.compress_size
-        if not stored or info.header_offset + info.compress_size > size:
-            raise CheckpointError(
-                f"{path.name} cannot be read as data (entry {info.filename[:80]!r} declares "
-                f"{info.file_size} bytes from {info.compress_size} in a {size}-byte file; torch "
-                "writes uncompressed entries within the file only)"
-            )
+    """Refuse, before torch reads anything, a file whose contents would be larger than the file
+    (`contracts/torch_files.py`)."""
+    with path.open("rb") as f:
+        problem = zip_entries_problem(f, path.stat().st_size)
+    if problem:
+        raise CheckpointError(f"{path.name} cannot be read as data ({problem})")
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
-    return Checkpoint.from_dict(read_data(path))
+    """A checkpoint file, or a sharded checkpoint's folder: its state, with the model's tensors
+    as meta tensors of their saved shapes (read from the shards' index, for the checks a config
+    is held to) and `SHARDS_KEY` naming the shards for the learner ranks to load."""
+    if not path.is_dir():
+        raw = read_data(path)
+        if isinstance(raw, dict) and isinstance(raw.get("learner"), dict):
+            raw["learner"].pop(SHARDS_KEY, None)  # only a folder's own shards are ever read
+        return Checkpoint.from_dict(raw)
+    manifest = path / MANIFEST
+    if not manifest.is_file() or manifest.is_symlink():
+        raise CheckpointError(f"{path.name}/{MANIFEST} is missing")
+    raw = read_data(manifest)
+    problem = shards.problem(path / SHARDS)
+    if problem:
+        raise CheckpointError(f"{path.name}: {problem}")
+    if isinstance(raw, dict) and isinstance(raw.get("learner"), dict):
+        raw["learner"]["model"] = shards.shapes(path / SHARDS, "model")
+        raw["learner"][SHARDS_KEY] = str((path / SHARDS).resolve())
+    return Checkpoint.from_dict(raw)
 
 
 def load_newest_valid(

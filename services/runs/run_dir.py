@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import sys
 import time
@@ -242,11 +243,17 @@ class RunDir:
         atomic_write(self.config_path, dump_config(cfg).encode("utf-8"))
 
     def clean_stale_tmp(self) -> list[Path]:
-        """Remove `*.tmp` files a killed writer left behind; returns what was removed (unlink removes
-        a link itself, never what it points to)."""
+        """Remove `*.tmp` files and the `ckpt-*.tmp-*` folders of sharded checkpoints a killed
+        writer left behind; returns what was removed (unlink removes a link itself, never what it
+        points to; a folder is removed only when it is one, not a link to one)."""
         stale = [
             p for folder in (self.root, self.checkpoints) if folder.is_dir() for p in folder.glob("*.tmp")
         ]
+        if self.checkpoints.is_dir():
+            stale += list(self.checkpoints.glob("ckpt-*.tmp-*"))
         for p in stale:
-            p.unlink(missing_ok=True)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
         return stale

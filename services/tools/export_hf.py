@@ -23,15 +23,19 @@ import torch
 
 from ...contracts.checkpoint import Checkpoint, CheckpointError
 from ...contracts.config import LANGUAGE_FAMILY, LoraConfig
+from ...learner.lm import shards
 from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy
-from ...services.runs.checkpoints import load_checkpoint, load_newest_valid
+from ...policy.models import weights_mismatch
+from ...services.runs.checkpoints import MANIFEST, SHARDS_KEY, load_checkpoint, load_newest_valid
 from ...services.runs.files import OutputError
 
 
 def language_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
     """(the checkpoint file, its contents) of a run directory (its newest valid checkpoint) or a
     checkpoint file; CheckpointError (one line) when it is no language run's."""
-    if path.is_dir():
+    if path.is_dir() and (path / MANIFEST).exists():  # a sharded checkpoint's folder
+        file, ckpt = path, load_checkpoint(path)
+    elif path.is_dir():
         found = load_newest_valid(path / "checkpoints")
         if found is None:
             raise CheckpointError(f"{path}: no valid checkpoint (a run directory has checkpoints/ckpt-N.pt)")
@@ -118,7 +122,17 @@ def trained_policy(file: Path, ckpt: Checkpoint) -> tuple[CausalLMPolicy, Any]:
             f"{file} was trained from model.path={source}, which cannot be read now: {err}"
         ) from None
     try:
-        policy.load_state_dict(ckpt.learner["model"])
+        if ckpt.learner.get(SHARDS_KEY) is not None:  # read whole from every rank's shards
+            problem = weights_mismatch(policy.state_dict(), ckpt.learner["model"])
+            if problem:
+                raise RuntimeError(problem)
+            state = {"model": policy.state_dict()}
+            shards.load(state, Path(ckpt.learner[SHARDS_KEY]))
+            policy.load_state_dict(state["model"])
+        else:
+            policy.load_state_dict(ckpt.learner["model"])
+    except shards.ShardError as err:
+        raise CheckpointError(f"{file}: {err}") from None
     except (RuntimeError, KeyError) as err:
         raise CheckpointError(
             f"{file}: its weights do not fit {source} ({str(err).splitlines()[0][:200]})"

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from relay_rl.contracts.checkpoint import Checkpoint
+from relay_rl.learner.lm import shards
 from relay_rl.services.cli import main
-from relay_rl.services.runs.checkpoints import load_newest_valid
+from relay_rl.services.runs.checkpoints import SHARDS_KEY, load_newest_valid
 from tests.lm_helpers import sums_rows, tiny_model_folder, write_jsonl
 
 pytestmark = pytest.mark.ray
@@ -52,7 +54,18 @@ def _run(folder: Path, name: str, *sets: str) -> tuple[list[dict], dict[str, tor
     assert main(args) == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     _, ckpt = load_newest_valid(run / "checkpoints")
-    return lines, ckpt.learner["model"]
+    return lines, whole_weights(ckpt)
+
+
+def whole_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """A checkpoint's model weights, whole: a sharded checkpoint's read from its shards in this one
+    process (DCP reshards every rank's pieces into whole tensors)."""
+    folder = ckpt.learner.get(SHARDS_KEY)
+    if folder is None:
+        return ckpt.learner["model"]
+    state = {"model": {k: torch.empty(t.shape, dtype=t.dtype) for k, t in ckpt.learner["model"].items()}}
+    shards.load(state, Path(folder))
+    return state["model"]
 
 
 def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeypatch):
@@ -73,6 +86,9 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
         assert a["policy_loss"] == pytest.approx(b["policy_loss"], abs=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert set(w1) == set(w2)
+    # the sharded run's checkpoint is a folder in which each rank wrote its own shards
+    ckpt = tmp_path / "runs" / "two" / "checkpoints" / "ckpt-00000005"
+    assert sorted(p.name for p in (ckpt / "shards").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6  # 1.2e-7 measured
     # each rank holds about half the parameters; the whole model is the one learner's
     assert two[-1]["model_param_bytes"] == one[-1]["model_param_bytes"]
@@ -90,7 +106,7 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
         main(["export", str(tmp_path / "runs" / "two"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     )
     assert (tmp_path / "hf" / "config.json").is_file()
-    # the sharded run resumes at N=1 from its whole-tensor checkpoint, and goes on learning
+    # the sharded run resumes at N=1 from its shards (read whole), and goes on learning
     assert (
         main(
             [
@@ -106,8 +122,9 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
     )
     lines = (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["iteration"] for x in lines] == list(range(1, 8))
-    # and the single learner's run resumes on two ranks (each loads the whole tensors, keeps its
-    # shards): its 6th and 7th updates are the ones the sharded run resumed at N=1 made
+    # and the single learner's run resumes on two ranks from its whole file (each rank loads the
+    # whole tensors, keeps its shards): its 6th and 7th updates are the ones the sharded run
+    # resumed at N=1 made
     assert (
         main(
             [

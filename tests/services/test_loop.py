@@ -22,6 +22,7 @@ class FakeBackend:
     """Rounds from a script: `rounds(i)` gives round i's result, or raises."""
 
     env_spec = EnvSpec((4,), ActionSpec("discrete", 2))
+    sharded_checkpoints = False
     num_workers = 3
 
     def __init__(self, rounds: Callable[[int], RoundResult]) -> None:
