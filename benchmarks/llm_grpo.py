@@ -405,6 +405,10 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
     from relay_rl.learner.lm.learner import LanguageLearner
     from relay_rl.learner.lm.sharding import DTensor
 
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
     torch.set_num_threads(1)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cfg = RelayConfig.model_validate(_sharded_config(folder, world))
@@ -412,6 +416,12 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
     if world > 1:
         init_group(learner.dev, rank, world, "127.0.0.1", port, 600)
         learner.shard(rank, world)
+    grads: list[int] = []  # the gradient bytes at each step (the learner frees them after it)
+    learner.optimizer.register_step_post_hook(
+        lambda opt, *_: grads.append(
+            sum(local(p.grad) for g in opt.param_groups for p in g["params"] if p.grad is not None)
+        )
+    )
     rates = []
     for _ in range(2):
         learner.generate_round()
@@ -420,18 +430,13 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
         )
         rates.append(metrics["tokens_per_s_per_device"])
 
-    def local(t: torch.Tensor) -> int:
-        t = t.to_local() if isinstance(t, DTensor) else t
-        return t.numel() * t.element_size()
-
     params = sum(local(p) for p in learner.policy.parameters())
-    grads = sum(local(p.grad) for p in learner.policy.parameters() if p.grad is not None)
     state = sum(local(v) for s in learner.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     Path(out).write_text(
         json.dumps(
             {
-                "held": params + grads + state,
+                "held": params + max(grads) + state,
                 "params": params,
                 "peak_rss": (peak - base) * 1024,
                 "tokens_per_s_per_device": rates[-1],
@@ -466,7 +471,9 @@ def _sharded_config(folder: str, world: int) -> dict[str, Any]:
 def sharded(layers: int) -> None:
     """The language learner on one rank and sharded over two (FSDP2, gloo, one process each, one
     thread each): the parameter + gradient + optimizer bytes a rank holds, its peak RSS over the
-    process's own start, tokens/s per device, and the memory estimate beside them."""
+    process's own start (rank 0's, which reads the whole model once and hands each rank its
+    shards, and the last rank's, which never holds it whole), tokens/s per device, and the memory
+    estimate beside them."""
     import socket
 
     import torch.multiprocessing as mp
@@ -497,7 +504,7 @@ def sharded(layers: int) -> None:
                 proc.join()
             got = [json.loads(Path(o).read_text()) for o in outs]
             est = memory_estimate(RelayConfig.model_validate(_sharded_config(str(folder), world)))
-            rows.append((world, got[0], est))
+            rows.append((world, got[0], est, got[-1]))
     params = rows[0][1]["params"] // 4
     print(
         machine_header(
@@ -514,6 +521,7 @@ def sharded(layers: int) -> None:
                 "held / N=1",
                 "estimate: weights+grads+optimizer (MB)",
                 "peak RSS rank 0 (MB)",
+                "peak RSS last rank (MB)",
                 "estimate: peak (MB)",
                 "tokens/s per device",
             ],
@@ -524,10 +532,11 @@ def sharded(layers: int) -> None:
                     got["held"] / one["held"],
                     (est.weights + est.gradients + est.optimizer) / 2**20,
                     got["peak_rss"] / 2**20,
+                    last["peak_rss"] / 2**20,
                     est.peak / 2**20,
                     got["tokens_per_s_per_device"],
                 ]
-                for world, got, est in rows
+                for world, got, est, last in rows
             ],
         )
     )

@@ -167,6 +167,12 @@ def eos_ids(tokenizer: Any, model: torch.nn.Module) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
+def folder_weights(path: str) -> dict[str, Tensor]:
+    """model.path's weights as a policy's state (keys `model.<name>`), on the CPU: what rank 0
+    of a sharded learner loads and hands out (`learner/lm/sharding.py` load_from_rank0)."""
+    return {f"model.{k}": v for k, v in load_causal_lm(path).state_dict().items()}
+
+
 def with_lora(model: nn.Module, lora: Any) -> nn.Module:
     """`model` with peft LoRA adapters (`lora`: contracts.config.LoraConfig); only they train."""
     from peft import LoraConfig, get_peft_model
@@ -181,19 +187,28 @@ def with_lora(model: nn.Module, lora: Any) -> nn.Module:
     return get_peft_model(model, spec)
 
 
-def build_language_policy(cfg: Any, meta: bool = False) -> tuple[CausalLMPolicy, Any]:
+def build_language_policy(cfg: Any, meta: bool = False, empty: bool = False) -> tuple[CausalLMPolicy, Any]:
     """(the policy of a language run's config, its tokenizer): model.path's model, with LoRA
     adapters where model.lora is set. `meta`: the architecture only, on the meta device (for
-    shape checks: no weights read, no memory)."""
+    shape checks: no weights read, no memory). `empty`: the parameters on the meta device and
+    the buffers computed (rotary frequencies and the like, which no weights file holds): for a
+    learner rank that is sharded first and given its shards of the weights after
+    (`learner/lm/sharding.py` load_from_rank0)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     tok = load_tokenizer(cfg.model.path)
-    if meta:
+    if meta or empty:
         config = AutoConfig.from_pretrained(
             str(cfg.model.path), local_files_only=True, trust_remote_code=False
         )
-        with torch.device("meta"):
+        # accelerate (a dependency of peft) is what transformers itself builds empty models with.
+        from accelerate import init_empty_weights
+
+        with torch.device("meta") if meta else init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config)
+        # accelerate registers each parameter anew on the meta device, the tied head's too: tie
+        # it to its embeddings again, out of its hold.
+        model.tie_weights()
     else:
         model = load_causal_lm(cfg.model.path)
     if cfg.model.lora is not None:

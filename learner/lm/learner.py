@@ -37,6 +37,7 @@ from ...policy.causal_lm import (
     build_language_policy,
     complete,
     completion_ids,
+    folder_weights,
 )
 from ...policy.compiling import counting_compile
 from ...policy.decoders import DecodeSetup, build_decoder
@@ -65,8 +66,13 @@ class LanguageLearner:
         self.dev = resolve_device(lc.device, lc.npu_ids)
         torch.manual_seed(language_seed(cfg))
         assert cfg.model.path is not None
-        self.policy, self.tokenizer = build_language_policy(cfg)
-        self.policy.to(self.dev.device)
+        # A rank of a sharded learner builds the model empty and takes its shards of the weights
+        # once sharded (`shard`): the whole model is read once, by rank 0, not once per rank.
+        # (With LoRA the adapters are drawn as the model is built: each rank builds it whole.)
+        self.deferred = lc.num_learners > 1 and cfg.model.lora is None
+        self.policy, self.tokenizer = build_language_policy(cfg, empty=self.deferred)
+        if not self.deferred:
+            self.policy.to(self.dev.device)
         if lc.grad_checkpointing:
             self.policy.set_checkpointing(True)
         # A KL coefficient of 0 loads no reference model: half the memory, one forward pass less;
@@ -131,7 +137,8 @@ class LanguageLearner:
 
     def shard(self, rank: int, world: int) -> None:
         """Shard the policy (and a reference model) over the learner group this rank has joined
-        (`learner/lm/sharding.py`: FSDP2); the optimizer is made anew over the shards. From now on
+        (`learner/lm/sharding.py`: FSDP2), an empty one given its shards of model.path's weights
+        from rank 0; the optimizer is made anew over the shards. From now on
         this learner samples and trains rows [rank * B / world, (rank + 1) * B / world) of each
         round of B rows: whole groups."""
         self.rank, self.world = rank, world
@@ -141,6 +148,13 @@ class LanguageLearner:
         sharding.shard(self.policy, self.policy.lm, self.dev.type, mixed)
         if self.reference is not None:
             sharding.shard(self.reference, self.reference.lm, self.dev.type, mixed)
+        if self.deferred:
+            assert self.cfg.model.path is not None
+            full = folder_weights(self.cfg.model.path) if rank == 0 else {}
+            for module in (self.policy, self.reference):
+                if module is not None:
+                    sharding.materialize(module, self.dev.device, full)
+            del full
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = self.dev.adam(trainable, self.cfg.learner.lr, eps=1e-8)
         self.sharded = True
@@ -496,6 +510,9 @@ class LanguageLearner:
                 for k, v in self._backward(r, s, adv[s], weights[s], old_logp, ref_logp, iw).items():
                     sums[k] = sums.get(k, 0.0) + v
             grad_norms.append(self._step())
+        # Gradients are not kept past the update: generation and the round's other phases have
+        # the memory instead (the estimate, `learner/lm/memory.py`, counts them in the update only).
+        self.optimizer.zero_grad(set_to_none=True)
         sums = sharding.sum_across(sums, dev)  # each rank's share of the round's statistics
         self.updates += 1
         self.version += 1

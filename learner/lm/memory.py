@@ -9,6 +9,8 @@ The terms (bytes per device, N ranks sharding with FSDP2, N = 1 holding everythi
 - reference: a KL reference model's float32 copy, P * 4 / N (none with LoRA, or kl_coef 0);
 - gathered: what FSDP unshards at once in the update, the root unit and two blocks (the one
   computing and the one prefetched), in the gathered dtype (bf16 under autocast, else float32);
+- reduced: the whole gradients of the units not yet reduce-scattered in the backward pass, the
+  root unit's (from the head's backward, first, to the embeddings', last) and a block's, float32;
 - activations: a micro-batch's learner.lm.micro_batch_tokens through the blocks (with gradient
   checkpointing only each block's input is kept, plus one block's inside), float32;
 - logits: one chunk of learner.lm.logprob_chunk positions' [rows, chunk, vocab] logits, three
@@ -16,7 +18,8 @@ The terms (bytes per device, N ranks sharding with FSDP2, N = 1 holding everythi
 - generation: the whole model gathered (N > 1), the KV cache of this rank's rows over prompt and
   completion, and a step's [rows, vocab] logits and noise.
 The peak is the larger phase: the update (weights, gradients, optimizer, reference, gathered,
-activations, logits) or generation (weights, optimizer, reference, generation). It is an estimate:
+reduced, activations, logits) or generation (weights, optimizer, reference, generation: the
+learner frees its gradients after each update). It is an estimate:
 allocator slack, the framework's own buffers and fragmentation come on top.
 """
 
@@ -85,6 +88,7 @@ class MemoryEstimate:
     optimizer: int
     reference: int
     gathered: int
+    reduced: int
     activations: int
     logits: int
     generation: int
@@ -97,6 +101,7 @@ class MemoryEstimate:
             + self.optimizer
             + self.reference
             + self.gathered
+            + self.reduced
             + self.activations
             + self.logits
         )
@@ -113,7 +118,17 @@ class MemoryEstimate:
         return f"peak {gib(self.peak)} ({terms})"
 
 
-TERMS = ("weights", "gradients", "optimizer", "reference", "gathered", "activations", "logits", "generation")
+TERMS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "reference",
+    "gathered",
+    "reduced",
+    "activations",
+    "logits",
+    "generation",
+)
 
 
 def estimate(arch: Architecture, s: Settings) -> MemoryEstimate:
@@ -137,6 +152,7 @@ def estimate(arch: Architecture, s: Settings) -> MemoryEstimate:
         optimizer=arch.trainable * 8 // n,
         reference=arch.parameters * 4 // n if s.reference else 0,
         gathered=(root + 2 * block) * half_bytes if n > 1 else 0,
+        reduced=(root + block) * 4 if n > 1 and arch.trainable == arch.parameters else 0,
         activations=activations,
         logits=micro_rows * min(s.logprob_chunk, s.new_tokens) * arch.vocab * 4 * 3,
         generation=(arch.parameters * half_bytes if n > 1 else 0) + kv + rows * arch.vocab * 4 * 2,

@@ -75,6 +75,21 @@ def shard(policy: nn.Module, model: Any, device_type: str, mixed: bool) -> nn.Mo
     return policy
 
 
+def materialize(module: nn.Module, device: torch.device, full: dict[str, torch.Tensor]) -> None:
+    """A module sharded while empty (its parameters on the meta device), given memory on `device`
+    and its shards of `full`, the whole weights rank 0 read (every other rank passes {}: rank 0
+    sends each tensor in turn, each rank keeps its shard; a collective). Buffers no weights file
+    holds (rotary frequencies) were computed as it was built, and are kept."""
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for name, b in module.named_buffers():
+            b.copy_(buffers[name])
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    # a copy: torch puts this rank's shards into the dict it is given, in place of the whole
+    set_model_state_dict(module, dict(full), options=options)
+
+
 def units(policy: nn.Module) -> list[Any]:
     """The FSDP units of a sharded policy (the root and its blocks)."""
     return [m for m in policy.modules() if isinstance(m, FSDPModule)]
