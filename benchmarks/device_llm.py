@@ -8,8 +8,9 @@ random weights, nothing downloaded) on the device, beside transformers' `generat
    transformers `generate`, relay's eager KV-cache loop and its compiled static-cache step
    (inductor; on cuda also inductor with CUDA graphs), tokens/s, compile seconds, compiles;
 2. relay's learner, a round of 8 prompts x 8 completions of 256 tokens, with and without
-   gradient checkpointing: generated and trained tokens/s, the device's peak memory, and
-   `compiles` over rounds of prompts of many lengths (flat after the first round);
+   gradient checkpointing, and sharded by FSDP2 over a group of this one device (the sharded
+   learner's path): generated and trained tokens/s, the device's peak memory, and `compiles`
+   over rounds of prompts of many lengths (flat after the first round);
 3. TRL's GRPOTrainer on the same folder, batch and lengths: seconds per step and tokens/s.
 
 --quick runs the tiny test model instead, at 8 rows x 16 tokens, compiled through aot_eager on the
@@ -144,7 +145,10 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
 
     prompts = write_jsonl(root / "prompts.jsonl", _prompt_rows())
     out = []
-    for ckpt in (False, True):
+    # plain, with gradient checkpointing, and sharded with FSDP2 over a group of this one device
+    # (the path learner.num_learners > 1 takes, on the one device a check is lent; eager decoding,
+    # as the sharded learner decodes)
+    for ckpt, fsdp in ((False, False), (True, False), (False, True)):
         cfg = RelayConfig.model_validate(
             {
                 "model": {"kind": "causal_lm", "path": str(folder)},
@@ -155,7 +159,7 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
                     "max_prompt_tokens": 16,
                     "shuffle": False,
                 },
-                "generation": {"max_new_tokens": new, "compile": True, "prompt_buckets": [4, 8, 16]},
+                "generation": {"max_new_tokens": new, "compile": not fsdp, "prompt_buckets": [4, 8, 16]},
                 "learner": {
                     "group_size": GROUP,
                     "device": device,
@@ -165,6 +169,9 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
             }
         )
         learner = LanguageLearner(cfg)
+        if fsdp:
+            _one_rank_group(learner)
+            learner.shard(0, 1)
         compiles, widths = [], set()
         gen_rate = train_rate = 0.0
         peak, step_s = 0, float("inf")
@@ -183,20 +190,24 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
         mib = f"{peak / 2**20:,.0f}" if peak else "n/a on cpu"
         out.append(
             [
+                "fsdp2, 1 rank" if fsdp else "-",
                 "on" if ckpt else "off",
                 learner.describe()["precision"],
                 f"{gen_rate:,.0f}",
                 f"{train_rate:,.0f}",
                 f"{step_s:.2f}",
                 mib,
-                " ".join(str(c) for c in compiles),
+                "eager" if fsdp else " ".join(str(c) for c in compiles),
                 " ".join(str(w) for w in sorted(widths)),
             ]
         )
         del learner
+        if fsdp:
+            torch.distributed.destroy_process_group()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     head = [
+        "sharding",
         "grad checkpointing",
         "precision",
         "generated tok/s",
@@ -207,6 +218,18 @@ def training(folder: Path, root: Path, device: str, rows: int, new: int, quick: 
         "prompt widths",
     ]
     return f"{rows // GROUP} prompts x {GROUP} completions, {new} new tokens\n" + table(head, out)
+
+
+def _one_rank_group(learner: Any) -> None:
+    """A process group of this process alone, on the learner's device's backend."""
+    import socket
+
+    from relay_rl.learner.distributed import init_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init_group(learner.dev, 0, 1, "127.0.0.1", port, timeout_s=300)
 
 
 def trl_beside(folder: Path, device: str, rows: int, new: int, quick: bool) -> str:

@@ -51,6 +51,7 @@ def test_the_device_check_runs_on_a_cpu_and_says_what_it_skipped(tmp_path):
     # prompt widths, TRL beside them.
     assert " relay compiled (aot_eager) |" in out and " transformers generate |" in out
     assert out.count("|             1 1 1 |        4 8 16 |") == 2
+    assert "| fsdp2, 1 rank |" in out  # the sharded learner's path on the one device
     assert "| TRL GRPOTrainer |" in out and "1 1 1 |" in out
 
 

@@ -142,8 +142,8 @@ class LanguageLearner:
         this learner samples and trains rows [rank * B / world, (rank + 1) * B / world) of each
         round of B rows: whole groups."""
         self.rank, self.world = rank, world
-        if world == 1:
-            return
+        if world == 1 and not torch.distributed.is_initialized():
+            return  # one learner alone; a group of one (the device check's FSDP2 row) is sharded
         mixed = self.amp and self.amp_dtype == "bfloat16"
         sharding.shard(self.policy, self.policy.lm, self.dev.type, mixed)
         if self.reference is not None:
