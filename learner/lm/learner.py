@@ -126,6 +126,7 @@ class LanguageLearner:
         # round's B (`shard`; one learner alone holds every row).
         self.rank, self.world = 0, 1
         self.sharded = False
+        self._bytes: dict[str, int] | None = None  # `_param_bytes`, measured at the first update
         self._round: dict[str, torch.Tensor] | None = None
         self._pending: dict[str, Any] | None = None
         self._order_before: dict[str, int] | None = None  # the prompt order before the last prepare_round
@@ -546,12 +547,20 @@ class LanguageLearner:
             "trained_tokens_per_s": trained_tokens / max(update_s, 1e-9),
             # NeMo-RL's: trained tokens / step seconds / devices
             "tokens_per_s_per_device": trained_tokens / max(update_s, 1e-9) / self.world,
-            "learner_param_bytes": sharding.local_bytes(self.policy),
-            "model_param_bytes": sharding.model_bytes(self.policy),
+            **self._param_bytes(),
             "learner_samples_per_s": mask.shape[0] * n_epochs / max(update_s, 1e-9),
             **self.decoder.counts(),
             **({"update_compiles": self.update_compiles} if lc.compile else {}),
         }
+
+    def _param_bytes(self) -> dict[str, int]:
+        """The parameter bytes this rank holds and the whole model's (fixed once sharded)."""
+        if self._bytes is None:
+            self._bytes = {
+                "learner_param_bytes": sharding.local_bytes(self.policy),
+                "model_param_bytes": sharding.model_bytes(self.policy),
+            }
+        return self._bytes
 
     # ---- weights and state --------------------------------------------------------------------
     def export_hf(self, folder: str) -> None:

@@ -6,6 +6,8 @@ tokenizer, the prompt files and the rewards as data; its algorithms are the adva
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ....contracts.config import RelayConfig
@@ -91,13 +93,32 @@ def check(cfg: RelayConfig, address: str | None) -> None:
     check_fits(cfg, address)
 
 
+def architecture(cfg: RelayConfig) -> Architecture:
+    """model.path's architecture (with its LoRA adapters), built on the meta device once per
+    folder state and adapters: `relay validate` and the start of a run ask for it twice."""
+    assert cfg.model.path is not None
+    folder = Path(cfg.model.path).resolve()
+    config_file = folder / "config.json"
+    stamp = config_file.stat().st_mtime_ns if config_file.is_file() else 0
+    lora = None if cfg.model.lora is None else cfg.model.lora.model_dump_json()
+    key = (str(folder), stamp, lora)  # a rewritten config, or other adapters, are built anew
+    if key not in _ARCHITECTURES:
+        from transformers import AutoConfig
+
+        policy, _ = build_language_policy(cfg, meta=True)
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+        if len(_ARCHITECTURES) >= 4:
+            _ARCHITECTURES.pop(next(iter(_ARCHITECTURES)))
+        _ARCHITECTURES[key] = Architecture.of(policy, config.get_text_config())
+    return _ARCHITECTURES[key]
+
+
+_ARCHITECTURES: dict[tuple[str, int, str | None], Architecture] = {}
+
+
 def memory_estimate(cfg: RelayConfig) -> MemoryEstimate:
     """The learner's memory per device (`learner/lm/memory.py`), from model.path's architecture
     on the meta device and the run's settings."""
-    from transformers import AutoConfig
-
-    policy, _ = build_language_policy(cfg, meta=True)
-    config = AutoConfig.from_pretrained(str(cfg.model.path), local_files_only=True, trust_remote_code=False)
     lc, lm = cfg.learner, lm_settings(cfg)
     half = lc.amp_dtype == "bfloat16" and (
         lc.use_amp is True or (lc.use_amp == "auto" and not lc.device.startswith("cpu"))
@@ -113,7 +134,7 @@ def memory_estimate(cfg: RelayConfig) -> MemoryEstimate:
         prompt_tokens=cfg.prompts.max_prompt_tokens,
         new_tokens=cfg.generation.max_new_tokens,
     )
-    return estimate(Architecture.of(policy, config.get_text_config()), settings)
+    return estimate(architecture(cfg), settings)
 
 
 def describe_memory(cfg: RelayConfig) -> str:
