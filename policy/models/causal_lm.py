@@ -36,6 +36,8 @@ LANGUAGE_METRICS = MetricKeys(
         "logprob_s": "seconds the learner spent on the old policy's log-probs before the update",
         "reference_s": "seconds the learner spent on the reference's log-probs (learner.kl_coef > 0)",
         "weight_sync_s": "seconds to send the new weights to the generators (generation.placement=workers)",
+        "weight_sync_bytes": "bytes of the new weights the generators received, all of them together "
+        "(generation.placement=workers)",
         "gen_tokens_per_s": "completion tokens generated per second of generation",
         "trained_tokens_per_s": "completion tokens the update trained on per second of update",
         "tokens_per_s_per_device": "trained tokens / update seconds / learner devices (NeMo-RL's throughput "

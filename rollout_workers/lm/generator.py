@@ -56,9 +56,10 @@ class Generator:
             )
         )
 
-    def set_weights(self, version: int, weights: list[Any]) -> float:
+    def set_weights(self, version: int, weights: list[Any]) -> tuple[float, int]:
         """Load weights `version` ([object ref] or [state dict]); returns the seconds it took to
-        receive and load them (what `weight_sync_s` reports when the sync overlaps generation)."""
+        receive and load them (what `weight_sync_s` reports when the sync overlaps generation)
+        and the bytes received (`weight_sync_bytes`)."""
         t0 = time.perf_counter()
         packed = weights[0]
         if isinstance(packed, ray.ObjectRef):
@@ -66,7 +67,7 @@ class Generator:
         # With LoRA only the adapters come: the base is the one model.path holds.
         load_weights(self.policy, self.wire.unpack(packed), strict=not self.policy.lora)
         self.version = version
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, int(self.wire.nbytes(packed))
 
     def generate(self, version: int, ids: np.ndarray, mask: np.ndarray) -> dict[str, Any]:
         """Completions of left-padded prompts ids/mask [b, P] with weights `version`: tokens,

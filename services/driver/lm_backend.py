@@ -135,18 +135,19 @@ class LanguageBackend:
         mode = "language" + ("" if self.remote else " (local)")
         return {"mode": mode, "workers": n, "fleet": fleet, **info}
 
-    def _sync_weights(self, wait: bool = True) -> float:
-        """Send the learner's weights to every generator, once per version; the seconds it took.
-        wait=False (overlap): the sync is queued behind each generator's round in flight and the
-        next `_receive` reports the generators' own seconds."""
+    def _sync_weights(self, wait: bool = True) -> dict[str, float | int | None]:
+        """Send the learner's weights to every generator, once per version: the seconds it took
+        (`weight_sync_s`) and the bytes the generators received (`weight_sync_bytes`). wait=False
+        (overlap): the sync is queued behind each generator's round in flight and the next
+        `_receive` reports the generators' own seconds."""
         t0 = time.perf_counter()
         ref = self._learner.actor.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
         refs = [g.set_weights.remote(self.version, [ref]) for g in self.generators]
         if not wait:
             self._syncing = refs
-            return 0.0
-        ray.get(refs)
-        return time.perf_counter() - t0
+            return {}
+        got = ray.get(refs)
+        return {"weight_sync_s": time.perf_counter() - t0, "weight_sync_bytes": sum(b for _, b in got)}
 
     def _dispatch(self) -> _Dispatched:
         """The learner's next prompts handed to the generators, whole groups each, to sample with
@@ -283,11 +284,12 @@ class LanguageBackend:
             if self.overlap:
                 # The last version's sync is done by now (each generator loads it before sampling
                 # the round just dispatched): its seconds as the generators timed them.
-                synced = [float(x) for x in ray.get(self._syncing)]
+                synced = ray.get(self._syncing)
                 self._sync_weights(wait=False)
-                metrics["weight_sync_s"] = max(synced) if synced else None
+                metrics["weight_sync_s"] = max(float(s) for s, _ in synced) if synced else None
+                metrics["weight_sync_bytes"] = sum(int(b) for _, b in synced)
             else:
-                metrics["weight_sync_s"] = self._sync_weights()
+                metrics.update(self._sync_weights())
         return self._count(self._training or _Training(None, gens, scores, reward_s, gen_s, t2), metrics)
 
     def _count(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:

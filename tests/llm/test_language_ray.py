@@ -98,6 +98,10 @@ def test_generation_on_worker_actors_with_weights_by_version(local_ray, tmp_path
     last = sum(x["reward_mean"] for x in lines[-4:]) / 4
     assert last > first + 0.3, (first, last)
     assert all(x["policy_lag_mean"] == 0 and x["weight_sync_s"] > 0 for x in lines)
+    # each version's payload: every parameter in bf16 (half the learner's float32 bytes) at least,
+    # the same size every version
+    sent = {x["weight_sync_bytes"] for x in lines}
+    assert len(sent) == 1 and sent.pop() >= lines[0]["model_param_bytes"] // 2
     # bf16 weights on the wire, float32 sampling, the learner's bf16 autocast: a small gap.
     assert all(0 < x["gen_logp_gap"] < 0.05 and abs(x["is_weight_mean"] - 1) < 0.05 for x in lines)
 
@@ -117,7 +121,7 @@ def test_one_step_off_policy_generation_overlaps_the_update_and_learns(local_ray
     last = sum(x["reward_mean"] for x in lines[-4:]) / 4
     assert last > first + 0.3, (first, last)
     assert lines[0]["policy_lag_mean"] == 0 and all(x["policy_lag_mean"] == 1 for x in lines[1:])
-    assert all(x["weight_sync_s"] > 0 for x in lines[2:])
+    assert all(x["weight_sync_s"] > 0 and x["weight_sync_bytes"] > 0 for x in lines[2:])
     # One version of staleness on top of bf16 weights: still a small gap, weights near 1.
     assert all(0 < x["gen_logp_gap"] < 0.2 and abs(x["is_weight_mean"] - 1) < 0.2 for x in lines)
     # The final checkpoint's prompt order is where the trained rounds left it: the round out being
