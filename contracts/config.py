@@ -1044,7 +1044,6 @@ def _sharded_language_problems(cfg: RelayConfig) -> list[str]:
         )
     lm = lrn.entry_data("lm") or {}
     later = [
-        (gen.placement != "learner", "generation.placement=workers"),
         (gen.backend not in ("relay", "eager"), f"generation.backend={gen.backend}"),
         (gen.compile, "generation.compile=true"),
         (lrn.compile, "learner.compile=true"),

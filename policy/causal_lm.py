@@ -392,10 +392,11 @@ class CausalLMPolicy(nn.Module):
     def acting_weights(self) -> dict[str, Tensor]:
         """What changes as it trains: every weight, or only the LoRA adapters' (the base is frozen
         and every generator loaded it from model.path)."""
-        state = self.state_dict()
-        if self.lora:
-            state = {k: v for k, v in state.items() if "lora_" in k}
-        return {k: v.detach() for k, v in state.items()}
+        return {k: v.detach() for k, v in self.acting_part(self.state_dict()).items()}
+
+    def acting_part(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Of a whole state dict, what changes as it trains (`acting_weights`)."""
+        return {k: v for k, v in state.items() if "lora_" in k} if self.lora else state
 
     def reference_mode(self) -> contextlib.AbstractContextManager[Any]:
         """With LoRA, the frozen base model (adapters off): the KL reference for free."""

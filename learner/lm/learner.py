@@ -178,13 +178,16 @@ class LanguageLearner:
     def prepare_round(self) -> dict[str, Any]:
         """The round's prompts: prompts.batch_size rows, each repeated learner.group_size times
         (members of a group adjacent), left-padded to their bucket: ids and mask [B, P], and
-        the rows' prompts and dataset columns (what the rewards take beside the completions)."""
+        the rows' prompts and dataset columns (what the rewards take beside the completions).
+        The whole round (the generators sample it all); this rank keeps its rows for `train`
+        (every rank of a group prepares each round)."""
         self._order_before = self.order.state_dict()  # where a resume takes these prompts again
         idx = [i for i in self.order.next() for _ in range(self.cfg.learner.group_size)]
         prompts, token_ids, columns = self.prompts.rows(idx)
         # the round's width, whichever rows this rank takes: the shapes one learner would have
         ids, mask = pad_left(token_ids, self.buckets, self.policy.pad_id)
         rows = self._rows(len(idx))
+        whole = {"prompts": prompts, "columns": columns, "ids": ids, "mask": mask}
         self._pending = {
             "prompts": prompts[rows],
             "columns": {k: v[rows] for k, v in columns.items()},
@@ -197,7 +200,7 @@ class LanguageLearner:
         self.generator.manual_seed((language_seed(self.cfg) * 1_000_003 + self.rounds) % 2**63)
         self._noise = NoiseRows(self.generator, len(idx), rows.start)
         self.rounds += 1
-        return dict(self._pending)
+        return whole
 
     def generate_round(self) -> dict[str, Any]:
         """`generation.placement: learner`: sample the round's completions here, on the device.
@@ -205,7 +208,9 @@ class LanguageLearner:
         Returns what the rewards need (`contracts/prompts.py` rewards_input: prompts and columns
         repeated per member, completion texts, or assistant messages for chat prompts) and the
         round's generation figures; the token tensors stay on the device for `train`."""
-        batch = self.prepare_round()
+        self.prepare_round()
+        assert self._pending is not None
+        batch = dict(self._pending)  # this rank's rows: it samples those
         gen = self.cfg.generation
         ids_t = torch.from_numpy(batch["ids"]).to(self.dev.device)
         mask_t = torch.from_numpy(batch["mask"]).to(self.dev.device)
@@ -235,12 +240,13 @@ class LanguageLearner:
     def accept_generated(self, *parts: dict[str, np.ndarray]) -> None:
         """`generation.placement: workers`: the generators' completions of `prepare_round`'s
         prompts, in row order ([b, C] tokens, mask, log-probs and the weights version of each
-        part), kept for `train`. The rewards take the texts the generators decoded, so nothing
-        here is waited for (the driver queues this call and goes on)."""
+        part), this rank's rows kept for `train`. The rewards take the texts the generators
+        decoded, so nothing here is waited for (the driver queues this call and goes on)."""
         dev = self.dev.device
+        rows = self._rows(sum(len(p["tokens"]) for p in parts))
 
         def cat(key: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([p[key] for p in parts])).to(dev, dtype)
+            return torch.from_numpy(np.concatenate([p[key] for p in parts])[rows]).to(dev, dtype)
 
         versions = [int(p["version"]) for p in parts]
         self._accept(
@@ -331,9 +337,18 @@ class LanguageLearner:
     def weights(self) -> Any:
         """The current weights as the run's wire packs them for the generators (by default bf16
         in one buffer; the previous version's buffer is reused: Ray's put copied it into the
-        object store)."""
-        self._packed = self.wire.pack(self.policy.acting_weights(), self._packed)
-        return self._packed
+        object store), with their version: (version, payload), so a generator loads only the
+        version it was told. A sharded learner's are gathered whole first (a collective: every
+        rank calls it, rank 0 returns them, the others None): the gather is done before any
+        generator reads a byte, never interleaved with the sending."""
+        if self.sharded:  # every rank takes part in the gather; rank 0 alone holds and sends them
+            state = sharding.full_state(self.policy)
+            if self.rank != 0:
+                return None
+            self._packed = self.wire.pack(self.policy.acting_part(state), self._packed)
+        else:
+            self._packed = self.wire.pack(self.policy.acting_weights(), self._packed)
+        return self.version, self._packed
 
     # ---- the update ---------------------------------------------------------------------------
     def _micro_batches(self, rows: int, width: int) -> list[slice]:

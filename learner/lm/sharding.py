@@ -114,9 +114,17 @@ def gathered(policy: nn.Module) -> Iterator[None]:
 
 def full_state(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of a sharded module, whole, on the CPU of rank 0 (a collective:
-    every rank calls it; the other ranks get an empty dict)."""
+    every rank calls it; the other ranks get an empty dict). A parameter the module holds under
+    several names (a tied head) is one tensor under each, as in the module's own state dict: a
+    wire or a file that stores shared tensors once stores it once."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return cast(dict[str, torch.Tensor], get_model_state_dict(module, options=options))
+    state = cast(dict[str, torch.Tensor], get_model_state_dict(module, options=options))
+    first: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first and name in state and first[id(p)] in state:
+            state[name] = state[first[id(p)]]
+        first.setdefault(id(p), name)
+    return state
 
 
 def load_full_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -38,6 +38,8 @@ LANGUAGE_METRICS = MetricKeys(
         "weight_sync_s": "seconds to send the new weights to the generators (generation.placement=workers)",
         "weight_sync_bytes": "bytes of the new weights the generators received, all of them together "
         "(generation.placement=workers)",
+        "weight_sync_retries": "generators' loads of the weights refused (another version's, or not "
+        "loading) and sent again, over the run (generation.placement=workers)",
         "gen_tokens_per_s": "completion tokens generated per second of generation",
         "trained_tokens_per_s": "completion tokens the update trained on per second of update",
         "tokens_per_s_per_device": "trained tokens / update seconds / learner devices (NeMo-RL's throughput "

@@ -34,6 +34,7 @@ class Generator:
 
     def __init__(self, cfg_data: dict[str, Any], index: int, workdir: str | None = None) -> None:
         cfg = RelayConfig.model_validate(cfg_data)
+        self.index = index
         if workdir is not None:
             adopt_workdir(workdir, cfg)
         torch.set_num_threads(max(1, int(cfg.rollout.num_cpus_per_worker)))
@@ -57,13 +58,19 @@ class Generator:
         )
 
     def set_weights(self, version: int, weights: list[Any]) -> tuple[float, int]:
-        """Load weights `version` ([object ref] or [state dict]); returns the seconds it took to
-        receive and load them (what `weight_sync_s` reports when the sync overlaps generation)
-        and the bytes received (`weight_sync_bytes`)."""
+        """Load weights `version` ([object ref of the learner's (version, payload)]); returns the
+        seconds it took to receive and load them (what `weight_sync_s` reports when the sync
+        overlaps generation) and the bytes received (`weight_sync_bytes`). A payload of another
+        version is refused (StaleWeightsError), before anything is loaded."""
         t0 = time.perf_counter()
-        packed = weights[0]
-        if isinstance(packed, ray.ObjectRef):
-            packed = ray.get(packed)
+        sent = weights[0]
+        if isinstance(sent, ray.ObjectRef):
+            sent = ray.get(sent)
+        sent_version, packed = sent
+        if int(sent_version) != version:
+            raise StaleWeightsError(
+                f"generator {self.index} was sent weights version {sent_version} as version {version}"
+            )
         # With LoRA only the adapters come: the base is the one model.path holds.
         load_weights(self.policy, self.wire.unpack(packed), strict=not self.policy.lora)
         self.version = version

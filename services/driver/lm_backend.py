@@ -55,10 +55,11 @@ class _Training:
 
 @dataclass
 class _Dispatched:
-    """A round handed to the generator actors: the learner's `prepare_round` (an object ref until
-    fetched), the generators' calls on it, and when they were made (perf_counter)."""
+    """A round handed to the generator actors: every learner rank's `prepare_round` (object refs
+    until fetched; rank 0's is the round the generators sample), the generators' calls on it, and
+    when they were made (perf_counter)."""
 
-    batch: Any
+    batches: list[Any]
     refs: list[Any]
     started: float
 
@@ -72,6 +73,49 @@ class _Prefetched:
     gen: dict[str, Any]
     scores: Scored
     reward_s: float
+
+
+class WeightSyncError(RuntimeError):
+    """A generator that failed to load a version of the weights twice (one line)."""
+
+
+def sync_generators(
+    generators: list[Any], version: int, publish: Callable[[], Any]
+) -> tuple[dict[str, float | int], int]:
+    """Every generator loads weights `version` (`publish()`: the learner's object ref of its
+    (version, payload)). A generator whose load fails (a payload of another version, or weights
+    that do not load, refused before anything changes) is sent them once more from a fresh
+    publish; a second failure is WeightSyncError naming it. A generator that died is the
+    caller's (RayActorError). Returns the sync's seconds and bytes, and the retries made."""
+    t0 = time.perf_counter()
+    ref = publish()
+    pending = {i: g.set_weights.remote(version, [ref]) for i, g in enumerate(generators)}
+    got: dict[int, tuple[float, int]] = {}
+    retries = 0
+    for attempt in range(2):
+        failed: dict[int, BaseException] = {}
+        for i, call in pending.items():
+            try:
+                got[i] = ray.get(call)
+            except ray.exceptions.RayActorError:
+                raise
+            except ray.exceptions.RayTaskError as err:
+                failed[i] = err.cause if err.cause is not None else err
+        if not failed:
+            break
+        if attempt == 1:
+            i, cause = next(iter(failed.items()))
+            why = next((ln for ln in str(cause).splitlines() if ln.strip()), "")[:200]
+            raise WeightSyncError(
+                f"generator {i} failed twice to load weights version {version}: {type(cause).__name__}: {why}"
+            )
+        retries += len(failed)
+        ref = publish()
+        pending = {i: generators[i].set_weights.remote(version, [ref]) for i in failed}
+    return {
+        "weight_sync_s": time.perf_counter() - t0,
+        "weight_sync_bytes": sum(b for _, b in got.values()),
+    }, retries
 
 
 class LanguageBackend:
@@ -97,6 +141,7 @@ class LanguageBackend:
         self.overlap = cfg.generation.max_staleness > 0
         self._inflight: _Dispatched | None = None
         self._ready: _Prefetched | None = None  # the round after the one training, scored
+        self.weight_sync_retries = 0  # generators' failed loads, each sent the weights again
         self._accepts: list[Any] = []  # accept_generated calls queued on the learner, not yet checked
         self._syncing: list[Any] = []
         self._training: _Training | None = None  # the round `step` submitted, until `taken`
@@ -135,26 +180,46 @@ class LanguageBackend:
         mode = "language" + ("" if self.remote else " (local)")
         return {"mode": mode, "workers": n, "fleet": fleet, **info}
 
-    def _sync_weights(self, wait: bool = True) -> dict[str, float | int | None]:
+    def _sync_weights(self, wait: bool = True) -> dict[str, float | int]:
         """Send the learner's weights to every generator, once per version: the seconds it took
         (`weight_sync_s`) and the bytes the generators received (`weight_sync_bytes`). wait=False
         (overlap): the sync is queued behind each generator's round in flight and the next
         `_receive` reports the generators' own seconds."""
-        t0 = time.perf_counter()
-        ref = self._learner.actor.weights.remote()  # bf16 in the learner's object: one copy, fetched by each
-        refs = [g.set_weights.remote(self.version, [ref]) for g in self.generators]
         if not wait:
-            self._syncing = refs
+            ref = self._learner.weights_ref()  # bf16 in the learner's object: one copy, fetched by each
+            self._syncing = [g.set_weights.remote(self.version, [ref]) for g in self.generators]
             return {}
-        got = ray.get(refs)
-        return {"weight_sync_s": time.perf_counter() - t0, "weight_sync_bytes": sum(b for _, b in got)}
+        metrics, retried = sync_generators(self.generators, self.version, self._learner.weights_ref)
+        self.weight_sync_retries += retried
+        return metrics
+
+    def _synced(self) -> dict[str, Any]:
+        """The overlapped sync's figures, as the generators timed it; a generator whose load
+        failed gets the weights again here (`sync_generators`)."""
+        try:
+            synced = ray.get(self._syncing)
+        except ray.exceptions.RayActorError:
+            raise
+        except ray.exceptions.RayTaskError:
+            # The generator refused the last version's weights, so the round it was to sample
+            # with them failed too: dropped (as a restore drops it), and this version sent anew.
+            self.weight_sync_retries += 1
+            self._inflight = self._ready = None
+            metrics, retried = sync_generators(self.generators, self.version, self._learner.weights_ref)
+            self.weight_sync_retries += retried
+            return metrics
+        return {
+            "weight_sync_s": max(float(s) for s, _ in synced) if synced else None,
+            "weight_sync_bytes": sum(int(b) for _, b in synced),
+        }
 
     def _dispatch(self) -> _Dispatched:
         """The learner's next prompts handed to the generators, whole groups each, to sample with
         the weights version they hold. Nothing is waited for: each generator takes the learner's
         prepared round as an object ref and starts once the learner has made it."""
         t0 = time.perf_counter()
-        batch = self._learner.actor.prepare_round.remote()
+        batches = self._learner.prepare_round_refs()
+        batch = batches[0]
         g = self.cfg.learner.group_size
         groups, k = self.cfg.prompts.batch_size, len(self.generators)
         bounds = [(i * groups // k * g, (i + 1) * groups // k * g) for i in range(k)]
@@ -163,13 +228,13 @@ class LanguageBackend:
             for gen, (lo, hi) in zip(self.generators, bounds, strict=True)
             if hi > lo
         ]
-        return _Dispatched(batch, refs, t0)
+        return _Dispatched(batches, refs, t0)
 
     def _fetch(self, sent: _Dispatched) -> dict[str, Any]:
         """A dispatched round's completions as the rewards take them. Its generation seconds: the
         wall since dispatch, or under overlap (the update ran meanwhile) the slowest generator's
         own."""
-        batch = self._learner.answer(sent.batch)
+        batch = self._learner.answer(sent.batches)[0]
         parts = ray.get(sent.refs)
         gen_s = (
             max(float(p["seconds"]) for p in parts) if self.overlap else time.perf_counter() - sent.started
@@ -188,7 +253,7 @@ class LanguageBackend:
         """Queue the dispatched round's completions on the learner (the parts travel from the
         generators' objects, not through this process); `step` surfaces its errors before the
         update's."""
-        self._accepts.append(self._learner.actor.accept_generated.remote(*sent.refs))
+        self._accepts += self._learner.accept_generated_refs(sent.refs)
 
     def _generate_on_workers(self) -> dict[str, Any]:
         """The round the generators sample: the one in flight, or one dispatched now."""
@@ -284,12 +349,12 @@ class LanguageBackend:
             if self.overlap:
                 # The last version's sync is done by now (each generator loads it before sampling
                 # the round just dispatched): its seconds as the generators timed them.
-                synced = ray.get(self._syncing)
+                synced = self._synced()
                 self._sync_weights(wait=False)
-                metrics["weight_sync_s"] = max(float(s) for s, _ in synced) if synced else None
-                metrics["weight_sync_bytes"] = sum(int(b) for _, b in synced)
+                metrics.update(synced)
             else:
                 metrics.update(self._sync_weights())
+            metrics["weight_sync_retries"] = self.weight_sync_retries
         return self._count(self._training or _Training(None, gens, scores, reward_s, gen_s, t2), metrics)
 
     def _count(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:

@@ -14,10 +14,10 @@ from ...services.driver.learner_group import LearnerGroup, language_ranks
 
 
 class LanguageLearnerProxy:
-    """`LanguageLearner`'s calls, answered here or by the group's lead rank. `actor`: its handle
-    (local mode has none), for the calls the backend pipelines (`prepare_round`,
-    `accept_generated`, `weights`, `train` submitted ahead); `answer` fetches such a call's
-    result."""
+    """`LanguageLearner`'s calls, answered here or by the group's ranks (every rank takes each
+    call; rank 0's answer is the run's). The calls the backend pipelines (`prepare_round`,
+    `accept_generated`, `weights`, `train` submitted ahead) return the ranks' refs; `answer`
+    fetches such calls' results."""
 
     def __init__(self, cfg: RelayConfig, remote: bool) -> None:
         self.local: LanguageLearner | None = None
@@ -26,11 +26,6 @@ class LanguageLearnerProxy:
             self.group = LearnerGroup(cfg, language_ranks(cfg))
         else:
             self.local = LanguageLearner(cfg)
-
-    @property
-    def actor(self) -> Any:
-        assert self.group is not None, "a local learner has no actor"
-        return self.group.lead
 
     answer = staticmethod(LearnerGroup.answer)
 
@@ -59,6 +54,28 @@ class LanguageLearnerProxy:
         if self.local:
             return self.local.evaluate(limit, greedy)
         return self._all(lambda r: r.evaluate.remote(limit, greedy))
+
+    def weights_ref(self) -> Any:
+        """The packed weights for the generators, as rank 0's object ref (never fetched here).
+        Every rank takes part (a sharded group gathers the whole weights first); the other ranks'
+        calls are heard out before the ref is handed on, so a failed gather surfaces here."""
+        refs = self.group_each(lambda r: r.weights.remote())
+        if len(refs) > 1:
+            self.answer(refs[1:])
+        return refs[0]
+
+    def prepare_round_refs(self) -> list[Any]:
+        """Every rank's `prepare_round` of the next round (each keeps its rows; rank 0's answer,
+        the whole round, is what the generators sample): the calls' refs, in rank order."""
+        return self.group_each(lambda r: r.prepare_round.remote())
+
+    def accept_generated_refs(self, parts: list[Any]) -> list[Any]:
+        """Every rank's `accept_generated` of the generators' parts (object refs), not waited for."""
+        return self.group_each(lambda r: r.accept_generated.remote(*parts))
+
+    def group_each(self, call: Callable[[Any], Any]) -> list[Any]:
+        assert self.group is not None, "the generators' calls need the learner group"
+        return self.group.each(call)
 
     def acting_weights(self) -> dict[str, Any]:
         return self.local.acting_weights() if self.local else self._all(lambda r: r.acting_weights.remote())

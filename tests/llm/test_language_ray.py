@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from relay_rl.contracts.prompts import PromptOrder
 from relay_rl.services.cli import main
@@ -169,7 +170,14 @@ def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
         }
     )
     gen = Generator(cfg.model_dump(mode="json"), 0)
-    gen.set_weights(3, [wire_weights(gen.policy.state_dict())])
+    before = {k: v.clone() for k, v in gen.policy.state_dict().items()}
+    moved = {k: v + 1 for k, v in before.items()}
+    # weights sent as another version than the learner's (a stale payload): refused, nothing loaded
+    with pytest.raises(StaleWeightsError, match="generator 0 was sent weights version 2 as version 3"):
+        gen.set_weights(3, [(2, wire_weights(moved))])
+    assert all(torch.equal(v, before[k]) for k, v in gen.policy.state_dict().items())
+    seconds, sent = gen.set_weights(3, [(3, wire_weights(gen.policy.state_dict()))])
+    assert seconds > 0 and sent == gen.wire.nbytes(wire_weights(gen.policy.state_dict()))
     ids = np.array([[0, 5, 6]])
     assert gen.generate(3, ids, (ids != 0).astype(np.int64))["tokens"].shape == (
         1,
@@ -177,6 +185,46 @@ def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     )
     with pytest.raises(StaleWeightsError, match="holds weights version 3, was asked to sample with 4"):
         gen.generate(4, ids, (ids != 0).astype(np.int64))
+
+
+def test_a_generator_whose_load_fails_is_sent_the_weights_once_more(local_ray):
+    """sync_generators: a load refused once is counted and sent again from a fresh publish; refused
+    twice, the run stops with one line naming the generator and the version."""
+    import ray
+
+    from relay_rl.rollout_workers.lm.generator import StaleWeightsError
+    from relay_rl.services.driver.lm_backend import WeightSyncError, sync_generators
+
+    @ray.remote
+    class Flaky:
+        """A generator's set_weights that refuses its first `fails` loads."""
+
+        def __init__(self, fails: int) -> None:
+            self.fails, self.loads = fails, 0
+
+        def set_weights(self, version: int, weights: list) -> tuple[float, int]:
+            self.loads += 1
+            if self.loads <= self.fails:
+                raise StaleWeightsError(f"sent weights version {version - 1} as version {version}")
+            return 0.01, len(ray.get(weights[0]))
+
+        def count(self) -> int:
+            return self.loads
+
+    published = []
+
+    def publish() -> object:
+        published.append(1)
+        return ray.put(b"x" * 10)
+
+    steady, once = Flaky.remote(0), Flaky.remote(1)
+    metrics, retries = sync_generators([steady, once], 7, publish)
+    assert retries == 1 and len(published) == 2 and metrics["weight_sync_bytes"] == 20
+    assert ray.get([steady.count.remote(), once.count.remote()]) == [1, 2]  # only the refused one again
+    with pytest.raises(
+        WeightSyncError, match=r"generator 1 failed twice to load weights version 7: StaleWeightsError"
+    ):
+        sync_generators([steady, Flaky.remote(5)], 7, publish)
 
 
 @pytest.mark.parametrize("where", ["during", "after"])

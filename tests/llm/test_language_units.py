@@ -241,12 +241,13 @@ def test_sharded_language_learner_rules(tmp_path):
     )
     assert load_config(path).learner.parallel == "auto"
     assert load_config(path, ["learner.parallel=fsdp"]).learner.num_learners == 2
+    assert load_config(path, ["generation.placement=workers"]).learner.num_learners == 2
     for bad, match in [
         ("learner.parallel=ddp", "a causal LM is sharded"),
         ("prompts.batch_size=3", r"prompts.batch_size=3 must be a multiple of learner.num_learners=2"),
         ("rollout.num_workers=0", "ranks are Ray actors"),
         ("generation.compile=true", "generation.compile=true with learner.num_learners=2 .* not built yet"),
-        ("generation.placement=workers", "generation.placement=workers with learner.num_learners=2"),
+        ("generation.backend=vllm", "generation.backend=vllm with learner.num_learners=2"),
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(path, [bad])

@@ -57,6 +57,23 @@ def _run(folder: Path, name: str, *sets: str) -> tuple[list[dict], dict[str, tor
     return lines, whole_weights(ckpt)
 
 
+def _one_and_two(
+    folder: Path, generation: str, learner: str, iterations: int, interval: int
+) -> tuple[list[dict], dict[str, torch.Tensor], list[dict], dict[str, torch.Tensor]]:
+    """The same seeded run (CPU-drawn noise, float32) on one learner (`runs/one`) and on two
+    ranks (`runs/two`): each one's metrics lines and final weights."""
+    _sharded_folder(
+        folder,
+        ", seed: 3",
+        f", noise: cpu{generation}",
+        f", use_amp: false{learner}",
+        f"checkpoint: {{interval: {interval}}}\nstop: {{iterations: {iterations}, env_steps: null}}\n",
+    )
+    one, w1 = _run(folder, "one")
+    two, w2 = _run(folder, "two", "learner.num_learners=2")
+    return one, w1, two, w2
+
+
 def whole_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """A checkpoint's model weights, whole: a sharded checkpoint's read from its shards in this one
     process (DCP reshards every rank's pieces into whole tensors)."""
@@ -70,15 +87,7 @@ def whole_weights(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
 
 def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _sharded_folder(
-        tmp_path,
-        ", seed: 3",
-        ", noise: cpu",
-        ", use_amp: false, kl_coef: 0.05",
-        "checkpoint: {interval: 5}\nstop: {iterations: 5, env_steps: null}\n",
-    )
-    one, w1 = _run(tmp_path, "one")
-    two, w2 = _run(tmp_path, "two", "learner.num_learners=2")
+    one, w1, two, w2 = _one_and_two(tmp_path, "", ", kl_coef: 0.05", iterations=5, interval=5)
     assert len(one) == len(two) == 5
     # the same completions: their rewards and lengths, round by round
     for a, b in zip(one, two, strict=True):
@@ -143,6 +152,23 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
         x, y = json.loads(a), json.loads(b)
         assert x["iteration"] == y["iteration"] and x["reward_mean"] == y["reward_mean"]
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+
+
+def test_two_ranks_train_on_a_generators_completions_as_one_learner_does(local_ray, tmp_path, monkeypatch):
+    """generation.placement=workers with two FSDP2 ranks: every rank prepares the round (the
+    generator samples rank 0's, the whole round), takes its rows of the completions, and the
+    whole weights are gathered once per version and sent from rank 0 with their version."""
+    monkeypatch.chdir(tmp_path)
+    one, w1, two, w2 = _one_and_two(tmp_path, ", placement: workers", "", iterations=3, interval=100)
+    assert len(one) == len(two) == 3
+    # version 0 is the model folder's on both: the same completions, the same update
+    assert one[0]["reward_mean"] == two[0]["reward_mean"]
+    assert one[0]["completion_len_mean"] == two[0]["completion_len_mean"]
+    assert one[0]["grad_norm"] == pytest.approx(two[0]["grad_norm"], rel=1e-4)
+    for a, b in zip(one, two, strict=True):  # each version's whole weights, once, none refused
+        assert a["weight_sync_bytes"] == b["weight_sync_bytes"] > 0 and b["weight_sync_retries"] == 0
+        assert b["policy_lag_mean"] == 0
+    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4
 
 
 def _update_on_ranks(rank: int, world: int, folder: str, port: int, out: str) -> None:
