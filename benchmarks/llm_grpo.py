@@ -298,23 +298,14 @@ def _measure(variant: str, layers: int, folder: str) -> None:
         variant
     ]
     cfg = RelayConfig.model_validate(
-        {
-            "model": {"kind": "causal_lm", "path": folder},
-            "prompts": {
-                "train": f"{folder}/prompts.jsonl",
-                "rewards": ["exact_match"],
-                "batch_size": 2,
-                "max_prompt_tokens": 64,
-            },
-            "generation": {"max_new_tokens": 256, "prompt_buckets": [64]},
-            "learner": {
-                "group_size": 8,
-                "device": "cpu",
-                "use_amp": False,
+        _memory_config(
+            folder,
+            256,
+            {
                 "grad_checkpointing": checkpointing,
                 "grpo": {"logprob_chunk": chunk, "micro_batch_tokens": 16 * 320},
             },
-        }
+        )
     )
     torch.manual_seed(0)
     learner = LanguageLearner(cfg)
@@ -339,15 +330,37 @@ def _measure(variant: str, layers: int, folder: str) -> None:
     )
 
 
+def _memory_config(folder: str, new_tokens: int, learner: dict[str, Any]) -> dict[str, Any]:
+    """The memory measurements' run: 2 prompts x 8 completions of the Llama-shaped model on the
+    CPU in float32, prompts padded to 64, `new_tokens` each, `learner`'s settings on top."""
+    return {
+        "model": {"kind": "causal_lm", "path": folder},
+        "prompts": {
+            "train": f"{folder}/prompts.jsonl",
+            "rewards": ["exact_match"],
+            "batch_size": 2,
+            "max_prompt_tokens": 64,
+        },
+        "generation": {"max_new_tokens": new_tokens, "prompt_buckets": [64]},
+        "learner": {"group_size": 8, "device": "cpu", "use_amp": False, **learner},
+    }
+
+
+def _memory_folder(tmp: str, layers: int) -> Path:
+    """The Llama-shaped model with its prompts: 40-60 characters (one token each), so every row
+    pads into the 64 bucket."""
+    folder = _llama_folder(Path(tmp) / "m", layers)
+    write_jsonl(
+        folder / "prompts.jsonl",
+        [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)],
+    )
+    return folder
+
+
 def memory(layers: int) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = _llama_folder(Path(tmp) / "m", layers)
-        # Prompts of 40-60 characters (one token each): every row pads into the 64 bucket.
-        write_jsonl(
-            folder / "prompts.jsonl",
-            [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)],
-        )
+        folder = _memory_folder(tmp, layers)
         for variant in ("plain", "chunked", "chunked+ckpt"):
             out = subprocess.run(
                 [sys.executable, __file__, "_measure", variant, str(layers), str(folder)],
@@ -446,26 +459,9 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
 
 
 def _sharded_config(folder: str, world: int) -> dict[str, Any]:
-    return {
-        "model": {"kind": "causal_lm", "path": folder},
-        "prompts": {
-            "train": f"{folder}/prompts.jsonl",
-            "rewards": ["exact_match"],
-            "batch_size": 2,
-            "max_prompt_tokens": 64,
-        },
-        "generation": {"max_new_tokens": 64, "prompt_buckets": [64]},
-        "learner": {
-            "group_size": 8,
-            "device": "cpu",
-            "use_amp": False,
-            "num_learners": world,
-            "num_cpus": 1,
-            "lm": {"logprob_chunk": 32, "micro_batch_tokens": 16 * 128},
-        },
-        "rollout": {"num_workers": 1},
-        "stop": {"iterations": 2},
-    }
+    lm = {"logprob_chunk": 32, "micro_batch_tokens": 16 * 128}
+    cfg = _memory_config(folder, 64, {"num_learners": world, "num_cpus": 1, "lm": lm})
+    return {**cfg, "rollout": {"num_workers": 1}, "stop": {"iterations": 2}}
 
 
 def sharded(layers: int) -> None:
@@ -483,11 +479,7 @@ def sharded(layers: int) -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = _llama_folder(Path(tmp) / "m", layers)
-        write_jsonl(
-            folder / "prompts.jsonl",
-            [{"prompt": "1234567890" * 4 + "+" * (i % 20), "answer": "x"} for i in range(8)],
-        )
+        folder = _memory_folder(tmp, layers)
         for world in (1, 2):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
