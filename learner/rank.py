@@ -5,6 +5,7 @@ rank 0 hosts the rendezvous, every rank joins one torch process group on its dev
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import ray
 
@@ -39,3 +40,11 @@ class LearnerRank:
     def node(self) -> str:
         """The Ray node this rank runs on."""
         return str(ray.get_runtime_context().get_node_id())
+
+    def sees(self, path: str, token: str) -> bool:
+        """Whether this rank reads the file the driver wrote at `path` with `token` in it: the
+        storage a sharded checkpoint's ranks write to is the driver's."""
+        try:
+            return Path(path).read_text() == token
+        except OSError:
+            return False

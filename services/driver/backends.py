@@ -91,6 +91,9 @@ class LocalBackend:
     def worker_pids(self) -> list[int]:
         return []  # the sampler is the driver itself
 
+    def storage_problem(self, root: Path) -> str | None:
+        return None  # whole checkpoints: the driver writes them
+
     def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
         assert shards is None, "an env learner's checkpoints are whole"
         return self.learner.state_dict()
@@ -431,6 +434,9 @@ class RayBackend:
         segment a stuck worker owes is freed to answer."""
         for worker in [*self.workers, *self._retiring]:
             ray.kill(worker, no_restart=True)
+
+    def storage_problem(self, root: Path) -> str | None:
+        return None  # whole checkpoints: the driver writes them
 
     def state_dict(self, timeout_s: float | None = None, shards: Path | None = None) -> dict[str, Any]:
         """The learner's state after the last round taken: the one `step(state_after=True)` asked

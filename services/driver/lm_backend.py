@@ -9,6 +9,7 @@ checkpoints, resume, the dashboard and tracking are the same code. In a language
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -460,6 +461,31 @@ class LanguageBackend:
         in_flight = self._inflight is not None or self._ready is not None
         state = self._learner.state_dict(in_flight, timeout_s, None if shards is None else str(shards))
         return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
+
+    def storage_problem(self, root: Path) -> str | None:
+        """Why this run's sharded checkpoints could not be written under `root` (a learner rank on
+        a node that does not see the driver's storage there), or None. A probe file is written in
+        the nearest folder of `root` that exists, asked for by every rank, and removed."""
+        if not self.sharded_checkpoints or not self.remote:
+            return None
+        where = next(p for p in (root, *root.parents) if p.is_dir())
+        token = secrets.token_hex(8)
+        probe = where / f".relay-storage-probe-{token}"
+        try:
+            probe.write_text(token)
+        except OSError:
+            return None  # not writable here: the run folder's own checks say so in their words
+        try:
+            blind = self._learner.blind_ranks(str(probe.resolve()), token)
+        finally:
+            probe.unlink(missing_ok=True)
+        if not blind:
+            return None
+        return (
+            f"checkpoint.format=sharded: learner {', '.join(blind)} cannot see {where}, where the run "
+            "folder is: each rank writes its own shards there. Put the run folder on storage every "
+            "learner node mounts (--run-dir), or set checkpoint.format=whole"
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("shards") is not None:  # the ranks read the model from its shards, not these shapes

@@ -55,6 +55,14 @@ class LanguageLearnerProxy:
             return self.local.evaluate(limit, greedy)
         return self._all(lambda r: r.evaluate.remote(limit, greedy))
 
+    def blind_ranks(self, path: str, token: str) -> list[str]:
+        """The ranks (by rank and node) that do not read `token` in the driver's file `path`."""
+        if self.group is None:
+            return []
+        seen = self.answer(self.group.each(lambda r: r.sees.remote(path, token)))
+        nodes = self.answer(self.group.each(lambda r: r.node.remote()))
+        return [f"rank {i} (node {nodes[i][:12]})" for i, ok in enumerate(seen) if not ok]
+
     def weights_ref(self) -> Any:
         """The packed weights for the generators, as rank 0's object ref (never fetched here).
         Every rank takes part (a sharded group gathers the whole weights first); the other ranks'

@@ -26,7 +26,7 @@ from ...services.dashboard.server import Dashboard
 from ...services.driver.cluster import check_cluster_device, init_ray
 from ...services.driver.families import backend_class, check_resumable, make_backend
 from ...services.driver.loop import TrainingLoop
-from ...services.driver.preflight import learner_memory, preflight
+from ...services.driver.preflight import PreflightError, learner_memory, preflight
 from ...services.runs.checkpoints import ResumeError, load_newest_valid
 from ...services.runs.run_dir import RunDir
 from ...services.runs.signals import STOP_CODES, sigterm_raises
@@ -141,6 +141,9 @@ def _train(
     try:
         board = start_dashboard(root, *dashboard) if dashboard else None
         backend = make_backend(cfg, env)
+        problem = backend.storage_problem(root)
+        if problem:
+            raise PreflightError(problem)
         run = get_run()
         loop = TrainingLoop(cfg, run, backend)
         if resume_from is not None:

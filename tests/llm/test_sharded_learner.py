@@ -282,6 +282,17 @@ def test_a_sharded_group_that_loses_a_rank_is_restarted_from_the_checkpoint(
     )
     cfg = load_config("run.yaml")
     backend = LanguageBackend(cfg)
+    # Sharded checkpoints need every rank to see the run folder's storage: here they do; a rank
+    # that did not (on a node without the shared mount: one cannot exist here) is named in one
+    # line, and the probe file is gone either way.
+    assert backend.storage_problem(tmp_path / "runs" / "new") is None
+    assert len(backend.learner.blind_ranks(str(tmp_path / "run.yaml"), "not its contents")) == 2
+    monkeypatch.setattr(backend.learner, "blind_ranks", lambda path, token: ["rank 1 (node 5f2a)"])
+    problem = backend.storage_problem(tmp_path / "runs" / "new")
+    assert problem is not None and problem.startswith("checkpoint.format=sharded: learner rank 1 (node 5f2a)")
+    assert not list(tmp_path.glob(".relay-storage-probe-*")) and not (tmp_path / "runs").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
     loop = TrainingLoop(cfg, RunDir.claim(tmp_path / "run", cfg), backend)
     group = backend.learner.group
     victim = group.ranks[1]
