@@ -362,8 +362,8 @@ class PromptsConfig(_Section):
         default_factory=list,
         max_length=32,
         description="Reward registry names (exact_match, numeric_match, regex:<pattern>, "
-        "length_at_most:<n>) or module:fn with TRL's signature fn(prompts, completions, **columns) "
-        "-> list[float].",
+        "length_at_most:<n>, model:<folder> (a sequence-classification reward model's score)) or "
+        "module:fn with TRL's signature fn(prompts, completions, **columns) -> list[float].",
     )
     reward_weights: list[float] | None = Field(
         None, description="A weight per reward (null: 1 each); the reward is their weighted sum."
@@ -1392,7 +1392,7 @@ def config_help(
 CODE_LEAVES = ("env.id", "multi_agent.policy_mapping", "prompts.rewards")
 # Reward registry entries written `name:argument` (rollout_workers/lm/rewards.py; a test keeps the two
 # in step): any other `a:b` in prompts.rewards names the user's function `module:fn`.
-REWARDS_WITH_ARGUMENT = ("regex", "length_at_most")
+REWARDS_WITH_ARGUMENT = ("regex", "length_at_most", "model")
 
 
 def is_code_reward(spec: object) -> bool:

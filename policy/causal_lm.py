@@ -77,10 +77,13 @@ def _only_files(root: Path) -> None:
             raise ModelFolderError(f"{entry}: larger than {cap >> 20} MiB, not {kind}")
 
 
-def check_model_folder(path: str | os.PathLike[str], weights: bool = True) -> dict[str, Any]:
+def check_model_folder(
+    path: str | os.PathLike[str], weights: bool = True, head: str = "causal_lm"
+) -> dict[str, Any]:
     """The folder's config.json as a dict, once everything a load reads is known to be data:
     ModelFolderError naming the file and the reason otherwise. `weights`: also every tensor the
-    config implies, by name and shape, in valid safetensors headers (policy/weight_files.py)."""
+    config implies (for `head`: a causal LM's, or a sequence classifier's), by name and shape, in
+    valid safetensors headers (policy/weight_files.py)."""
     from transformers import CONFIG_MAPPING
 
     root = Path(path)
@@ -107,7 +110,7 @@ def check_model_folder(path: str | os.PathLike[str], weights: bool = True) -> di
     try:
         weight_files(root)
         if weights:
-            check_weights(root, _architecture(root, cfg_path))
+            check_weights(root, _architecture(root, cfg_path), head)
     except WeightFilesError as err:
         raise ModelFolderError(str(err)) from None
     return config

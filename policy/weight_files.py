@@ -75,13 +75,18 @@ def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         raise WeightFilesError(f"{path}: not a readable safetensors file ({why})") from None
 
 
-def expected_tensors(config: Any) -> tuple[dict[str, tuple[int, ...]], list[list[str]], str]:
+def expected_tensors(
+    config: Any, head: str = "causal_lm"
+) -> tuple[dict[str, tuple[int, ...]], list[list[str]], str]:
     """(shape of every tensor the architecture saves, by name; groups of names that are one tied
-    tensor, any one of which a folder may hold; the architecture's base-model prefix)."""
-    from transformers import AutoModelForCausalLM
+    tensor, any one of which a folder may hold; the architecture's base-model prefix). `head`:
+    the model on top of the base, "causal_lm" (a policy) or "sequence_classification" (a reward
+    model's scalar score)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    auto = AutoModelForSequenceClassification if head == "sequence_classification" else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     # Names the architecture itself says a checkpoint may lack (transformers loads without them).
     optional = [re.compile(p) for p in getattr(model, "_keys_to_ignore_on_load_missing", None) or ()]
     state = {
@@ -108,16 +113,17 @@ def _renamed(found: Mapping[str, tuple[int, ...]], want: Mapping[str, Any], pref
     return {lead + name: shape for name, shape in found.items()}
 
 
-def check_weights(root: Path, config: Any) -> None:
+def check_weights(root: Path, config: Any, head: str = "causal_lm") -> None:
     """WeightFilesError (one line naming the file or the tensor) unless every tensor `config`'s
-    architecture holds is in the folder's safetensors files with its shape."""
+    architecture (with `head`, `expected_tensors`) holds is in the folder's safetensors files
+    with its shape."""
     files = weight_files(root)
     found: dict[str, tuple[int, ...]] = {}
     where: dict[str, Path] = {}
     for path in files:
         for name, shape in header_shapes(path).items():
             found[name], where[name] = shape, path
-    want, tied, prefix = expected_tensors(config)
+    want, tied, prefix = expected_tensors(config, head)
     have = _renamed(found, want, prefix)
     for names in tied:
         held = [n for n in names if n in have]

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from ...contracts.config import REWARDS_WITH_ARGUMENT, is_code_reward
 from ...contracts.metrics import REWARD_FAULT_KINDS
 from ..user_code import UserCodeError, import_callable, one_line
+from .reward_models import reward_model
 
 RewardFn = Callable[..., list[Any]]
 
@@ -96,7 +97,11 @@ def length_at_most(limit: str) -> RewardFn:
 
 
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "numeric_match": numeric_match}
-REWARD_FACTORIES: dict[str, Callable[[str], RewardFn]] = {"regex": regex, "length_at_most": length_at_most}
+REWARD_FACTORIES: dict[str, Callable[[str], RewardFn]] = {
+    "regex": regex,
+    "length_at_most": length_at_most,
+    "model": reward_model,
+}
 assert tuple(REWARD_FACTORIES) == REWARDS_WITH_ARGUMENT
 
 

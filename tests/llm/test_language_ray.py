@@ -157,6 +157,18 @@ def test_refills_under_overlap_take_the_prefetched_round_first(local_ray, tmp_pa
     assert [x["weights_version"] for x in lines] == list(range(1, len(lines) + 1))
 
 
+def test_a_reward_model_scores_on_the_reward_actor(local_ray, tmp_path, monkeypatch):
+    """`model:rm` on Ray: the reward actor loads the classifier from the driver's folder (a
+    relative path, as the user wrote it) and scores every completion."""
+    from tests.llm.test_reward_models import reward_model_folder
+
+    monkeypatch.chdir(tmp_path)
+    reward_model_folder(tmp_path / "rm")
+    lines = _train_on_ray(tmp_path, "rewards: ['model:rm'], batch_size: 4", "{max_new_tokens: 6}", 300)
+    assert lines and all(x["reward_faults"] == 0 for x in lines)
+    assert len({x["reward_mean"] for x in lines}) == len(lines)  # the model's scores, not a constant
+
+
 def test_a_generator_refuses_a_version_it_does_not_hold(tmp_path):
     from relay_rl.contracts.config import RelayConfig
     from relay_rl.policy.weight_wires import wire_weights
