@@ -14,12 +14,13 @@ PACKAGES = ("contracts", "policy", "learner", "rollout_workers", "services")
 # ale_py, envpool, minigrid and imageio_ffmpeg (videos) are optional extras; pynvml and acl read a
 # CUDA or Ascend device's health where one is; services.serving brings Ray Serve, the serve extra,
 # for `relay serve` alone; services.sweep.runner brings Ray Tune and Optuna, the sweep extra, for
-# `relay sweep` alone; transformers (with safetensors), peft and pyarrow are the llm extra, for a
-# language run alone).
+# `relay sweep` alone; transformers (with safetensors), peft, accelerate and pyarrow are the llm
+# extra, for a language run alone).
 LAZY_OK = (
     "transformers",
     "pyarrow",
     "peft",
+    "accelerate",
     "safetensors",
     "services.serving",
     "services.sweep.runner",

@@ -124,7 +124,7 @@ def test_grid_with_asha_stops_a_trial_early_and_ctrl_c_then_resume_finishes(tmp_
 def test_pbt_restores_better_trials_checkpoints_into_worse_ones(tmp_path, ray_tmp):
     folder = tmp_path / "sw"
     sets = ["metrics.tensorboard=false", "rollout.num_workers=0", "stop.episode_return_mean=null"]
-    sets += ["stop.env_steps=8192", "sweep.perturbation_interval=4"]
+    sets += ["stop.env_steps=4096", "sweep.perturbation_interval=2"]
     cmd = sweep_args(
         folder, CARTPOLE, "--scheduler", "pbt", "--samples", "2", "--max-concurrent", "2", sets=sets
     )

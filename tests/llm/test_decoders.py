@@ -54,7 +54,7 @@ def test_the_learner_and_a_generator_build_the_named_decoder(folder):
     cfg = _cfg({"placement": "workers", "backend": "static"}).model_dump(mode="json")
     cfg["rollout"] = {"num_workers": 1}
     gen = Generator(cfg, 0)
-    gen.set_weights(1, [wire_weights(gen.policy.state_dict())])
+    gen.set_weights(1, [(1, wire_weights(gen.policy.state_dict()))])
     out = gen.generate(1, np.tile(np.arange(3, 7), (2, 1)), np.ones((2, 4), dtype=np.int64))
     assert isinstance(gen.decode, StaticDecoder) and out["tokens"].shape == (2, 4)
 

@@ -244,7 +244,7 @@ def test_a_generator_actor_decodes_compiled_what_it_decodes_eagerly(tmp_path):
     for compiled in (False, True):
         data = {**base, "generation": {"max_new_tokens": 6, "placement": "workers", "compile": compiled}}
         gen = Generator(RelayConfig.model_validate(data).model_dump(mode="json"), 0)
-        gen.set_weights(1, [wire_weights(gen.policy.state_dict())])
+        gen.set_weights(1, [(1, wire_weights(gen.policy.state_dict()))])
         gens.append(gen)
     for width in (3, 8, 5):
         ids = np.tile(np.arange(3, 3 + width), (4, 1))
