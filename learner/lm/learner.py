@@ -616,9 +616,7 @@ class LanguageLearner:
         parts: dict[str, Any] = {"model": model, "optimizer": optim["state"]}
         if self.reference is not None:
             parts["reference"] = sharding.local_state(self.reference)[0]
-        index = {name: i for i, name in enumerate(self._trainable_names())}
-        groups = [{**g, "params": [index[n] for n in g["params"]]} for g in optim["param_groups"]]
-        return parts, groups
+        return parts, self._by_index(optim["param_groups"])
 
     def _whole(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """A module's state, whole, on the CPU (gathered from the ranks' shards where sharded:
@@ -629,6 +627,17 @@ class LanguageLearner:
 
     def _trainable_names(self) -> list[str]:
         return [n for n, p in self.policy.named_parameters() if p.requires_grad]
+
+    def _by_index(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Optimizer parameter groups whose parameters go by name, renumbered as torch's plain
+        state_dict numbers them: by their index among the trainable ones (what a checkpoint holds)."""
+        index = {name: i for i, name in enumerate(self._trainable_names())}
+        return [{**g, "params": [index[n] for n in g["params"]]} for g in groups]
+
+    def _by_name(self, groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`_by_index`'s groups named again (what torch's distributed state dicts take)."""
+        names = self._trainable_names()
+        return [{**g, "params": [names[int(i)] for i in g["params"]]} for g in groups]
 
     def _optimizer_state(self) -> dict[str, Any]:
         """torch's optimizer state_dict (parameters by their index among the trainable ones),
@@ -641,9 +650,7 @@ class LanguageLearner:
         index = {name: i for i, name in enumerate(self._trainable_names())}
         return {
             "state": {index[name]: v for name, v in full["state"].items()},
-            "param_groups": [
-                {**g, "params": [index[name] for name in g["params"]]} for g in full["param_groups"]
-            ],
+            "param_groups": self._by_index(full["param_groups"]),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -661,9 +668,7 @@ class LanguageLearner:
                 self.optimizer,
                 {
                     "state": {names[int(i)]: v for i, v in opt["state"].items()},
-                    "param_groups": [
-                        {**g, "params": [names[int(i)] for i in g["params"]]} for g in opt["param_groups"]
-                    ],
+                    "param_groups": self._by_name(opt["param_groups"]),
                 },
             )
             if ref is not None and self.reference is not None:
@@ -681,10 +686,7 @@ class LanguageLearner:
         parts, _ = self._shard_parts()
         parts = {k: v for k, v in parts.items() if k in saved}
         shards_io.load(parts, folder)
-        names = self._trainable_names()
-        groups = [
-            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["optimizer"]["param_groups"]
-        ]
+        groups = self._by_name(state["optimizer"]["param_groups"])
         sharding.set_local_state(self.policy, parts["model"], self.optimizer, parts["optimizer"], groups)
         if "reference" in parts and self.reference is not None:
             sharding.set_local_state(self.reference, parts["reference"])
