@@ -1042,13 +1042,8 @@ def _sharded_language_problems(cfg: RelayConfig) -> list[str]:
             f"prompts.batch_size={cfg.prompts.batch_size} must be a multiple of learner.num_learners={n} "
             "(each rank samples and trains whole groups)"
         )
-    lm = lrn.entry_data("lm") or {}
     later = [
         (gen.backend not in ("relay", "eager"), f"generation.backend={gen.backend}"),
-        (gen.compile, "generation.compile=true"),
-        (lrn.compile, "learner.compile=true"),
-        (bool(lm.get("refill_rounds")), "learner.lm.refill_rounds > 0"),
-        (lrn.use_amp is True and lrn.amp_dtype == "float16", "float16 autocast"),
     ]
     problems += [
         f"{what} with learner.num_learners={n} (FSDP2) is not built yet: set learner.num_learners=1"

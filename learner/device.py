@@ -188,12 +188,20 @@ class DeviceContext:
             return f"compute capability {major}.{minor}" if major >= 8 else None
         return "npu" if backend_module("npu").is_bf16_supported() else None
 
-    def grad_scaler(self, enabled: bool, dtype: str = "bfloat16") -> Any | None:
-        """A GradScaler for fp16 on an accelerator; None where none is needed (bf16, fp32, cpu)."""
+    def grad_scaler(self, enabled: bool, dtype: str = "bfloat16", sharded: bool = False) -> Any | None:
+        """A GradScaler for fp16 on an accelerator; None where none is needed (bf16, fp32, cpu).
+        `sharded` (an FSDP2 learner): the sharded scaler, whose non-finite check is all-reduced
+        over the group, so every rank skips the same steps (each rank sees only its shards'
+        gradients: a plain scaler's skip would be a rank's own, and the shards would part)."""
         if not (enabled and dtype == "float16" and self.is_accelerator):
             return None
         if self.type == "npu":
-            return backend_module("npu").amp.GradScaler()
+            amp = backend_module("npu").amp
+            return amp.sharded_grad_scaler.ShardedGradScaler() if sharded else amp.GradScaler()
+        if sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(self.type)
         return torch.amp.GradScaler(self.type)
 
     def synchronize(self) -> None:
@@ -215,9 +223,12 @@ class DeviceContext:
         if self.is_accelerator:
             backend_module(self.type).reset_peak_memory_stats(self.device)
 
-    def adam(self, params: Iterable[torch.nn.Parameter], lr: float, eps: float) -> torch.optim.Adam:
-        """Adam with fused kernels on cpu/cuda (one launch per step), foreach on npu."""
-        if self.type == "npu":
+    def adam(
+        self, params: Iterable[torch.nn.Parameter], lr: float, eps: float, fused: bool = True
+    ) -> torch.optim.Adam:
+        """Adam with fused kernels on cpu/cuda (one launch per step), foreach on npu or where
+        `fused` is False."""
+        if self.type == "npu" or not fused:
             return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
         return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
 

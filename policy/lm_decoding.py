@@ -31,6 +31,8 @@ npu, inductor elsewhere).
 
 from __future__ import annotations
 
+import copy
+
 import functools
 import sys
 from collections.abc import Callable, Mapping
@@ -144,6 +146,8 @@ class StaticDecoder:
         self.cast_once = cast_once
         self._low: dict[str, Tensor] = {}  # nn.Linear weights in the autocast dtype
         self._low_made: tuple[Any, ...] | None = None  # what they were made from
+        self._version: int | None = None  # the weights version `load` was last told
+        self._shell: torch.nn.Module | None = None  # `unhook`: the model's structure, no tensors
         self._step = counting_compile(self._decode_step, backend, self._count, fullgraph=True)
 
     def counts(self) -> dict[str, int]:
@@ -152,7 +156,22 @@ class StaticDecoder:
 
     def load(self, version: int, weights: Callable[[], Mapping[str, Tensor]]) -> None:
         """Nothing to load: it samples from the policy's own tensors (its low-precision copies are
-        remade when those change, `_low_weights`)."""
+        remade for a new version, or when those tensors change, `_low_weights`)."""
+        self._version = version
+
+    def unhook(self) -> None:
+        """Called before the policy's model is sharded over a learner group (FSDP2): a sharded
+        model gathers its units' parameters in hooks the compiler refuses to trace (they are
+        `torch._dynamo.disable`d), so from now on the decoder runs a copy of the model's
+        structure made here, before any hook, that holds no tensors (each one on the meta
+        device), handed the gathered model's own by `functional_call` on every call."""
+        model = self.policy.model
+        memo: dict[int, Any] = {}
+        for t in model.parameters():
+            memo[id(t)] = torch.nn.Parameter(torch.empty_like(t, device="meta"), requires_grad=False)
+        for t in model.buffers():
+            memo[id(t)] = torch.empty_like(t, device="meta")
+        self._shell = copy.deepcopy(model, memo)
 
     def _low_dtype(self, device: torch.device) -> torch.dtype | None:
         """The dtype the weights' copy and the cache are kept in: autocast's for `device` where
@@ -172,16 +191,37 @@ class StaticDecoder:
             for name, m in self.policy.model.named_modules()
             if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32
         }
-        made = (dtype, *((w._version, w.data_ptr()) for w in linear.values()))
+        # the version too: a sharded model's gathered tensors are refilled in place by the
+        # gather, which need not move their version counters or their addresses
+        made = (dtype, self._version, *((w._version, w.data_ptr()) for w in linear.values()))
         if made != self._low_made:
             self._low = {name: w.detach().to(dtype) for name, w in linear.items()}
             self._low_made = made
         return self._low
 
+    def _weights(self, device: torch.device) -> dict[str, Tensor] | None:
+        """What the forward takes in place of the model's own tensors (`_forward`): the
+        low-precision weights (`_low_weights`); unhooked, every tensor of the (gathered) model
+        under each of its names, the low-precision ones in place of theirs."""
+        low = self._low_weights(device)
+        if self._shell is None:
+            return low
+        model = self.policy.model
+        return {
+            **dict(model.named_parameters(remove_duplicate=False)),
+            **dict(model.named_buffers(remove_duplicate=False)),
+            **(low or {}),
+        }
+
     def _forward(self, low: dict[str, Tensor] | None, **kwargs: Any) -> Any:
         """The model's forward, with the low-precision weights in place of theirs where given
         (tied weights stay apart: an embedding tied to the output layer keeps its float32 rows,
-        as under autocast)."""
+        as under autocast); unhooked, the shell's, with every tensor given."""
+        if self._shell is not None:
+            assert low is not None
+            return torch.func.functional_call(
+                self._shell, low, args=(), kwargs=kwargs, tie_weights=False, strict=False
+            )
         if low is None:
             return self.policy.model(**kwargs)
         return torch.func.functional_call(
@@ -249,7 +289,7 @@ class StaticDecoder:
         attn = torch.ones((rows, self._width), dtype=torch.long, device=device)
         attn[:, :width] = prompt_mask
         pos = positions(prompt_mask)
-        low = self._low_weights(device)
+        low = self._weights(device)
         out = self._forward(
             low,
             input_ids=prompt_ids,

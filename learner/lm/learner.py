@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +103,8 @@ class LanguageLearner:
         self.update_compiles = 0
         # The device's backend, resolved once for both (on npu it imports torchair: only if asked).
         backend = self.dev.compile_backend(lc.compile_backend) if lc.compile or gen.compile else None
-        self._compiled_logp = (
-            counting_compile(CausalLMPolicy.completion_logp, backend, self._count)
-            if backend is not None and lc.compile
-            else None
-        )
+        self._compile_backend = backend
+        self._compiled_logp = self._compile_logp()
 
         # generation.backend's decoder (policy/decoders): the eager loop, the compiled static
         # one, or a vLLM engine; a compiling one takes the backend resolved above.
@@ -146,6 +142,9 @@ class LanguageLearner:
         if world == 1 and not torch.distributed.is_initialized():
             return  # one learner alone; a group of one (the device check's FSDP2 row) is sharded
         mixed = self.amp and self.amp_dtype == "bfloat16"
+        unhook = getattr(self.decoder, "unhook", None)  # a compiled decoder: before any hook
+        if unhook is not None:
+            unhook()
         sharding.shard(self.policy, self.policy.lm, self.dev.type, mixed)
         if self.reference is not None:
             sharding.shard(self.reference, self.reference.lm, self.dev.type, mixed)
@@ -156,9 +155,22 @@ class LanguageLearner:
                 if module is not None:
                     sharding.materialize(module, self.dev.device, full)
             del full
+        self.scaler = self.dev.grad_scaler(self.amp, self.amp_dtype, sharded=True)
+        self._compiled_logp = self._compile_logp()  # through the root unit's gather, registered now
+        # Fused Adam would take the scaler's non-finite flag into its kernel, a plain [1] tensor
+        # beside DTensor shards (which DTensor refuses): with a scaler it steps foreach, after
+        # the scaler's own check.
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = self.dev.adam(trainable, self.cfg.learner.lr, eps=1e-8)
+        self.optimizer = self.dev.adam(trainable, self.cfg.learner.lr, eps=1e-8, fused=self.scaler is None)
         self.sharded = True
+
+    def _compile_logp(self) -> Any:
+        """learner.compile: the policy's `completion_logp` (bound: on a sharded policy, the form
+        FSDP registered, which gathers the root unit's parameters first; each unit's gather is
+        a graph break, so a sharded policy's pass is a few graphs, each compiled once)."""
+        if self._compile_backend is None or not self.cfg.learner.compile:
+            return None
+        return counting_compile(self.policy.completion_logp, self._compile_backend, self._count)
 
     def _rows(self, total: int) -> slice:
         """This rank's rows of a round of `total`."""
@@ -309,30 +321,38 @@ class LanguageLearner:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.state_dict().items()}
 
     def keep(self, groups: list[int]) -> None:
-        """Set these groups of the round just generated aside for the next update and drop the
-        rest (learner.lm.refill_rounds); `train` then trains on every group set aside."""
+        """Set these groups of the round just generated (indices into the whole round) aside for
+        the next update and drop the rest (learner.lm.refill_rounds); `train` then trains on
+        every group set aside. A rank of a sharded learner holds only its rows of a round, and
+        the groups kept are any of the round's: each rank gathers the whole round's rows first (a
+        collective; they are a round's tokens, not its activations) and keeps every group set
+        aside, so the update takes its share of them as of any round (`_take_kept`)."""
         if self._round is None:
             raise RuntimeError("keep() before a round was generated")
+        whole = {k: sharding.gather_rows(v) for k, v in self._round.items()} if self.sharded else self._round
         g = self.cfg.learner.group_size
         rows = torch.tensor(
             [k * g + j for k in groups for j in range(g)], dtype=torch.long, device=self.dev.device
         )
-        self._kept.append({k: v[rows] for k, v in self._round.items()})
+        self._kept.append({k: v[rows] for k, v in whole.items()})
         self._round = None
 
     def _take_kept(self) -> dict[str, torch.Tensor]:
-        """The groups set aside, as one round: prompts left-padded to the widest bucket among them."""
+        """The groups set aside, as one round (this rank's rows of it): prompts left-padded to
+        the widest bucket among them."""
         parts, self._kept = self._kept, []
         width = max(p["prompt_ids"].shape[1] for p in parts)
 
         def widen(t: torch.Tensor, value: int) -> torch.Tensor:
             return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
 
-        return {
+        whole = {
             "prompt_ids": torch.cat([widen(p["prompt_ids"], self.policy.pad_id) for p in parts]),
             "prompt_mask": torch.cat([widen(p["prompt_mask"], 0) for p in parts]),
             **{k: torch.cat([p[k] for p in parts]) for k in ("tokens", "mask", "gen_logp")},
         }
+        mine = self._rows(whole["tokens"].shape[0])
+        return {k: v[mine] for k, v in whole.items()}
 
     def weights(self) -> Any:
         """The current weights as the run's wire packs them for the generators (by default bf16
@@ -363,9 +383,8 @@ class LanguageLearner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         gen = self.cfg.generation
         trained = policy is self.policy and torch.is_grad_enabled()
-        compiled = self._compiled_logp if trained else None
-        # the bound method where it is not compiled: a sharded policy gathers its root unit for it
-        logp = partial(compiled, policy) if compiled is not None else policy.completion_logp
+        # the bound method either way: a sharded policy gathers its root unit for it
+        logp = self._compiled_logp if trained and self._compiled_logp is not None else policy.completion_logp
         with self.dev.autocast(self.amp, self.amp_dtype):
             return logp(
                 r["prompt_ids"][rows],
@@ -435,8 +454,10 @@ class LanguageLearner:
         full_tensor = getattr(norm, "full_tensor", None)  # a sharded policy's norm is a DTensor
         norm = full_tensor() if full_tensor is not None else norm
         if self.scaler is not None:
-            self.scaler.step(self.optimizer)
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skips on a non-finite gradient (any rank's, sharded)
             self.scaler.update()
+            self.skipped_steps += int(self.scaler.get_scale() < before)
         elif torch.isfinite(norm):
             self.optimizer.step()
         else:

@@ -19,7 +19,10 @@ class FakeNpuBackend:
     def __init__(self, count: int = 2) -> None:
         self.count = count
         self.calls: list[tuple] = []
-        self.amp = types.SimpleNamespace(GradScaler=lambda: ("npu-scaler",))
+        self.amp = types.SimpleNamespace(
+            GradScaler=lambda: ("npu-scaler",),
+            sharded_grad_scaler=types.SimpleNamespace(ShardedGradScaler=lambda: ("npu-sharded-scaler",)),
+        )
 
     def is_available(self):
         return True
@@ -65,6 +68,7 @@ def check_auto_prefers_npu(fake: FakeNpuBackend) -> None:
     dev.reset_peak_memory()
     assert ("reset", "npu:0") in fake.calls
     assert dev.grad_scaler(True, "float16") == ("npu-scaler",)
+    assert dev.grad_scaler(True, "float16", sharded=True) == ("npu-sharded-scaler",)
     assert dev.grad_scaler(True, "bfloat16") is None
     assert dev.distributed_backend() == "cpu:gloo,npu:hccl"
 

@@ -232,7 +232,8 @@ def test_language_defaults_and_rules(tmp_path):
 
 def test_sharded_language_learner_rules(tmp_path):
     """learner.num_learners > 1 for a causal LM: fsdp (auto), whole groups per rank, Ray; what is
-    not built with it yet is refused in one line naming the setting, as is fsdp for an env policy."""
+    not built with it yet (vLLM) is refused in one line naming the setting, as is fsdp for an env
+    policy."""
     path = tmp_path / "c.yaml"
     path.write_text(
         "model: {kind: causal_lm, path: m}\n"
@@ -246,11 +247,15 @@ def test_sharded_language_learner_rules(tmp_path):
         ("learner.parallel=ddp", "a causal LM is sharded"),
         ("prompts.batch_size=3", r"prompts.batch_size=3 must be a multiple of learner.num_learners=2"),
         ("rollout.num_workers=0", "ranks are Ray actors"),
-        ("generation.compile=true", "generation.compile=true with learner.num_learners=2 .* not built yet"),
-        ("generation.backend=vllm", "generation.backend=vllm with learner.num_learners=2"),
+        ("generation.backend=vllm", "generation.backend=vllm with learner.num_learners=2 .* not built yet"),
     ]:
         with pytest.raises(ConfigError, match=match):
             load_config(path, [bad])
+    # compiled decoding and updates, refills and float16 are a sharded learner's too
+    sets = ["generation.compile=true", "learner.compile=true", "learner.use_amp=true", "learner.amp_dtype=float16"]
+    assert load_config(path, sets).learner.num_learners == 2
+    refills = ["learner.lm.drop_equal_groups=true", "learner.lm.refill_rounds=2"]
+    assert load_config(path, refills).learner.num_learners == 2
     with pytest.raises(ConfigError, match=r"learner\.parallel=fsdp shards causal LMs"):
         load_config("configs/cartpole_ppo.yaml", ["learner.parallel=fsdp"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -157,10 +158,15 @@ def test_two_fsdp_ranks_train_what_one_learner_does(local_ray, tmp_path, monkeyp
 def test_two_ranks_train_on_a_generators_completions_as_one_learner_does(local_ray, tmp_path, monkeypatch):
     """generation.placement=workers with two FSDP2 ranks: every rank prepares the round (the
     generator samples rank 0's, the whole round), takes its rows of the completions, and the
-    whole weights are gathered once per version and sent from rank 0 with their version."""
+    whole weights are gathered once per version and sent from rank 0 with their version. With
+    refills (drop_equal_groups): the groups kept are any of a round's, wherever their rows were;
+    each rank trains its share of the kept batch, as one learner trains all of it."""
     monkeypatch.chdir(tmp_path)
-    one, w1, two, w2 = _one_and_two(tmp_path, ", placement: workers", "", iterations=3, interval=100)
+    refills = ", grpo: {drop_equal_groups: true, refill_rounds: 2}"
+    one, w1, two, w2 = _one_and_two(tmp_path, ", placement: workers", refills, iterations=3, interval=100)
     assert len(one) == len(two) == 3
+    assert [x["refill_rounds"] for x in one] == [x["refill_rounds"] for x in two]
+    assert max(x["refill_rounds"] for x in two) >= 1  # a rare reward: most groups all equal
     # version 0 is the model folder's on both: the same completions, the same update
     assert one[0]["reward_mean"] == two[0]["reward_mean"]
     assert one[0]["completion_len_mean"] == two[0]["completion_len_mean"]
@@ -171,10 +177,13 @@ def test_two_ranks_train_on_a_generators_completions_as_one_learner_does(local_r
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-4
 
 
-def _update_on_ranks(rank: int, world: int, folder: str, port: int, out: str) -> None:
-    """One round generated and one update on rank `rank` of `world` (gloo): rank 0 writes the
-    whole weights after the update to `out`. With world > 1, rank 0 first makes the one
-    learner's update of the same round (to `one.pt`), while its peers wait to join."""
+def _update_on_ranks(
+    rank: int, world: int, folder: str, port: int, out: str, sets: tuple[str, ...] = (), rounds: int = 1
+) -> None:
+    """`rounds` rounds generated and trained on rank `rank` of `world` (gloo), the config's
+    `sets` applied: rank 0 writes the whole weights after them, the completions and each round's
+    graph counts to `out`. With world > 1, rank 0 first makes the one learner's updates of the
+    same rounds (to `one.pt`), while its peers wait to join."""
     import os
 
     import torch.distributed as dist
@@ -186,27 +195,60 @@ def _update_on_ranks(rank: int, world: int, folder: str, port: int, out: str) ->
     os.chdir(folder)
     torch.set_num_threads(1)
     if world > 1 and rank == 0:
-        _update_on_ranks(0, 1, folder, port, str(Path(folder) / "one.pt"))
-    learner = LanguageLearner(load_config("run.yaml", [f"learner.num_learners={world}"]))
+        _update_on_ranks(0, 1, folder, port, str(Path(folder) / "one.pt"), sets, rounds)
+    learner = LanguageLearner(load_config("run.yaml", [f"learner.num_learners={world}", *sets]))
     if world > 1:
         init_group(learner.dev, rank, world, "127.0.0.1", port, timeout_s=120)
         learner.shard(rank, world)
-    parts = [learner.generate_round()]
-    if world > 1:
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, parts[0])
-        parts = gathered
-    completions = [c for p in parts for c in p["completions"]]
-    # rewards that differ within every group: a real gradient, not a KL term's float noise at its
-    # first step (the reference equals the policy there: Adam's first step is the sign of the
-    # gradient, and a gradient of noise would flip signs between any two summation orders)
-    rewards = [float(i % 3) for i in range(len(completions))]
-    learner.train(rewards)
+    completions, graphs = [], []
+    for _ in range(rounds):
+        parts = [learner.generate_round()]
+        if world > 1:
+            gathered: list = [None] * world
+            dist.all_gather_object(gathered, parts[0])
+            parts = gathered
+        completions += [c for p in parts for c in p["completions"]]
+        # rewards that differ within every group: a real gradient, not a KL term's float noise
+        # at its first step (the reference equals the policy there: Adam's first step is the sign
+        # of the gradient, and a gradient of noise would flip signs between any two summation
+        # orders)
+        metrics = learner.train([float(i % 3) for i in range(len(parts) * len(parts[0]["completions"]))])
+        graphs.append({k: metrics[k] for k in ("compiles", "update_compiles") if k in metrics})
     state = learner.state_dict()
     if rank == 0:
-        torch.save({"model": state["model"], "completions": completions}, out)
+        torch.save({"model": state["model"], "completions": completions, "graphs": graphs}, out)
     if world > 1:
         dist.destroy_process_group()
+
+
+def _one_and_two_processes(folder: Path, sets: tuple[str, ...] = (), rounds: int = 1) -> tuple[dict, dict]:
+    """`_update_on_ranks` by one learner and by two ranks: what each wrote."""
+    _two_processes(_update_on_ranks, str(folder), str(folder / "two.pt"), sets, rounds)
+    return torch.load(folder / "one.pt"), torch.load(folder / "two.pt")
+
+
+def _two_processes(fn: Any, folder: str, *args: Any) -> None:
+    """`fn(rank, 2, folder, port, *args)` in two processes of their own (a rank changes its
+    working folder and its torch threads), joined over a free local port."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(fn, args=(2, folder, port, *args), nprocs=2, start_method="spawn")
+
+
+def _tiny_run_yaml(folder: Path, learner: str = "", generation: str = "", model: str = "") -> None:
+    """A run.yaml for one round's update on the tiny model in `folder` (groups of 4, 4 prompts)."""
+    (folder / "run.yaml").write_text(
+        f"model: {{kind: causal_lm, path: model{model}}}\n"
+        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:1'], batch_size: 4, seed: 5}\n"
+        f"generation: {{max_new_tokens: 5, noise: cpu{generation}}}\n"
+        f"learner: {{group_size: 4, device: cpu{learner}}}\n"
+        "rollout: {num_workers: 1}\nstop: {iterations: 1}\n"
+    )
 
 
 @pytest.mark.slow
@@ -216,10 +258,6 @@ def test_one_fsdp_update_at_two_ranks_is_the_update_at_one(arch, variant, tmp_pa
     """#60's engine check, without Ray: the same round's update by one learner and by two FSDP2
     ranks (two processes, gloo) gives the same weights within 1e-6, for each architecture the
     tests build, with a KL reference (sharded too) and with LoRA adapters (the base frozen)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     tiny_model_folder(tmp_path / "model", arch)
     # No dropout: each rank draws its own rows' masks, so with dropout the update is the same in
     # distribution at any N but not bit for bit (GPT-2's config has 0.1 by default).
@@ -229,31 +267,105 @@ def test_one_fsdp_update_at_two_ranks_is_the_update_at_one(arch, variant, tmp_pa
     write_jsonl(tmp_path / "sums.jsonl", sums_rows())
     # LoRA's B starts at zero with gradients of Adam's eps's order: its first step, g / (|g| + eps)
     # times lr, carries their float differences at lr's scale (1.8e-6 at lr 0.01; 1.8e-7 here)
-    learner = "kl_coef: 0.1" if variant == "kl" else "kl_coef: 0.1, lr: 0.001"
+    learner = ", kl_coef: 0.1" if variant == "kl" else ", kl_coef: 0.1, lr: 0.001"
     lora = ", lora: {r: 4, alpha: 8}" if variant == "lora" else ""
-    (tmp_path / "run.yaml").write_text(
-        f"model: {{kind: causal_lm, path: model{lora}}}\n"
-        "prompts: {train: sums.jsonl, max_prompt_tokens: 8, rewards: ['regex:1'], batch_size: 4, seed: 5}\n"
-        "generation: {max_new_tokens: 5, noise: cpu}\n"
-        f"learner: {{group_size: 4, device: cpu, use_amp: false, {learner}}}\n"
-        "rollout: {num_workers: 1}\nstop: {iterations: 1}\n"
-    )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # in processes of their own (a rank changes its working folder and its torch threads); rank 0
-    # makes the one learner's update first
-    mp.start_processes(
-        _update_on_ranks,
-        args=(2, str(tmp_path), port, str(tmp_path / "two.pt")),
-        nprocs=2,
-        start_method="spawn",
-    )
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    _tiny_run_yaml(tmp_path, ", use_amp: false" + learner, model=lora)
+    one, two = _one_and_two_processes(tmp_path)
     assert one["completions"] == two["completions"]
     assert set(one["model"]) == set(two["model"])
     diffs = {k: float((one["model"][k] - two["model"][k]).abs().max()) for k in one["model"]}
     assert max(diffs.values()) < 1e-6
+
+
+@pytest.mark.slow
+def test_compiled_decoding_and_update_at_two_ranks_compile_once_and_match_one_learner(tmp_path):
+    """generation.compile and learner.compile over two FSDP2 ranks. The compiled decoding step
+    runs a hook-free copy of the model's structure handed the gathered tensors (a sharded unit's
+    gathering hooks cannot be traced), the compiled update the bound `completion_logp` FSDP
+    registered (its root unit gathered first; each unit's hooks a graph break). Three rounds:
+    the same completions as one learner's, no graph compiled after the first round, and the
+    same weights within 1e-6. (aot_eager traces and guards as inductor does, in seconds.)"""
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    _tiny_run_yaml(tmp_path, ", use_amp: false, compile: true, compile_backend: aot_eager", ", compile: true")
+    one, two = _one_and_two_processes(tmp_path, rounds=3)
+    assert one["completions"] == two["completions"]
+    for graphs in (one["graphs"], two["graphs"]):
+        assert graphs[0]["compiles"] >= 1 and graphs[0]["update_compiles"] >= 1
+        assert graphs == [graphs[0]] * 3  # compiled in the first round, never again
+    diffs = {k: float((one["model"][k] - two["model"][k]).abs().max()) for k in one["model"]}
+    assert max(diffs.values()) < 1e-6
+
+
+def _fp16_steps_on_ranks(rank: int, world: int, folder: str, port: int) -> None:
+    """Two float16 updates on rank `rank` of `world` (gloo) with the sharded grad scaler, the
+    first with one inf planted in rank 1's gradient shards: each rank writes what it saw to
+    `fp16-<rank>.pt` (steps skipped, the scale, whether its shards moved)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    from torch.distributed.tensor import DTensor
+
+    from relay_rl.contracts.config import load_config
+    from relay_rl.learner.device import DeviceContext
+    from relay_rl.learner.distributed import init_group
+    from relay_rl.learner.lm.learner import LanguageLearner
+
+    os.chdir(folder)
+    torch.set_num_threads(1)
+    sets = [f"learner.num_learners={world}", "learner.use_amp=true", "learner.amp_dtype=float16"]
+    learner = LanguageLearner(load_config("run.yaml", sets))
+    init_group(learner.dev, rank, world, "127.0.0.1", port, timeout_s=120)
+    assert learner.scaler is None  # the CPU takes no scaler: an accelerator's stands in
+
+    def accelerators(dev: DeviceContext, enabled: bool, dtype: str, sharded: bool = False) -> Any:
+        assert enabled and dtype == "float16" and sharded
+        return ShardedGradScaler("cpu", init_scale=2.0**10)
+
+    DeviceContext.grad_scaler = accelerators  # type: ignore[method-assign]  # this process's alone
+    learner.shard(rank, world)
+    assert not learner.optimizer.defaults["fused"]  # the scaler checks; Adam steps after
+    backward = learner._backward
+
+    def poisoned(*args, **kwargs):
+        stats = backward(*args, **kwargs)
+        if rank == 1:
+            grad = next(p.grad for p in learner.policy.parameters() if p.grad is not None)
+            (grad.to_local() if isinstance(grad, DTensor) else grad).view(-1)[0] = float("inf")
+        return stats
+
+    def shards() -> list[torch.Tensor]:
+        return [p.to_local().detach().clone() for p in learner.policy.parameters()]
+
+    seen = []
+    for plant in (True, False):
+        learner._backward = poisoned if plant else backward
+        before = shards()
+        completions = learner.generate_round()["completions"]
+        metrics = learner.train([float(i % 3) for i in range(len(completions) * world)])
+        moved = any(not torch.equal(a, b) for a, b in zip(before, shards(), strict=True))
+        seen.append({"skipped": metrics["amp_skipped"], "scale": learner.scaler.get_scale(), "moved": moved})
+    torch.save(seen, Path(folder) / f"fp16-{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_on_one_rank_skips_the_float16_step_on_every_rank(tmp_path):
+    """float16 over two FSDP2 ranks: the sharded grad scaler (torch's ShardedGradScaler, what the
+    learner takes on cuda; torch_npu's on npu) all-reduces its non-finite check, so an inf in one
+    rank's gradient shards skips the step on both, and both back off alike; the next step is
+    taken by both. The CPU takes no scaler, so the test hands the ranks the accelerator's class,
+    run on the CPU. (A plain scaler would skip on rank 1 alone, and the shards would part.)"""
+    tiny_model_folder(tmp_path / "model")
+    write_jsonl(tmp_path / "sums.jsonl", sums_rows())
+    _tiny_run_yaml(tmp_path)
+    _two_processes(_fp16_steps_on_ranks, str(tmp_path))
+    seen = [torch.load(tmp_path / f"fp16-{r}.pt") for r in range(2)]
+    assert seen[0] == seen[1]  # the same decisions, the same scale
+    planted, clean = seen[0]
+    assert planted == {"skipped": 1, "scale": 2.0**9, "moved": False}
+    assert clean["skipped"] == 0 and clean["moved"] and clean["scale"] == 2.0**9
 
 
 def test_a_sharded_group_that_loses_a_rank_is_restarted_from_the_checkpoint(
