@@ -1,16 +1,20 @@
 """Data-parallel learners: one process group across N learner actors (HCCL on NPUs, NCCL on GPUs,
 gloo on CPUs, chosen by the device layer). Each learner trains on its share of the segments;
-gradients are averaged before every optimizer step, so all replicas hold identical weights.
+torch's DDP averages the gradients before every optimizer step, so all replicas hold identical
+weights (a causal LM is sharded over the same group instead: `learner/lm/sharding.py`).
 No Ray here: the ranks call these with the rank and the address the learner group gives them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ..learner.device import DeviceContext
 from ..policy.normalizer import Moments
@@ -35,18 +39,32 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def average_gradients(params: list[nn.Parameter]) -> None:
-    """All-reduce the gradients as one flat buffer (one collective per optimizer step)."""
-    if world_size() == 1:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size()
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+class LossModule(nn.Module):
+    """The module torch's DDP wraps around an env policy: its forward is the loss (`loss_fn(model,
+    batch)`), so DDP's reducer, which a forward through the wrapper arms, hears every update
+    (the algorithms compute their losses from the policy's own methods, not its `forward`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, loss_fn: Callable[..., Any], batch: dict[str, torch.Tensor]) -> Any:
+        return loss_fn(self.model, batch)
+
+
+def data_parallel(model: nn.Module) -> DistributedDataParallel:
+    """`model` as a replica of the learner group (`learner.parallel: ddp`, an env policy's):
+    torch's DDP over the group's process group, which averages the gradients in buckets while
+    the backward pass runs. The graph is static (the same loss over the same parameters every
+    update): DDP learns in the first update which parameters a loss leaves out (a head an
+    algorithm does not train) and does not wait for their gradients, without searching the
+    graph each time; gradient checkpointing of the policy's blocks is allowed by it too.
+    Buffers are not sent each forward (the normalizers' statistics are folded in alike on every
+    rank, `gather_moments`). Built after the rank joined the group; it broadcasts rank 0's
+    weights and buffers once (they are equal)."""
+    return DistributedDataParallel(
+        LossModule(model), static_graph=True, forward_sync_buffers=False, gradient_as_bucket_view=True
+    )
 
 
 def mean_across_learners(value: torch.Tensor) -> torch.Tensor:

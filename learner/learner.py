@@ -9,7 +9,7 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from ..learner.algorithms import algorithm_class, segment_layout
 from ..learner.buffer import SegmentRingBuffer
 from ..learner.compiled import CompiledLoss
 from ..learner.device import DeviceContext, resolve_device
-from ..learner.distributed import gather_moments, world_size
+from ..learner.distributed import data_parallel, gather_moments, world_size
 from ..learner.precision import is_convolutional, resolve_precision
 from ..learner.telemetry import LearnerTelemetry
 from ..learner.update import run_update
@@ -130,6 +130,7 @@ class Learner:
         self._behaviour_versions: list[int] = []
         self._incarnations: dict[int, str] = {}
         self.phases = dict.fromkeys(LEARNER_PHASES, 0.0)  # seconds by phase since the last round
+        self._ddp: torch.nn.Module | None = None  # `_replicas`
 
     # ---- data in -------------------------------------------------------------------------------
     def stage(self, segment: Segment) -> Arrival:
@@ -268,6 +269,7 @@ class Learner:
                 self.scaler,
                 self.generator,
                 self.cfg.rollout.rollout_len if self.cfg.learner.minibatch == "sequences" else None,
+                self._replicas(),
             )
         self.phases["update_s"] += timings["update_s"]
         # Normalizer statistics change only between updates, so the stats that ship with version v
@@ -305,6 +307,15 @@ class Learner:
             "learner_state_bytes": self.state_bytes(),
         }
         return UpdateOutcome(metrics, result.skipped_steps)
+
+    def _replicas(self) -> torch.nn.Module | None:
+        """The model as torch's DDP replicates it over the learner group (None alone), wrapped at
+        the first update: the rank has joined the group by then."""
+        if world_size() == 1:
+            return None
+        if self._ddp is None:
+            self._ddp = data_parallel(cast(torch.nn.Module, self.model))
+        return self._ddp
 
     def state_bytes(self) -> int:
         """Bytes the learner keeps on its device: weights, Adam moments, the algorithm's own

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..contracts.config import LearnerConfig
 from ..learner.device import DeviceContext
-from ..learner.distributed import average_gradients, mean_across_learners
+from ..learner.distributed import mean_across_learners
 from ..learner.precision import amp_enabled
 from ..policy.actor_critic import STATE
 from ..policy.protocol import EnvPolicy
@@ -40,10 +40,10 @@ def _optimizer_step(
 ) -> tuple[Tensor, bool]:
     """Clip and step; returns (grad_norm, skipped). A non-finite gradient never reaches the weights.
 
-    With data-parallel learners the (still scaled) gradients are averaged first, so an inf on
-    one replica reaches all of them and every replica takes the same skip decision.
+    With data-parallel learners the (still scaled) gradients were averaged by DDP in the backward
+    pass, so an inf on one replica reaches all of them and every replica takes the same skip
+    decision.
     """
-    average_gradients(params)
     if scaler is not None:
         scaler.unscale_(optimizer)  # type: ignore[attr-defined]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -95,8 +95,14 @@ def run_update(
     scaler: object | None = None,
     generator: torch.Generator | None = None,
     seq_len: int | None = None,
+    replicas: nn.Module | None = None,
 ) -> UpdateResult:
     """Epochs x minibatches of `loss_fn` over a flat batch whose fields are [B, ...] on dev.
+
+    `replicas`: the model as DDP wraps it in a learner group (`data_parallel`): the loss runs
+    through it, and each micro-batch's gradients are averaged across the replicas as its
+    backward pass runs (a static graph, which DDP's `no_sync` does not allow: an env policy's
+    gradients are small, and the sum of averages is the average of the sums).
 
     B must be a multiple of cfg.batch_size (the config validates it), so every minibatch has the
     same shape. With `seq_len` (learner.minibatch=sequences) the batch is time-major [T, E]
@@ -123,7 +129,9 @@ def run_update(
                 if STATE in batch:  # per column: a sequence's row at t = 0 is its column's index
                     micro_batch[STATE] = batch[STATE].index_select(0, idx.view(-1, seq_len or 1)[:, 0])
                 with dev.autocast(amp_enabled(cfg), cfg.amp_dtype):
-                    loss, stats = loss_fn(model, micro_batch)
+                    loss, stats = (
+                        loss_fn(model, micro_batch) if replicas is None else replicas(loss_fn, micro_batch)
+                    )
                 scaled = loss / cfg.grad_accum_steps
                 (scaler.scale(scaled) if scaler is not None else scaled).backward()  # type: ignore[attr-defined]
                 for name, value in stats.items():

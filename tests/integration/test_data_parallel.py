@@ -1,5 +1,6 @@
 """Data-parallel learners: two learner actors in one process group (gloo here; HCCL on Ascend and
-NCCL on CUDA use the same code), each training on half of every round, stay identical and learn."""
+NCCL on CUDA use the same code), each training on half of every round as a replica of torch's DDP,
+stay identical and learn."""
 
 import threading
 
