@@ -423,7 +423,14 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
         return t.numel() * t.element_size()
 
     torch.set_num_threads(1)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # The estimate is of what a device's allocator would count: tensors. The libraries' code and
+    # import-time state (transformers and the model's classes, the tokenizer's, relay's policy
+    # layer) are on the host whatever the device, so the baseline is taken after importing them.
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    import relay_rl.policy.causal_lm  # noqa: F401
+
+    base = _resident(reset_peak=True)
     cfg = RelayConfig.model_validate(_sharded_config(folder, world))
     learner = LanguageLearner(cfg)
     if world > 1:
@@ -445,17 +452,28 @@ def _sharded_rank(rank: int, world: int, folder: str, port: int, out: str) -> No
 
     params = sum(local(p) for p in learner.policy.parameters())
     state = sum(local(v) for s in learner.optimizer.state.values() for v in s.values() if torch.is_tensor(v))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _resident("VmHWM")
     Path(out).write_text(
         json.dumps(
             {
                 "held": params + max(grads) + state,
                 "params": params,
-                "peak_rss": (peak - base) * 1024,
+                "peak_rss": peak - base,
                 "tokens_per_s_per_device": rates[-1],
             }
         )
     )
+
+
+def _resident(field: str = "VmRSS", reset_peak: bool = False) -> int:
+    """This process's resident bytes now (VmRSS) or at their peak since the last reset (VmHWM);
+    `reset_peak`: the peak starts again from now (Linux: /proc/self/clear_refs)."""
+    if reset_peak:
+        Path("/proc/self/clear_refs").write_text("5")
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _sharded_config(folder: str, world: int) -> dict[str, Any]:
@@ -466,10 +484,10 @@ def _sharded_config(folder: str, world: int) -> dict[str, Any]:
 
 def sharded(layers: int) -> None:
     """The language learner on one rank and sharded over two (FSDP2, gloo, one process each, one
-    thread each): the parameter + gradient + optimizer bytes a rank holds, its peak RSS over the
-    process's own start (rank 0's, which reads the whole model once and hands each rank its
-    shards, and the last rank's, which never holds it whole), tokens/s per device, and the memory
-    estimate beside them."""
+    thread each): the parameter + gradient + optimizer bytes a rank holds, its peak RSS over what it
+    held once its libraries were imported (rank 0's, which reads the whole model once and hands
+    each rank its shards, and the last rank's, which never holds it whole), tokens/s per device,
+    and the memory estimate beside them."""
     import socket
 
     import torch.multiprocessing as mp
@@ -477,24 +495,43 @@ def sharded(layers: int) -> None:
     from relay_rl.contracts.config import RelayConfig
     from relay_rl.services.driver.families.language import memory_estimate
 
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = _memory_folder(tmp, layers)
-        for world in (1, 2):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            outs = [f"{tmp}/rank{world}-{k}.json" for k in range(world)]
-            ctx = mp.get_context("spawn")
+    def ranks(world: int, folder: Path, tmp: str, malloc: dict[str, str]) -> list[dict[str, Any]]:
+        """`world` ranks of `_sharded_rank`, spawned with `malloc` in their environment: what each wrote."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        outs = [f"{tmp}/rank{world}-{k}.json" for k in range(world)]
+        saved = dict(os.environ)
+        os.environ.update(malloc)  # spawned processes take the environment as it is at their start
+        try:
             procs = [
-                ctx.Process(target=_sharded_rank, args=(k, world, str(folder), port, outs[k]))
+                mp.get_context("spawn").Process(
+                    target=_sharded_rank, args=(k, world, str(folder), port, outs[k])
+                )
                 for k in range(world)
             ]
             for proc in procs:
                 proc.start()
             for proc in procs:
                 proc.join()
-            got = [json.loads(Path(o).read_text()) for o in outs]
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return [json.loads(Path(o).read_text()) for o in outs]
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _memory_folder(tmp, layers)
+        for world in (1, 2):
+            # Memory: glibc's malloc keeps freed blocks below its dynamic mmap threshold (it
+            # rises to 32 MB as big blocks are freed) in its heap, and RSS counts them, where a
+            # device allocator's peak counts live tensors only. With the threshold fixed, a freed
+            # tensor leaves RSS, and the peak is of live bytes. Speed: a run of its own with
+            # malloc as it comes (mapping every block costs page faults).
+            got = ranks(world, folder, tmp, {"MALLOC_MMAP_THRESHOLD_": "65536"})
+            speed = ranks(world, folder, tmp, {})
+            for g, sp in zip(got, speed, strict=True):
+                g["tokens_per_s_per_device"] = sp["tokens_per_s_per_device"]
             est = memory_estimate(RelayConfig.model_validate(_sharded_config(str(folder), world)))
             rows.append((world, got[0], est, got[-1]))
     params = rows[0][1]["params"] // 4
