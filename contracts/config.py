@@ -371,6 +371,18 @@ class PromptsConfig(_Section):
     reward_timeout_s: float = Field(
         30.0, gt=0, le=86_400, description="Seconds a reward function may take for one batch."
     )
+    reward_norm: Literal["none", "running"] = Field(
+        "none",
+        description="What the update trains on: the rewards as scored (none), or less their running "
+        "mean over every reward so far, over its running std (running; a reward model's scale stops "
+        "mattering). The metrics' reward_mean is the rewards as scored either way.",
+    )
+    reward_clip: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="Clip what the update trains on to [-c, c], after reward_norm (null: no clipping).",
+    )
     batch_size: int = Field(
         4, ge=1, le=65_536, description="Prompts per round; each gets learner.group_size completions."
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch._dynamo
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ..policy.compiling import torch_backend
 
@@ -199,8 +200,6 @@ class DeviceContext:
             amp = backend_module("npu").amp
             return amp.sharded_grad_scaler.ShardedGradScaler() if sharded else amp.GradScaler()
         if sharded:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
             return ShardedGradScaler(self.type)
         return torch.amp.GradScaler(self.type)
 

@@ -32,7 +32,6 @@ npu, inductor elsewhere).
 from __future__ import annotations
 
 import copy
-
 import functools
 import sys
 from collections.abc import Callable, Mapping

@@ -41,6 +41,10 @@ LANGUAGE_METRICS = MetricKeys(
         "weight_sync_retries": "generators' loads of the weights refused (another version's, or not "
         "loading) and sent again, over the run (generation.placement=workers)",
         "gen_tokens_per_s": "completion tokens generated per second of generation",
+        "reward_norm_mean": "the running mean of the rewards the update normalizes by "
+        "(prompts.reward_norm=running)",
+        "reward_norm_std": "the running standard deviation of the rewards the update normalizes by "
+        "(prompts.reward_norm=running)",
         "trained_tokens_per_s": "completion tokens the update trained on per second of update",
         "tokens_per_s_per_device": "trained tokens / update seconds / learner devices (NeMo-RL's throughput "
         "per device)",

@@ -27,6 +27,7 @@ from ...contracts.rounds import RoundResult
 from ...learner.lm.settings import lm_settings, sharded_checkpoints
 from ...rollout_workers.evaluator import EvalReport
 from ...rollout_workers.lm.generator import create_generators, generator_count
+from ...rollout_workers.lm.reward_scaling import RewardScaling
 from ...rollout_workers.lm.reward_workers import RewardPool
 from ...rollout_workers.lm.rewards import Scored, completion_text
 from ...rollout_workers.lm.rounds import groups_to_keep, reward_means
@@ -148,6 +149,7 @@ class LanguageBackend:
         self._training: _Training | None = None  # the round `step` submitted, until `taken`
         self.completions = 0
         self.reward_faults = dict.fromkeys(REWARD_FAULT_KINDS, 0)
+        self.reward_scaling = RewardScaling(cfg.prompts.reward_norm, cfg.prompts.reward_clip)
         self._warned: set[str] = set()
         try:
             self.learner = LanguageLearnerProxy(cfg, self.remote)
@@ -326,6 +328,8 @@ class LanguageBackend:
         self._training = None  # the caller asks for the next round: it counted the last one
         t0 = time.perf_counter()
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
+        # what the update trains on (prompts.reward_norm, reward_clip); the metrics keep the scores
+        train_rewards = self.reward_scaling(train_rewards)
         if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
             self._inflight = self._dispatch()
         t2 = time.perf_counter()
@@ -345,6 +349,7 @@ class LanguageBackend:
             for ref in accepts:  # done before the update began: an error of theirs comes first
                 self._learner.answer(ref)
             metrics = self._learner.answer(self._training.ref)[0]  # rank 0's: the round's
+        metrics.update(self.reward_scaling.metrics())
         if self.generators:
             self.version = int(metrics["weights_version"])
             if self.overlap:
@@ -460,7 +465,12 @@ class LanguageBackend:
         # Under overlap the next round's prompts are out being generated: not trained, not counted.
         in_flight = self._inflight is not None or self._ready is not None
         state = self._learner.state_dict(in_flight, timeout_s, None if shards is None else str(shards))
-        return {**state, "completions": self.completions, "reward_faults": dict(self.reward_faults)}
+        return {
+            **state,
+            "completions": self.completions,
+            "reward_faults": dict(self.reward_faults),
+            "reward_scaling": self.reward_scaling.state_dict(),
+        }
 
     def storage_problem(self, root: Path) -> str | None:
         """Why this run's sharded checkpoints could not be written under `root` (a learner rank on
@@ -495,6 +505,7 @@ class LanguageBackend:
         self.completions = int(state.get("completions", 0))
         saved = state.get("reward_faults") or {}
         self.reward_faults = {k: int(saved.get(k, 0)) for k in REWARD_FAULT_KINDS}
+        self.reward_scaling.load_state_dict(state.get("reward_scaling"))
         if self.generators:  # the restored weights are the generators' from now on
             self.version = int(state["version"])
             self._inflight = self._ready = None  # sampled with other weights: dropped

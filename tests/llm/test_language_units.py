@@ -252,7 +252,8 @@ def test_sharded_language_learner_rules(tmp_path):
         with pytest.raises(ConfigError, match=match):
             load_config(path, [bad])
     # compiled decoding and updates, refills and float16 are a sharded learner's too
-    sets = ["generation.compile=true", "learner.compile=true", "learner.use_amp=true", "learner.amp_dtype=float16"]
+    sets = ["generation.compile=true", "learner.compile=true"]
+    sets += ["learner.use_amp=true", "learner.amp_dtype=float16"]
     assert load_config(path, sets).learner.num_learners == 2
     refills = ["learner.lm.drop_equal_groups=true", "learner.lm.refill_rounds=2"]
     assert load_config(path, refills).learner.num_learners == 2
