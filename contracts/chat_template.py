@@ -41,10 +41,13 @@ def render_budget_s(rows: int) -> float:
     return RENDER_SECONDS + RENDER_SECONDS_PER_ROW * rows
 
 
-def render_all(tokenizer: Any, conversations: list[list[dict[str, Any]]]) -> list[str]:
+def render_all(
+    tokenizer: Any, conversations: list[list[dict[str, Any]]], generation_prompt: bool = True
+) -> list[str]:
     """The text of each conversation through the tokenizer's chat template with the generation
-    prompt added, rendered in a child process; TemplateError naming the row (1-based, among
-    `conversations`) and the limit where one fails."""
+    prompt added (a prompt to sample from; `generation_prompt=False`: a whole conversation, its
+    last reply included, as a reward model reads it), rendered in a child process;
+    TemplateError naming the row (1-based, among `conversations`) and the limit where one fails."""
     if not conversations:
         return []
     try:
@@ -55,6 +58,7 @@ def render_all(tokenizer: Any, conversations: list[list[dict[str, Any]]]) -> lis
         "template": template,
         "special_tokens": dict(tokenizer.special_tokens_map),
         "conversations": conversations,
+        "generation_prompt": generation_prompt,
         "max_chars": MAX_RENDERED_CHARS,
         "memory_bytes": RENDER_MEMORY_BYTES,
     }
@@ -91,7 +95,7 @@ def _render(request: dict[str, Any]) -> None:
             chats, _ = render_jinja_template(  # type: ignore[str-unpack]
                 conversations=[[{k: v for k, v in m.items() if v is not None} for m in messages]],
                 chat_template=request["template"],
-                add_generation_prompt=True,
+                add_generation_prompt=bool(request.get("generation_prompt", True)),
                 **request["special_tokens"],
             )
             text = chats[0]

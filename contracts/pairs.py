@@ -1,0 +1,126 @@
+"""Preference pairs (`learner.algo: reward_model`'s `prompts.train` and `prompts.eval`): what a
+reward model is trained and checked on, a contract the learner (which scores them) and the
+driver's checks (which read them first) share.
+
+A local JSONL or Parquet file, read under the prompt files' budgets (`contracts/prompts.py`);
+each row has `chosen` and `rejected` (text, or chat messages), an optional `prompt` before them
+(text, or chat messages) and an optional `margin` (a number: how much better `chosen` is, for
+a margin in the Bradley–Terry loss); other columns are ignored. A row is read the way a served
+reward model reads a completion (`rollout_workers/lm/reward_models.py`): a text prompt and its
+reply are one text; a chat prompt and its reply (a text reply becomes the assistant's message)
+one conversation rendered by the tokenizer's chat template with nothing appended (in the
+budgeted child process of `contracts/chat_template.py`). Tokens are taken without special tokens
+added, as the served model takes them. Everything wrong is found before a run starts, in one
+line naming the file and the row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .chat_template import MAX_RENDERED_CHARS, TemplateError, render_all
+from .prompts import PROMPT, PromptError, _Budget, _is_messages, _read_rows
+
+CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
+
+
+@dataclass
+class PairSet:
+    """The rows of a pairs file: each side's token ids, and each row's margin (None without a
+    margin column)."""
+
+    chosen_ids: list[list[int]]
+    rejected_ids: list[list[int]]
+    margins: list[float] | None
+
+    def __len__(self) -> int:
+        return len(self.chosen_ids)
+
+
+def _conversation(prompt: Any, reply: Any, where: str, n: int, side: str) -> str | list[dict[str, Any]]:
+    """One side of row `n` as the reward model reads it: a text, or a conversation to render."""
+    if not ((isinstance(reply, str) and reply) or _is_messages(reply)):
+        raise PromptError(f"{where}: row {n} has no '{side}' column of text or chat messages")
+    if prompt is None:
+        return reply  # a whole text, or a whole conversation
+    if isinstance(prompt, str):
+        if not isinstance(reply, str):
+            raise PromptError(
+                f"{where}: row {n}: a text prompt with a chat '{side}'; make both text or both chat"
+            )
+        return prompt + reply
+    if isinstance(reply, str):
+        reply = [{"role": "assistant", "content": reply}]
+    return [*prompt, *reply]
+
+
+def _margin(row: dict[str, Any], where: str, n: int) -> float:
+    if MARGIN not in row:
+        raise PromptError(f"{where}: row {n}: '{MARGIN}' must be in every row or in none")
+    margin = row[MARGIN]
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not math.isfinite(margin):
+        raise PromptError(f"{where}: row {n}: '{MARGIN}' is not a finite number")
+    return float(margin)
+
+
+def load_pairs(path: str | Path, tokenizer: Any, max_tokens: int, label: str = "prompts.train") -> PairSet:
+    """Every pair of the file, tokenized; PromptError (one line) on the first thing wrong: a
+    row without both sides, a prompt that is neither text nor messages, a margin that is not a
+    finite number in every row or in none, a side over `max_tokens` tokens, or a budget spent."""
+    budget = _Budget(label, Path(path))
+    rows = _read_rows(Path(path), label, budget)
+    where = budget.where
+    if not rows:
+        raise PromptError(f"{label}={path}: no rows")
+    with_margin = MARGIN in rows[0]
+    sides: list[str | list[dict[str, Any]]] = []
+    margins: list[float] = []
+    for n, row in enumerate(rows, 1):
+        prompt = row.get(PROMPT)
+        if prompt is not None and not ((isinstance(prompt, str) and prompt) or _is_messages(prompt)):
+            raise PromptError(f"{where}: row {n}: '{PROMPT}' is neither text nor chat messages")
+        if with_margin:
+            margins.append(_margin(row, where, n))
+        elif MARGIN in row:
+            raise PromptError(f"{where}: row {n}: '{MARGIN}' must be in every row or in none")
+        sides += [_conversation(prompt, row.get(side), where, n, side) for side in (CHOSEN, REJECTED)]
+    ids = _tokens(tokenizer, _render(tokenizer, sides, where), max_tokens, budget)
+    return PairSet(ids[0::2], ids[1::2], margins if with_margin else None)
+
+
+def _tokens(tokenizer: Any, texts: list[str], max_tokens: int, budget: _Budget) -> list[list[int]]:
+    """Each side's token ids (no special tokens added, as the served model reads it)."""
+    ids: list[list[int]] = []
+    for k, text in enumerate(texts):
+        at = f"{budget.where}: row {k // 2 + 1}: '{(CHOSEN, REJECTED)[k % 2]}'"
+        if len(text) > MAX_RENDERED_CHARS:
+            raise PromptError(f"{at} is {len(text)} characters, over {MAX_RENDERED_CHARS}")
+        tokens = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not tokens:
+            raise PromptError(f"{at} has no tokens")
+        if len(tokens) > max_tokens:
+            raise PromptError(f"{at} is {len(tokens)} tokens, over the {max_tokens} it may take")
+        ids.append(tokens)
+        if k % 1024 == 0:
+            budget.clock()
+    return ids
+
+
+def _render(tokenizer: Any, sides: list[str | list[dict[str, Any]]], where: str) -> list[str]:
+    """Each side's text: itself, or its conversation through the chat template, whole."""
+    chats = [k for k, s in enumerate(sides) if not isinstance(s, str)]
+    try:
+        rendered = render_all(tokenizer, [sides[k] for k in chats], generation_prompt=False)  # type: ignore[misc]
+    except TemplateError as err:
+        at, _, why = str(err).partition(": ")
+        if at.startswith("row ") and at[4:].isdigit():
+            k = chats[int(at[4:]) - 1]
+            raise PromptError(f"{where}: row {k // 2 + 1}: {why}") from None
+        raise PromptError(f"{where}: {err}") from None
+    texts = [s if isinstance(s, str) else "" for s in sides]
+    for k, text in zip(chats, rendered, strict=True):
+        texts[k] = text
+    return texts
