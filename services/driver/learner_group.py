@@ -27,6 +27,7 @@ from ...learner.device import ray_options
 from ...learner.lm.actor import LanguageLearnerActor
 from ...services.driver.cluster import wait_until_placed
 from ...services.driver.loop import LearnerLost
+from ...services.runs.signals import signals_held
 
 # A new rank's actor handle, not yet placed, from the Ray options that place it (its bundle).
 RankFactory = Callable[..., Any]
@@ -111,8 +112,12 @@ class LearnerGroup:
         return len(self.ranks)
 
     def each(self, call: Callable[[Any], Any]) -> list[Any]:
-        """`call(rank)` on every rank, in rank order: the calls' refs."""
-        return [call(rank) for rank in self.ranks]
+        """`call(rank)` on every rank, in rank order: the calls' refs. Submitted as one: a stop
+        signal waits until every rank has the call (a signal between two submissions would leave
+        a rank without a call its peers make collectives in, and the stop's own calls, its final
+        checkpoint's, would then meet those collectives out of step)."""
+        with signals_held():
+            return [call(rank) for rank in self.ranks]
 
     @staticmethod
     def answer(refs: Any, timeout_s: float | None = None) -> Any:

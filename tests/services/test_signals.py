@@ -162,3 +162,37 @@ def test_a_ctrl_c_during_a_local_update_waits_for_the_update_and_counts_its_roun
     assert cut.counters.iteration == whole.counters.iteration == cut.learner["version"] == 4
     for name, tensor in whole.learner["model"].items():
         assert torch.equal(cut.learner["model"][name], tensor), name
+
+
+def test_a_stop_signal_waits_until_every_learner_rank_has_the_call():
+    """The learner group submits a call to every rank as one (`LearnerGroup.each`): a SIGTERM
+    between two ranks' submissions arrives after the last, so no rank is left without a call its
+    peers make collectives in (the stop's final checkpoint would meet them out of step). The
+    ranks are stand-ins: what is checked is the submission, not Ray."""
+    import signal
+
+    from relay_rl.services.driver.learner_group import LearnerGroup
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stop
+
+    group = LearnerGroup.__new__(LearnerGroup)  # its submissions only: no cluster
+    group.ranks = [0, 1, 2]
+    given: list[int] = []
+
+    def call(rank: int) -> int:
+        given.append(rank)
+        if rank == 0:
+            signal.raise_signal(signal.SIGTERM)  # between rank 0's submission and rank 1's
+        return rank
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stop):
+            group.each(call)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert given == [0, 1, 2]
