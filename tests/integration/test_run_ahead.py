@@ -67,9 +67,14 @@ def test_rounds_run_ahead_and_every_checkpoint_matches_the_counters(local_ray, t
     # A checkpoint every 4 iterations: each read the state asked for in order, most of them while
     # the next round trained; the final one, after the stop took every round, asked afresh.
     interval, final = states[: len(lines) // 4], states[len(lines) // 4 :]
-    assert all(asked for asked, _ in interval), interval
+    # Asked ahead where the round predicted to end on the checkpoint updated; one that came back
+    # without an update (its segments dropped, as a loaded host makes happen) moves the checkpoint
+    # to a later round, which asks afresh. Either way each one matches its counters (below).
+    assert sum(asked for asked, _ in interval) >= max(len(interval) - 1, 1), interval
     assert sum(ahead == 1 for _, ahead in interval) >= len(interval) // 2, interval  # a round trained
-    assert final and all(state == (False, 0) for state in final), final  # the stop took every round
+    assert all(state == (False, 0) for state in final), final  # the stop took every round
+    # none where the stop's iteration had its interval checkpoint already (nothing came after it)
+    assert final or lines[-1]["iteration"] % 4 == 0, (final, lines[-1]["iteration"])
     assert [x["iteration"] for x in lines] == list(range(1, len(lines) + 1))
     assert [x["weights_version"] for x in lines] == [x["iteration"] for x in lines]
     _assert_checkpoints_match_counters(tmp_path / "run")
