@@ -328,8 +328,6 @@ class LanguageBackend:
         self._training = None  # the caller asks for the next round: it counted the last one
         t0 = time.perf_counter()
         gens, scores, train_rewards, gen_s, reward_s = self._collect()
-        # what the update trains on (prompts.reward_norm, reward_clip); the metrics keep the scores
-        train_rewards = self.reward_scaling(train_rewards)
         if self.overlap:  # round k+1 samples with the weights round k trains (one version stale)
             self._inflight = self._dispatch()
         t2 = time.perf_counter()
@@ -337,12 +335,12 @@ class LanguageBackend:
             # The update runs in this thread: a stop waits for it (cut halfway, it would leave
             # weights between two versions), and `drain` counts its round.
             with signals_held():
-                metrics = self._learner.train(train_rewards)
+                metrics = self._learner.train(self._scaled(train_rewards))
                 self._training = _Training(None, gens, scores, reward_s, gen_s, t2, metrics=metrics)
         else:
             accepts, self._accepts = self._accepts, []  # this round's, queued before its update
             with signals_held():  # submitted and recorded as one (see RayBackend._submit)
-                call = self._learner.submit_train(train_rewards)
+                call = self._learner.submit_train(self._scaled(train_rewards))
                 self._training = _Training(call, gens, scores, reward_s, gen_s, t2, waited=t2 - t0)
             if self.overlap:
                 self._prefetch()
@@ -362,6 +360,12 @@ class LanguageBackend:
                 metrics.update(self._sync_weights())
             metrics["weight_sync_retries"] = self.weight_sync_retries
         return self._count(self._training or _Training(None, gens, scores, reward_s, gen_s, t2), metrics)
+
+    def _scaled(self, rewards: list[float | None]) -> list[float | None]:
+        """What the update trains on (prompts.reward_norm, reward_clip; the metrics keep the
+        scores). Called with the stop signals held, with the update it feeds: the running moments
+        never take a round that was not trained."""
+        return self.reward_scaling(rewards)
 
     def _count(self, round_: _Training, metrics: dict[str, Any]) -> RoundResult:
         """The round's result, its completions and reward faults counted with stop signals held,
