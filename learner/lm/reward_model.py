@@ -15,7 +15,9 @@ autocast where asked. No Ray here: the driver runs it (`services/driver`).
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +97,14 @@ def build_scorer(path: str, pad_id: int) -> Any:
     return model
 
 
+def bucket_width(rows: list[list[int]]) -> int:
+    """The longest row's tokens, rounded up to a multiple of BUCKET."""
+    return -(-max(len(r) for r in rows) // BUCKET) * BUCKET
+
+
 def padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Rows padded on the right to a multiple of BUCKET: ids and mask [R, W]."""
-    width = -(-max(len(r) for r in rows) // BUCKET) * BUCKET
+    width = bucket_width(rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for k, r in enumerate(rows):
@@ -144,7 +151,7 @@ class RewardModelLearner:
         rejected = [self.pairs.rejected_ids[i] for i in idx]
         margins = self.pairs.margins
         margin = None if margins is None else torch.tensor([margins[i] for i in idx], device=self.dev.device)
-        width = -(-max(len(r) for r in chosen + rejected) // BUCKET) * BUCKET
+        width = bucket_width(chosen + rejected)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         got_c, got_r = [], []
@@ -201,18 +208,21 @@ class RewardModelLearner:
 
     def export_hf(self, folder: str | Path, check_rows: int = 8) -> None:
         """A folder `AutoModelForSequenceClassification.from_pretrained` loads (safetensors, its
-        tokenizer beside it), checked as it is written: the folder, loaded back, scores the first
+        tokenizer beside it), checked before it takes its name: loaded back, it scores the first
         pairs as the learner does (within 1e-4), or nothing is left of it."""
         from transformers import AutoModelForSequenceClassification
 
         out = Path(folder)
         if out.exists():
             raise FileExistsError(f"{out} exists: relay never replaces a folder")
-        self.model.save_pretrained(str(out), safe_serialization=True)
-        self.tokenizer.save_pretrained(str(out))
+        # written beside it and renamed into place (as `relay export` writes a policy's): a crash
+        # or a signal leaves nothing under its name, or the whole checked folder
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
+            self.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.tokenizer.save_pretrained(str(tmp))
             back = AutoModelForSequenceClassification.from_pretrained(
-                str(out),
+                str(tmp),
                 local_files_only=True,
                 trust_remote_code=False,
                 use_safetensors=True,
@@ -228,6 +238,7 @@ class RewardModelLearner:
                     f"the exported reward model scores {float((theirs - ours).abs().max()):.3g} away from "
                     "the learner's: nothing was exported"
                 )
+            os.rename(tmp, out)
         except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)
             raise
