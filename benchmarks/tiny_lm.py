@@ -1,7 +1,8 @@
 """Tiny random-init Hugging Face models with a tokenizer written here (nothing is downloaded): a
 character-level tokenizer over digits, letters and a few signs, saved as a real model folder; and
-a prompt file of one-digit sums. The tests, the LLM benchmarks and the README's first language run
-use them (`python benchmarks/tiny_lm.py` writes models/tiny-llama and data/sums.jsonl).
+a prompt file of one-digit sums; and preference pairs over those sums (`--pairs`). The tests, the
+LLM benchmarks and the README's first language run use them (`python benchmarks/tiny_lm.py` writes
+models/tiny-llama and data/sums.jsonl).
 
 A Qwen2.5-0.5B-shaped config (`qwen_05b_config`) gives the benchmarks the real shape with random
 weights, from its config alone.
@@ -120,6 +121,50 @@ def sums_rows() -> list[dict]:
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
+def sum_pairs(seed: int, per_prompt: int = 4) -> list[dict]:
+    """Preference pairs over the sums prompts, a known judge behind them: the right answer is
+    preferred to `per_prompt` others each: a wrong sum, the right one with stray characters after
+    it, or one to three characters of anything (what a policy samples before it learns; a reward
+    model that never saw such replies scores them at random, and a policy finds the ones it
+    scores high)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for a in range(10):
+        for b in range(10):
+            right = str(a + b)
+            for _ in range(per_prompt):
+                draw = rng.random()
+                if draw < 0.5:
+                    wrong = str(rng.choice([n for n in range(19) if n != a + b]))
+                elif draw < 0.65:
+                    wrong = right + rng.choice(["+", "=", "0", " 1"])
+                elif draw < 0.8:  # three digits: longer than any one-digit sum
+                    wrong = "".join(rng.choice(string.digits) for _ in range(3))
+                else:
+                    wrong = "".join(rng.choice(CHARS[:-1]) for _ in range(rng.randint(1, 3)))
+                    wrong = wrong if wrong != right else right + "?"
+                rows.append({"prompt": f"{a}+{b}=", "chosen": right, "rejected": wrong})
+    rng.shuffle(rows)
+    return rows
+
+
+def write_pairs(path: Path) -> int:
+    """The pairs file `path` and its held-out twin (`<stem>-eval.jsonl`, other wrong answers),
+    neither of which may exist."""
+    held = path.with_name(f"{path.stem}-eval{path.suffix}")
+    for p in (path, held):
+        if p.exists():
+            print(f"tiny_lm: {p} exists; nothing written", file=sys.stderr)
+            return 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, sum_pairs(0))
+    write_jsonl(held, sum_pairs(1, per_prompt=1))
+    print(f"wrote {path} and {held}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -127,7 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="models/tiny-llama", help="the model folder to write (must not exist)")
     p.add_argument("--arch", default="llama", choices=["llama", "qwen2", "gpt2"])
     p.add_argument("--prompts", default="data/sums.jsonl", help="the prompt file to write (must not exist)")
+    p.add_argument(
+        "--pairs",
+        help="write only preference pairs over the sums (the right answer preferred) to this file, "
+        "and held-out ones beside it (<stem>-eval.jsonl); neither may exist",
+    )
     args = p.parse_args(argv)
+    if args.pairs:
+        return write_pairs(Path(args.pairs))
     model, prompts = Path(args.model), Path(args.prompts)
     for path in (model, prompts):
         if path.exists():

@@ -17,6 +17,7 @@ memory), and non-finite floats are refused.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import types
 from collections.abc import Callable, Mapping
@@ -289,14 +290,16 @@ class RolloutConfig(_Section):
         return value
 
 
-# Families of runs: an env family (an env's steps, a policy under relay's heads) and a language
-# family (prompts and completions, a causal LM). A model kind belongs to one; every kind not
+# Families of runs: an env family (an env's steps, a policy under relay's heads), a language
+# family (prompts and completions, a causal LM) and a preference family (preference pairs, a
+# reward model: a causal LM's body under a scalar score head). A model kind belongs to one; every kind not
 # named here is the env family's. What differs by family in the config contract is the family's
 # learner defaults, its moved keys and its cross-field rules (CONFIG_FAMILIES below); everything
 # else a family decides lives in its entry above this layer (services/driver/families/).
 ENV_FAMILY = "env"
 LANGUAGE_FAMILY = "language"
-MODEL_FAMILIES: dict[str, str] = {"causal_lm": LANGUAGE_FAMILY}
+PREFERENCE_FAMILY = "preference"
+MODEL_FAMILIES: dict[str, str] = {"causal_lm": LANGUAGE_FAMILY, "reward_model": PREFERENCE_FAMILY}
 
 
 def family_of_kind(kind: Any) -> str:
@@ -314,6 +317,9 @@ LANGUAGE_LEARNER_DEFAULTS: dict[str, Any] = {
     "max_grad_norm": 1.0,
     "entropy_coef": 0.0,
 }
+# learner.* defaults of a reward model's run (TRL's RewardConfig: a learning rate for a pretrained
+# body, not an env policy's 3e-4).
+PREFERENCE_LEARNER_DEFAULTS: dict[str, Any] = {"algo": "bradley_terry", "lr": 1e-5, "max_grad_norm": 1.0}
 # learner.grpo keys of a language run written before the update's settings became their own
 # sections (2026-12): each moves to the section that owns it now, so those configs keep loading.
 LANGUAGE_MOVED_KEYS: dict[str, str] = {
@@ -478,8 +484,9 @@ class GenerationConfig(_Section):
 class LearnerConfig(_EntrySections):
     algo: str = Field(
         "ppo",
-        description="Update rule, a name from the algorithm registry: ppo (actor-critic) or grpo "
-        "(critic-free, group-relative advantages).",
+        description="Update rule, a name from the model kind's family's registry: an env policy's ppo "
+        "(actor-critic) or grpo (critic-free, group-relative advantages); a causal LM's advantage "
+        "estimator (grpo, rloo, reinforce_pp); a reward model's loss (bradley_terry).",
     )
     device: str = Field(
         "auto", max_length=32, description="auto (npu, then cuda, then cpu), cpu, cuda[:i] or npu[:i]."
@@ -931,7 +938,12 @@ class RelayConfig(_Section):
         learner = data.get("learner")
         if learner is not None and not isinstance(learner, dict):
             return data
-        return {**data, "learner": family.learner(learner or {})}
+        out = {**data, "learner": family.learner(learner or {})}
+        for section, defaults in family.defaults.items():
+            given = data.get(section)
+            if given is None or isinstance(given, dict):
+                out[section] = {**defaults, **(given or {})}
+        return out
 
     @property
     def segment_steps(self) -> int:
@@ -1096,6 +1108,37 @@ def _language_problems(cfg: RelayConfig) -> list[str]:
         problems.append("eval.video_every: a causal_lm run has no frames to film (set it to 0)")
     lora = cfg.model.lora is not None
     return problems + _generation_problems(gen, cfg.rollout.num_workers, lora) + _eval_problems(cfg)
+
+
+def _preference_problems(cfg: RelayConfig) -> list[str]:
+    """Rules of a reward model's run (model.kind=reward_model): a model folder and a pairs file;
+    its learner trains in the driver's process on one device (its env, buffer, segment,
+    generation and reward settings are unused)."""
+    problems: list[str] = []
+    kind = "model.kind=reward_model"
+    if cfg.model.path is None:
+        problems.append(f"{kind} needs model.path (a local Hugging Face folder)")
+    if cfg.prompts.train is None:
+        problems.append(f"{kind} needs prompts.train (a JSONL or Parquet file of preference pairs)")
+    if cfg.prompts.rewards:
+        problems.append(f"{kind} learns its reward from preference pairs: set prompts.rewards=[]")
+    if cfg.rollout.num_workers:
+        problems.append(
+            f"{kind} has no rollout workers (its learner trains in the driver's process): set "
+            "rollout.num_workers=0"
+        )
+    if cfg.learner.num_learners != 1:
+        problems.append(f"{kind} trains on one learner device for now: set learner.num_learners=1")
+    if _no_stop(cfg):
+        problems.append(
+            "no stop criterion: set stop.iterations, stop.env_steps (trained tokens), stop.wall_s or "
+            "stop.episode_return_mean (train pair accuracy)"
+        )
+    if cfg.eval.every_iterations and cfg.prompts.eval is None:
+        problems.append(f"eval.every_iterations > 0 needs prompts.eval (held-out pairs) for a {kind} run")
+    if cfg.eval.video_every:
+        problems.append(f"eval.video_every: a {kind} run has no frames to film (set it to 0)")
+    return problems + _eval_problems(cfg)
 
 
 def _generation_problems(gen: GenerationConfig, num_workers: int, lora: bool) -> list[str]:
@@ -1493,17 +1536,28 @@ def _env_learner(learner: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ConfigFamily:
     """A family's part of the config contract: its learner section as the user's becomes it
-    (defaults, moved keys), its cross-field rules, and the words its progress lines use for
-    env_steps and the episode return (a language run counts tokens and scores rewards)."""
+    (defaults, moved keys), its cross-field rules, the words its progress lines use for
+    env_steps and the episode return (a language run counts tokens and scores rewards), and other
+    sections' defaults where the family's differ."""
 
     learner: Callable[[dict[str, Any]], dict[str, Any]]
     problems: Callable[[RelayConfig], list[str]]
     steps_word: str = "steps"
     steps_phrase: str = "env steps"
     return_word: str = "return"
+    # other sections' defaults where they differ for the family (under what the user set)
+    defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 CONFIG_FAMILIES: dict[str, ConfigFamily] = {
     ENV_FAMILY: ConfigFamily(_env_learner, _cross_field_problems),
     LANGUAGE_FAMILY: ConfigFamily(_language_learner, _language_problems, "tokens", "tokens", "reward"),
+    PREFERENCE_FAMILY: ConfigFamily(
+        lambda learner: {**PREFERENCE_LEARNER_DEFAULTS, **learner},
+        _preference_problems,
+        "tokens",
+        "tokens",
+        "pair accuracy",
+        {"rollout": {"num_workers": 0}},  # its learner trains in the driver's process
+    ),
 }

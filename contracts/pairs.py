@@ -25,6 +25,10 @@ from .chat_template import MAX_RENDERED_CHARS, TemplateError, render_all
 from .prompts import PROMPT, PromptError, _Budget, _is_messages, _read_rows
 
 CHOSEN, REJECTED, MARGIN = "chosen", "rejected", "margin"
+# Rows a reward model scores are padded on the right to a multiple of this many tokens, trained
+# (`learner/lm/reward_model.py`) and served (`rollout_workers/lm/reward_models.py`) alike: a few
+# shapes, and the same shapes give the same scores.
+BUCKET = 64
 
 
 @dataclass
@@ -55,6 +59,26 @@ def _conversation(prompt: Any, reply: Any, where: str, n: int, side: str) -> str
     if isinstance(reply, str):
         reply = [{"role": "assistant", "content": reply}]
     return [*prompt, *reply]
+
+
+def scored_texts(tokenizer: Any, prompts: list[Any], replies: list[Any]) -> list[str]:
+    """What a reward model reads of each (prompt, reply), as pairs files are read: a text prompt
+    and its reply are one text; a chat prompt and its reply (a text reply becomes the assistant's
+    message) one conversation, rendered by the reward model's chat template in the budgeted
+    child process. ValueError (one line) where a pair mixes text and chat, or a template fails."""
+    sides: list[str | list[dict[str, Any]]] = []
+    for n, (prompt, reply) in enumerate(zip(prompts, replies, strict=True), 1):
+        if isinstance(prompt, str) and isinstance(reply, str):
+            sides.append(prompt + reply)  # an empty reply too: the model ended at once
+        elif _is_messages(prompt) and (isinstance(reply, str) or _is_messages(reply)):
+            said = [{"role": "assistant", "content": reply}] if isinstance(reply, str) else reply
+            sides.append([*prompt, *said])
+        else:
+            raise ValueError(f"completion {n}: a text prompt takes a text reply, a chat prompt a chat one")
+    try:
+        return _render(tokenizer, sides, "completions")
+    except PromptError as err:
+        raise ValueError(str(err)) from None
 
 
 def _margin(row: dict[str, Any], where: str, n: int) -> float:

@@ -176,8 +176,9 @@ def folder_weights(path: str) -> dict[str, Tensor]:
     return {f"model.{k}": v for k, v in load_causal_lm(path).state_dict().items()}
 
 
-def with_lora(model: nn.Module, lora: Any) -> nn.Module:
-    """`model` with peft LoRA adapters (`lora`: contracts.config.LoraConfig); only they train."""
+def with_lora(model: nn.Module, lora: Any, task: str = "CAUSAL_LM") -> nn.Module:
+    """`model` with peft LoRA adapters (`lora`: contracts.config.LoraConfig); only they train (and,
+    for a sequence classifier, task="SEQ_CLS", its score head, which peft keeps whole)."""
     from peft import LoraConfig, get_peft_model
 
     spec = LoraConfig(
@@ -185,9 +186,22 @@ def with_lora(model: nn.Module, lora: Any) -> nn.Module:
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
+        task_type=task,
     )
     return get_peft_model(model, spec)
+
+
+def checkpoint_blocks(model: Any, lora: bool) -> None:
+    """Gradient checkpointing of a transformers model's blocks (`lora`: its embeddings are frozen,
+    so the checkpointed blocks' inputs are made to ask for gradients)."""
+    # transformers 5 renamed gradient checkpointing "activation checkpointing" (the old names warn).
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if lora:
+        model.enable_input_require_grads()
 
 
 def build_language_policy(cfg: Any, meta: bool = False, empty: bool = False) -> tuple[CausalLMPolicy, Any]:
@@ -407,15 +421,9 @@ class CausalLMPolicy(nn.Module):
 
     def set_checkpointing(self, enabled: bool) -> None:
         """Gradient checkpointing of the transformer blocks (the tutorial's memory lever)."""
-        # transformers 5 renamed gradient checkpointing "activation checkpointing" (the old names warn).
-        lm, kwargs = self.lm, {"use_reentrant": False}
+        lm = self.lm
         if enabled:
-            if hasattr(lm, "activation_checkpointing_enable"):
-                lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            if self.lora:  # frozen embeddings: the checkpointed blocks' inputs must ask for gradients
-                lm.enable_input_require_grads()
+            checkpoint_blocks(lm, self.lora)
         else:
             (getattr(lm, "activation_checkpointing_disable", None) or lm.gradient_checkpointing_disable)()
 

@@ -20,7 +20,15 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from ..contracts.checkpoint import Checkpoint, CheckpointError
-from ..contracts.config import ENV_FAMILY, LANGUAGE_FAMILY, ConfigError, config_help, dump_config, load_config
+from ..contracts.config import (
+    ENV_FAMILY,
+    LANGUAGE_FAMILY,
+    PREFERENCE_FAMILY,
+    ConfigError,
+    config_help,
+    dump_config,
+    load_config,
+)
 from ..contracts.spaces import POLICY_NAME
 from ..learner.device import DeviceError, check_device
 from ..rollout_workers.envs import allow_env_module
@@ -45,6 +53,7 @@ from ..services.tools.evaluate import (
     save_video,
 )
 from ..services.tools.evaluate_lm import LanguageEvalError, evaluate_language
+from ..services.tools.evaluate_rm import PairEvalError, evaluate_pairs
 from ..services.tools.export import export_onnx
 from ..services.tools.export_hf import export_hf
 from ..services.tools.handle import PolicyLoadError
@@ -67,6 +76,7 @@ BAD_INPUT = (
     VideoError,
     SweepError,
     LanguageEvalError,
+    PairEvalError,
 )
 
 
@@ -211,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("--port", type=port_number, default=8000)
     export = sub.add_parser(
         "export",
-        help="export a checkpoint's policy (onnx: checked against onnxruntime; hf: a language run's model)",
+        help="export a checkpoint's policy (onnx: checked against onnxruntime; hf: a language run's model "
+        "or a reward model)",
     )
     export.add_argument(
         "checkpoint",
@@ -293,7 +304,8 @@ def _add_eval_parser(sub: Any) -> None:
     ev.add_argument(
         "--prompts",
         metavar="FILE",
-        help="a language run: the prompts to complete (default: the run's prompts.eval, else prompts.train)",
+        help="a language run: the prompts to complete; a reward model's: the preference pairs to score "
+        "(default: the run's prompts.eval, else prompts.train)",
     )
     ev.add_argument(
         "--reward",
@@ -373,11 +385,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
             raise InputError(
                 "--format hf takes no --env, --env-kwargs, --policy or --force (it never replaces a folder)"
             )
-        folder = export_hf(Path(_best(args.checkpoint, args.best)), Path(args.out) if args.out else None)
-        print(
-            f"wrote {folder} (a Hugging Face folder: AutoModelForCausalLM.from_pretrained loads it and "
-            "generates the policy's greedy tokens)"
-        )
+        out = Path(args.out) if args.out else None
+        folder, loads = export_hf(Path(_best(args.checkpoint, args.best)), out)
+        print(f"wrote {folder} (a Hugging Face folder: {loads})")
         return EXIT_OK
     ckpt = Path(_best(args.checkpoint, args.best))
     if not ckpt.is_file():
@@ -492,8 +502,28 @@ def _eval_language(args: argparse.Namespace, path: Path, ckpt: Checkpoint | None
     return EXIT_OK
 
 
+def _eval_pairs(args: argparse.Namespace, path: Path, ckpt: Checkpoint | None) -> int:
+    """`relay eval` of a reward model's run: its pair accuracy on preference pairs."""
+    assert ckpt is not None
+    if args.video or args.env or args.env_kwargs or args.policy or args.rewards or args.stochastic:
+        raise InputError(
+            "a reward model's evaluation takes no --video, --env, --env-kwargs, --policy, --reward or "
+            "--stochastic (it scores pairs: --prompts names a pairs file)"
+        )
+    s = evaluate_pairs(path, ckpt, args.episodes, args.prompts)
+    if args.json:
+        print(json.dumps({"source": str(path), **s}))
+    else:
+        print(
+            f"{path}: pair accuracy {s['return_mean']:.3f} over {s['episodes']} pairs (Bradley–Terry "
+            f"loss {s['loss']:.3f}, mean margin {s['reward_margin']:.3f})",
+            flush=True,
+        )
+    return EXIT_OK
+
+
 # `relay eval` of a checkpoint, by its run's family (an ONNX file is an env policy's).
-EVALUATIONS = {ENV_FAMILY: _eval_policy, LANGUAGE_FAMILY: _eval_language}
+EVALUATIONS = {ENV_FAMILY: _eval_policy, LANGUAGE_FAMILY: _eval_language, PREFERENCE_FAMILY: _eval_pairs}
 
 
 def _write_video(

@@ -27,9 +27,10 @@ def test_the_config_reference_is_what_the_code_says():
     """Regenerate with `python -m relay_rl.services.config_reference` when this fails."""
     assert config_reference.DOCS_FILE.read_text() == config_reference.render()
     page = config_reference.render()
-    for leaf in ("`learner.lm.policy_loss`", "`learner.gspo.clip_ratio_low`", "`stop.iterations`"):
+    leaves = ("`learner.lm.policy_loss`", "`learner.gspo.clip_ratio_low`", "`stop.iterations`")
+    for leaf in (*leaves, "`learner.bradley_terry.max_tokens`"):
         assert leaf in page
-    assert "Choices: ppo, grpo, rloo, reinforce_pp." in page
+    assert "Choices: ppo, grpo, rloo, reinforce_pp, bradley_terry." in page
 
 
 def test_the_docs_site_builds_with_no_broken_link(tmp_path):

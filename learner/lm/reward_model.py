@@ -1,38 +1,41 @@
-"""A reward model trained on preference pairs (`learner.algo: reward_model`): a Hugging Face
-model folder read as a scalar scorer (`AutoModelForSequenceClassification` with one label: a
-causal LM's folder gains a fresh score head, a classifier's keeps its own), trained by the
-Bradley–Terry loss on the pairs of `contracts/pairs.py`, exported as a folder that relay's own
-served reward model (`prompts.rewards: ["model:<folder>"]`) and transformers load and score
-exactly as it was trained.
+"""A reward model trained on preference pairs (`model.kind: reward_model`): a Hugging Face model
+folder read as a scalar scorer (`AutoModelForSequenceClassification` with one label: a causal
+LM's folder gains a fresh score head, a classifier's keeps its own), trained by a preference loss
+(`learner.algo`, PREFERENCE_LOSSES: the Bradley–Terry loss) on the pairs of `contracts/pairs.py`,
+exported as a folder that relay's own served reward model (`prompts.rewards: ["model:<folder>"]`)
+and transformers load and score exactly as it was trained.
 
 Scoring is the served model's (`rollout_workers/lm/reward_models.py`): rows padded on the right
 to a multiple of BUCKET tokens (a few shapes; every row's positions start at 0, as when it is
 scored alone), the score the logit at each row's last token. The update takes a batch of pairs,
 both sides in one pass, in micro-batches under a token budget, with float32 master weights under
-autocast where asked. No Ray here: the driver runs it (`services/driver`).
+autocast where asked; LoRA adapters (model.lora) train instead of the whole body where set. No
+Ray here: the driver runs it (`services/driver/preference_backend.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
-from ...contracts.pairs import PairSet, load_pairs
+from ...contracts.config import EntrySection, LoraConfig, RelayConfig, entry_section, language_seed
+from ...contracts.pairs import BUCKET, PairSet, load_pairs
 from ...contracts.prompts import PromptOrder
 from ...learner.device import resolve_device
-from ...policy.causal_lm import check_model_folder, load_tokenizer
-
-BUCKET = 64  # the served reward model's padding multiple: the same shapes, the same scores
+from ...policy.causal_lm import check_model_folder, checkpoint_blocks, load_tokenizer, with_lora
 
 
 def bradley_terry(
@@ -58,11 +61,59 @@ def bradley_terry_plain(
     return total / len(chosen)
 
 
+class PreferenceSettings(EntrySection):
+    """`learner.<learner.algo>` of a reward model's run: how long a pair's side may be, and how
+    many tokens a micro-batch takes."""
+
+    max_tokens: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Tokens a pair's side (prompt and reply together) may take; a file with a longer "
+        "one is refused before the run starts.",
+    )
+    micro_batch_tokens: int = Field(
+        8192,
+        ge=1,
+        le=2**31,
+        description="Tokens (both sides of the pairs, padding included) per forward/backward "
+        "micro-batch; gradients accumulate over the update's prompts.batch_size pairs.",
+    )
+
+
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """A loss of scored pairs: (chosen [B], rejected [B], margin [B] or None) -> (the loss, its
+    statistics pair_accuracy and reward_margin), and its settings' class."""
+
+    loss: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, dict[str, Tensor]]]
+    settings: type[PreferenceSettings] = PreferenceSettings
+
+
+# `learner.algo` of a reward model's run. A new loss is one entry here.
+PREFERENCE_LOSSES: dict[str, PreferenceLoss] = {"bradley_terry": PreferenceLoss(bradley_terry)}
+
+
+def preference_loss(name: str) -> PreferenceLoss:
+    """The registered loss; ValueError naming the known ones otherwise."""
+    if name not in PREFERENCE_LOSSES:
+        raise ValueError(
+            f"learner.algo={name!r} is not a reward model's loss: choose {', '.join(PREFERENCE_LOSSES)}"
+        )
+    return PREFERENCE_LOSSES[name]
+
+
+def learner_sections() -> dict[str, type[EntrySection]]:
+    """Every preference loss's `learner.<name>` section."""
+    return {name: entry.settings for name, entry in PREFERENCE_LOSSES.items()}
+
+
 @dataclass(frozen=True)
 class RewardModelSetup:
     """What a reward model's training reads: the model folder, the pairs file, pairs per update,
     the longest side in tokens, the optimizer's step size and clip, the seed, the device and
-    precision, the token budget of a micro-batch and whether blocks are checkpointed."""
+    precision, the token budget of a micro-batch, whether blocks are checkpointed, the loss and
+    LoRA adapters (None: the whole model trains)."""
 
     path: str
     pairs: str
@@ -72,29 +123,74 @@ class RewardModelSetup:
     max_grad_norm: float = 1.0
     seed: int = 0
     device: str = "cpu"
-    amp: bool = False
+    npu_ids: list[int] | None = None
+    amp: bool | str = False  # True, False, or "auto": bf16 where the device computes it
     amp_dtype: str = "bfloat16"
     micro_batch_tokens: int = 8192
     grad_checkpointing: bool = False
     shuffle: bool = True
+    loss: str = "bradley_terry"
+    lora: LoraConfig | None = None
+
+    @classmethod
+    def of(cls, cfg: RelayConfig) -> RewardModelSetup:
+        """The setup a run's config states (model.kind=reward_model)."""
+        lc, pr = cfg.learner, cfg.prompts
+        assert cfg.model.path is not None and pr.train is not None
+        settings = entry_section(lc, "learner", lc.algo, preference_loss(lc.algo).settings)
+        return cls(
+            path=str(cfg.model.path),
+            pairs=str(pr.train),
+            batch_size=pr.batch_size,
+            max_tokens=settings.max_tokens,
+            lr=lc.lr,
+            max_grad_norm=lc.max_grad_norm,
+            seed=language_seed(cfg),
+            device=lc.device,
+            npu_ids=lc.npu_ids,
+            amp=lc.use_amp,
+            amp_dtype=lc.amp_dtype,
+            micro_batch_tokens=settings.micro_batch_tokens,
+            grad_checkpointing=lc.grad_checkpointing,
+            shuffle=pr.shuffle,
+            loss=lc.algo,
+            lora=cfg.model.lora,
+        )
 
 
-def build_scorer(path: str, pad_id: int) -> Any:
+def build_scorer(path: str, pad_id: int, lora: LoraConfig | None = None, meta: bool = False) -> Any:
     """The folder as a sequence classifier with one label, in float32 (a causal LM's folder: its
-    body, and a score head drawn from the global seed)."""
-    from transformers import AutoModelForSequenceClassification
+    body, and a score head drawn from the global seed), with LoRA adapters where `lora` is set.
+    `meta`: the architecture only, on the meta device (shape checks: no weights read)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     check_model_folder(path)  # the folder is data before transformers reads it
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path,
-        num_labels=1,
-        local_files_only=True,
-        trust_remote_code=False,
-        use_safetensors=True,
-        dtype=torch.float32,
-    )
+    if meta:
+        config = AutoConfig.from_pretrained(
+            path, num_labels=1, local_files_only=True, trust_remote_code=False
+        )
+        with torch.device("meta"):
+            model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        from transformers.utils import logging
+
+        # A causal LM's folder has no score head: transformers' load report says so at length,
+        # and that is what the folder is for here.
+        was = logging.get_verbosity()
+        logging.set_verbosity_error()
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path,
+                num_labels=1,
+                local_files_only=True,
+                trust_remote_code=False,
+                use_safetensors=True,
+                dtype=torch.float32,
+            )
+        finally:
+            logging.set_verbosity(was)
     model.config.pad_token_id = pad_id  # the classifier finds each row's last token by it
-    return model
+    return model if lora is None else with_lora(model, lora, task="SEQ_CLS")
 
 
 def bucket_width(rows: list[list[int]]) -> int:
@@ -113,30 +209,103 @@ def padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Te
     return ids.to(device), mask.to(device)
 
 
+def score_rows(model: Any, rows: list[list[int]], pad_id: int) -> Tensor:
+    """Each row's score [R] by `model` on the CPU in float32, without gradients."""
+    ids, mask = padded(rows, pad_id, torch.device("cpu"))
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
+
+
+def check_rows(vocab: int, pad_id: int, seed: int = 0) -> list[list[int]]:
+    """Rows of random tokens (no pad token among them) that an export is checked on: short ones
+    and one past the first bucket."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in (1, 5, 17, BUCKET + 3):
+        row = torch.randint(0, vocab, (length,), generator=gen)
+        rows.append([int(t) if int(t) != pad_id else (pad_id + 1) % vocab for t in row])
+    return rows
+
+
+def export_scorer(model: Any, tokenizer: Any, folder: str | Path) -> Path:
+    """A folder `AutoModelForSequenceClassification.from_pretrained` loads (safetensors, its
+    tokenizer beside it; LoRA adapters merged), checked before it takes its name: loaded back, it
+    scores random rows as `model` does on the CPU in float32 (within 1e-4), or nothing is left of
+    it. FileExistsError where `folder` exists: relay never replaces a folder."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = Path(folder)
+    if out.exists():
+        raise FileExistsError(f"{out} exists: relay never replaces a folder")
+    mine = copy.deepcopy(model).cpu().float().eval()  # the model itself stays where it trains
+    # LoRA: the adapters folded into the weights they adapt
+    whole = copy.deepcopy(mine).merge_and_unload() if hasattr(mine, "merge_and_unload") else mine
+    # written beside it and renamed into place (as `relay export` writes a policy's): a crash or a
+    # signal leaves nothing under its name, or the whole checked folder
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        whole.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        back = AutoModelForSequenceClassification.from_pretrained(
+            str(tmp),
+            local_files_only=True,
+            trust_remote_code=False,
+            use_safetensors=True,
+            dtype=torch.float32,
+        ).eval()
+        pad_id = int(tokenizer.pad_token_id)
+        rows = check_rows(int(whole.config.vocab_size), pad_id)
+        theirs, ours = score_rows(back, rows, pad_id), score_rows(mine, rows, pad_id)
+        if not torch.allclose(theirs, ours, atol=1e-4, rtol=1e-4):
+            raise RuntimeError(
+                f"the exported reward model scores {float((theirs - ours).abs().max()):.3g} away from "
+                "the learner's: nothing was exported"
+            )
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
 class RewardModelLearner:
-    """Bradley–Terry updates of a scalar scorer on a pairs file, its checkpointable state and
+    """Preference-loss updates of a scalar scorer on a pairs file, its checkpointable state and
     its Hugging Face export."""
 
     def __init__(self, setup: RewardModelSetup) -> None:
         self.setup = setup
-        self.dev = resolve_device(setup.device)
-        torch.manual_seed(setup.seed)  # the score head of a causal LM's folder is drawn here
+        self.loss = preference_loss(setup.loss).loss
+        self.dev = resolve_device(setup.device, setup.npu_ids)
+        torch.manual_seed(setup.seed)  # the score head of a causal LM's folder, and adapters, are drawn here
         self.tokenizer = load_tokenizer(setup.path)
         self.tokenizer.padding_side = "right"
-        self.model = build_scorer(setup.path, int(self.tokenizer.pad_token_id)).to(self.dev.device)
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.model = build_scorer(setup.path, self.pad_id, setup.lora).to(self.dev.device)
         if setup.grad_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.optimizer = self.dev.adam(
-            [p for p in self.model.parameters() if p.requires_grad], setup.lr, 1e-8
-        )
+            checkpoint_blocks(self.model, setup.lora is not None)
+        self.trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = self.dev.adam(self.trained, setup.lr, 1e-8)
+        if setup.amp == "auto":
+            self.amp, self.amp_dtype = self.dev.bf16_units() is not None, "bfloat16"
+        else:
+            self.amp, self.amp_dtype = bool(setup.amp), setup.amp_dtype
         self.pairs = load_pairs(setup.pairs, self.tokenizer, setup.max_tokens)
         self.order = PromptOrder(len(self.pairs), setup.batch_size, setup.seed, setup.shuffle)
         self.updates = 0
 
+    def describe(self) -> dict[str, Any]:
+        trained = sum(p.numel() for p in self.trained)
+        return {
+            "device": str(self.dev.device),
+            "amp": self.amp_dtype if self.amp else None,
+            "pairs": len(self.pairs),
+            "trained_params": trained,
+        }
+
     def scores(self, rows: list[list[int]], grad: bool = False) -> Tensor:
         """Each row's score [R] (float32), as the served model scores it."""
-        ids, mask = padded(rows, int(self.tokenizer.pad_token_id), self.dev.device)
-        with torch.set_grad_enabled(grad), self.dev.autocast(self.setup.amp, self.setup.amp_dtype):
+        ids, mask = padded(rows, self.pad_id, self.dev.device)
+        with torch.set_grad_enabled(grad), self.dev.autocast(self.amp, self.amp_dtype):
             return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float()
 
     def _micro(self, pairs: int, width: int) -> list[slice]:
@@ -144,7 +313,8 @@ class RewardModelLearner:
         return [slice(s, min(s + per, pairs)) for s in range(0, pairs, per)]
 
     def train(self) -> dict[str, Any]:
-        """One update on the next prompts.batch_size pairs: its loss and statistics."""
+        """One update on the next prompts.batch_size pairs: its metrics, and under "correct" each
+        pair's 1.0 (chosen scored above rejected) or 0.0, and under "tokens" the tokens trained."""
         t0 = time.perf_counter()
         idx = self.order.next()
         chosen = [self.pairs.chosen_ids[i] for i in idx]
@@ -158,17 +328,18 @@ class RewardModelLearner:
         for s in self._micro(len(idx), width):
             scored = self.scores(chosen[s] + rejected[s], grad=True)
             c, r = scored[: len(chosen[s])], scored[len(chosen[s]) :]
-            loss, _ = bradley_terry(c, r, None if margin is None else margin[s])
+            loss, _ = self.loss(c, r, None if margin is None else margin[s])
             (loss * (len(chosen[s]) / len(idx))).backward()  # each micro-batch its share of the mean
             got_c.append(c.detach())
             got_r.append(r.detach())
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.setup.max_grad_norm)
-        if torch.isfinite(norm):
+        norm = torch.nn.utils.clip_grad_norm_(self.trained, self.setup.max_grad_norm)
+        skipped = not bool(torch.isfinite(norm))
+        if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
         c, r = torch.cat(got_c), torch.cat(got_r)
-        loss, stats = bradley_terry(c, r, margin)
+        loss, stats = self.loss(c, r, margin)
         both = torch.cat([c, r])
         tokens = sum(len(x) for x in chosen + rejected)
         seconds = time.perf_counter() - t0
@@ -178,26 +349,42 @@ class RewardModelLearner:
             "score_mean": float(both.mean()),
             "score_std": float(both.std(unbiased=False)),
             "grad_norm": float(norm),
+            "pair_width": width,
             "trained_tokens_per_s": tokens / max(seconds, 1e-9),
             "update_s": seconds,
+            "amp_skipped": int(skipped),
+            "correct": (c > r).float().tolist(),
+            "tokens": tokens,
         }
 
-    def evaluate(self, pairs: PairSet, batch: int = 16) -> dict[str, float]:
-        """Loss, pair accuracy and mean margin on `pairs` (prompts.eval's), without training."""
+    def evaluate(self, pairs: PairSet, batch: int = 16) -> dict[str, Any]:
+        """Loss, pair accuracy and mean margin on `pairs` (prompts.eval's), without training, and
+        under "correct" each pair's 1.0 or 0.0 and under "tokens" each pair's tokens."""
         self.model.eval()
         c = torch.cat([self.scores(pairs.chosen_ids[s : s + batch]) for s in range(0, len(pairs), batch)])
         r = torch.cat([self.scores(pairs.rejected_ids[s : s + batch]) for s in range(0, len(pairs), batch)])
         margin = None if pairs.margins is None else torch.tensor(pairs.margins, device=c.device)
-        loss, stats = bradley_terry(c, r, margin)
-        return {"loss": float(loss), **{k: float(v) for k, v in stats.items()}}
+        loss, stats = self.loss(c, r, margin)
+        sizes = [len(a) + len(b) for a, b in zip(pairs.chosen_ids, pairs.rejected_ids, strict=True)]
+        return {
+            "loss": float(loss),
+            **{k: float(v) for k, v in stats.items()},
+            "correct": (c > r).float().tolist(),
+            "tokens": sizes,
+        }
+
+    def weights(self) -> dict[str, Tensor]:
+        """The model's tensors on the CPU, copies (a best checkpoint's `model`)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors and numbers only: the weights on the CPU, Adam's state, the pairs' order."""
         return {
-            "model": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+            "model": self.weights(),
             "optimizer": self.optimizer.state_dict(),
             "order": self.order.state_dict(),
             "updates": self.updates,
+            "version": self.updates,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -206,39 +393,6 @@ class RewardModelLearner:
         self.order.load_state_dict(state["order"])
         self.updates = int(state["updates"])
 
-    def export_hf(self, folder: str | Path, check_rows: int = 8) -> None:
-        """A folder `AutoModelForSequenceClassification.from_pretrained` loads (safetensors, its
-        tokenizer beside it), checked before it takes its name: loaded back, it scores the first
-        pairs as the learner does (within 1e-4), or nothing is left of it."""
-        from transformers import AutoModelForSequenceClassification
-
-        out = Path(folder)
-        if out.exists():
-            raise FileExistsError(f"{out} exists: relay never replaces a folder")
-        # written beside it and renamed into place (as `relay export` writes a policy's): a crash
-        # or a signal leaves nothing under its name, or the whole checked folder
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
-            self.tokenizer.save_pretrained(str(tmp))
-            back = AutoModelForSequenceClassification.from_pretrained(
-                str(tmp),
-                local_files_only=True,
-                trust_remote_code=False,
-                use_safetensors=True,
-                dtype=torch.float32,
-            ).eval()
-            rows = (self.pairs.chosen_ids + self.pairs.rejected_ids)[:check_rows]
-            ids, mask = padded(rows, int(self.tokenizer.pad_token_id), torch.device("cpu"))
-            with torch.no_grad():
-                theirs = back(input_ids=ids, attention_mask=mask).logits[:, 0].float()
-                ours = self.scores(rows).cpu()
-            if not torch.allclose(theirs, ours, atol=1e-4, rtol=1e-4):
-                raise RuntimeError(
-                    f"the exported reward model scores {float((theirs - ours).abs().max()):.3g} away from "
-                    "the learner's: nothing was exported"
-                )
-            os.rename(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    def export_hf(self, folder: str | Path) -> Path:
+        """The model as a Hugging Face folder (`export_scorer`), checked before it takes its name."""
+        return export_scorer(self.model, self.tokenizer, folder)

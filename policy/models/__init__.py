@@ -17,6 +17,7 @@ from ...policy.encoders import encoder_plan
 from ...policy.models.causal_lm import CausalLMKind
 from ...policy.models.cnn import CnnKind
 from ...policy.models.mlp import MlpKind
+from ...policy.models.reward_model import RewardModelKind
 from ...policy.models.transformer import TransformerKind
 from ...policy.trunk import ModelKind
 
@@ -25,6 +26,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "transformer": TransformerKind(),
     "cnn": CnnKind(),
     "causal_lm": CausalLMKind(),
+    "reward_model": RewardModelKind(),
 }
 # The contract's table of families and the kinds' own word agree.
 assert {k: v.family for k, v in MODEL_KINDS.items() if v.family != ENV_FAMILY} == MODEL_FAMILIES

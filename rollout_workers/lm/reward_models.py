@@ -9,11 +9,13 @@ config, tokenizer and safetensors headers read as data, no remote code, every te
 classifier present with its shape); that is checked where the entry is resolved (the driver's
 preflight, before anything starts), and the model is loaded by the reward actor that first calls
 it. The reward model has its own tokenizer and chat template: completions are scored from their
-text (the policy's tokens are never reused, so the two tokenizers may differ), a chat prompt with
-the assistant's reply rendered by the reward model's template.
+text (the policy's tokens are never reused, so the two tokenizers may differ), read as a pairs
+file's sides are read (`contracts/pairs.py` scored_texts): a chat prompt with the assistant's
+reply rendered by the reward model's template in a budgeted child process, as every template is.
 
 Rows are scored in batches of BATCH, padded to a multiple of BUCKET tokens (a few shapes, not
-one per batch), on the actor's CPUs in float32.
+one per batch; the shapes a trained reward model scored its pairs in), on the actor's CPUs in
+float32.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from typing import Any
 
 import torch
 
+from ...contracts.pairs import BUCKET, scored_texts
 from ...policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 
 BATCH = 16  # completions per forward pass
-BUCKET = 64  # rows are padded to a multiple of this many tokens
 
 
 class RewardModel:
@@ -63,20 +65,10 @@ class RewardModel:
         if self._model.config.pad_token_id is None:  # the classifier finds each row's last token by it
             self._model.config.pad_token_id = self._tokenizer.pad_token_id
 
-    def text(self, prompt: Any, completion: Any) -> str:
-        """What the reward model reads of one completion: the prompt and the reply, as text, or
-        a chat rendered by its own template."""
-        if isinstance(prompt, list):  # chat messages; the completion is the assistant's message
-            messages = [*prompt, *(completion if isinstance(completion, list) else [completion])]
-            if getattr(self._tokenizer, "chat_template", None):
-                return str(self._tokenizer.apply_chat_template(messages, tokenize=False))
-            return "\n".join(str(m.get("content", "")) for m in messages)
-        return f"{prompt}{completion}"
-
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         if self._model is None:
             self._load()
-        texts = [self.text(p, c) for p, c in zip(prompts, completions, strict=True)]
+        texts = scored_texts(self._tokenizer, prompts, completions)
         scores: list[float] = []
         with torch.no_grad():
             for start in range(0, len(texts), BATCH):

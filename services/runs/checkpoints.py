@@ -230,7 +230,8 @@ class ResumeError(ValueError):
     """A checkpoint the (merged) config cannot continue from (one line, exit 2)."""
 
 
-def _check_algo(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
+def check_algo(cfg: RelayConfig, ckpt: Checkpoint, name: str) -> None:
+    """ResumeError where the checkpoint was trained by another learner.algo."""
     saved_algo = (ckpt.config.get("learner") or {}).get("algo", "ppo")
     if saved_algo != cfg.learner.algo:
         raise ResumeError(
@@ -243,7 +244,7 @@ def check_env_resumable(cfg: RelayConfig, env: EnvSpec | None, ckpt: Checkpoint,
     same env spaces (and policy groups), a policy its weights load into. Checked on the CPU before
     anything starts."""
     assert env is not None
-    _check_algo(cfg, ckpt, name)
+    check_algo(cfg, ckpt, name)
     saved_env = ckpt.env or infer_env_spec(ckpt.learner["model"])
     if saved_env.policy_names != env.policy_names:
 
@@ -277,7 +278,7 @@ def check_language_resumable(cfg: RelayConfig, spec: None, ckpt: Checkpoint, nam
     """A language run continues only with the same estimator, on a model of the same architecture
     and size: the weights must fit model.path's config (built on the meta device: no memory, no
     weights read)."""
-    _check_algo(cfg, ckpt, name)
+    check_algo(cfg, ckpt, name)
     saved_kind = (ckpt.config.get("model") or {}).get("kind")
     if saved_kind != cfg.model.kind:
         raise ResumeError(

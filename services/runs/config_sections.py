@@ -22,6 +22,7 @@ from typing import Any
 from ...contracts.config import (
     ENV_FAMILY,
     LANGUAGE_FAMILY,
+    PREFERENCE_FAMILY,
     ConfigError,
     EntrySection,
     RelayConfig,
@@ -29,6 +30,7 @@ from ...contracts.config import (
     entry_section,
 )
 from ...learner import algorithms
+from ...learner.lm import reward_model
 from ...learner.lm import settings as lm
 from ...policy.models import MODEL_KINDS
 from ...services.tracking import TRACKERS, tracker_module
@@ -39,6 +41,7 @@ LEARNER_SECTIONS: dict[
 ] = {
     ENV_FAMILY: (algorithms.learner_sections, lambda cfg: [cfg.learner.algo]),
     LANGUAGE_FAMILY: (lm.learner_sections, lm.chosen_sections),
+    PREFERENCE_FAMILY: (reward_model.learner_sections, lambda cfg: [cfg.learner.algo]),
 }
 
 

@@ -1,5 +1,6 @@
 """`relay export RUN --format hf [--out DIR]`: a language run's trained model as a Hugging Face
-folder that `AutoModelForCausalLM.from_pretrained` loads (safetensors, config, tokenizer).
+folder that `AutoModelForCausalLM.from_pretrained` loads (safetensors, config, tokenizer); a
+reward model's run's as one `AutoModelForSequenceClassification.from_pretrained` loads.
 
 The checkpoint and the run's config are data: the config names the model folder the run started
 from (its architecture and tokenizer, checked as `model.path` is at train time); the weights come
@@ -7,7 +8,8 @@ from the checkpoint. The folder is written beside its destination and renamed in
 crash or a signal leaves either nothing or the whole folder, and an existing folder is never
 replaced. Before it is renamed into place, transformers loads it back and decodes random prompts
 greedily with `generate`: every token must be the trained policy's own greedy token (as ONNX
-exports are checked against onnxruntime).
+exports are checked against onnxruntime). A reward model's folder is checked the same way: loaded
+back, it scores random rows as the trained model does (`learner/lm/reward_model.py` export_scorer).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,34 +25,38 @@ from typing import Any
 import torch
 
 from ...contracts.checkpoint import Checkpoint, CheckpointError
-from ...contracts.config import LANGUAGE_FAMILY, LoraConfig
+from ...contracts.config import LANGUAGE_FAMILY, PREFERENCE_FAMILY, LoraConfig
 from ...learner.lm import shards
-from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy
+from ...learner.lm.reward_model import build_scorer, export_scorer
+from ...policy.causal_lm import CausalLMPolicy, ModelFolderError, build_language_policy, load_tokenizer
 from ...policy.models import weights_mismatch
 from ...services.runs.checkpoints import MANIFEST, SHARDS_KEY, load_checkpoint, load_newest_valid
 from ...services.runs.files import OutputError
 
 
-def language_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
+def run_checkpoint(path: Path) -> tuple[Path, Checkpoint]:
     """(the checkpoint file, its contents) of a run directory (its newest valid checkpoint) or a
-    checkpoint file; CheckpointError (one line) when it is no language run's."""
+    checkpoint file (or a sharded checkpoint's folder); CheckpointError (one line) otherwise."""
     if path.is_dir() and (path / MANIFEST).exists():  # a sharded checkpoint's folder
-        file, ckpt = path, load_checkpoint(path)
-    elif path.is_dir():
+        return path, load_checkpoint(path)
+    if path.is_dir():
         found = load_newest_valid(path / "checkpoints")
         if found is None:
             raise CheckpointError(f"{path}: no valid checkpoint (a run directory has checkpoints/ckpt-N.pt)")
-        file, ckpt = found
-    elif path.is_file():
-        file, ckpt = path, load_checkpoint(path)
-    else:
-        raise CheckpointError(f"{path}: no such run directory or checkpoint")
-    if ckpt.family != LANGUAGE_FAMILY:
-        kind = (ckpt.config.get("model") or {}).get("kind")
-        raise CheckpointError(
-            f"{file}: trained model.kind={kind}, an {ckpt.family} run; export it with --format onnx"
-        )
-    return file, ckpt
+        return found
+    if path.is_file():
+        return path, load_checkpoint(path)
+    raise CheckpointError(f"{path}: no such run directory or checkpoint")
+
+
+def model_source(file: Path, ckpt: Checkpoint) -> tuple[str, LoraConfig | None]:
+    """(the model folder the checkpoint's run started from, its LoRA adapters or None), from its
+    config (data); CheckpointError where it names no folder."""
+    model = ckpt.config.get("model") or {}
+    source, lora = model.get("path"), model.get("lora")
+    if not isinstance(source, str):
+        raise CheckpointError(f"{file}: its config names no model.path")
+    return source, None if lora is None else LoraConfig.model_validate(lora)
 
 
 def check_folder_output(out: Path) -> None:
@@ -108,13 +115,8 @@ def trained_policy(file: Path, ckpt: Checkpoint) -> tuple[CausalLMPolicy, Any]:
     """(the checkpoint's trained policy, its tokenizer): the model folder its config names
     (model.path, with its LoRA adapters where it had them), the checkpoint's weights loaded in;
     CheckpointError (one line) where the folder cannot be read now or the weights do not fit it."""
-    model = ckpt.config.get("model") or {}
-    source, lora = model.get("path"), model.get("lora")
-    if not isinstance(source, str):
-        raise CheckpointError(f"{file}: its config names no model.path")
-    trained = SimpleNamespace(
-        model=SimpleNamespace(path=source, lora=None if lora is None else LoraConfig.model_validate(lora))
-    )
+    source, lora = model_source(file, ckpt)
+    trained = SimpleNamespace(model=SimpleNamespace(path=source, lora=lora))
     try:
         policy, tokenizer = build_language_policy(trained)
     except (ModelFolderError, ValueError) as err:
@@ -140,12 +142,33 @@ def trained_policy(file: Path, ckpt: Checkpoint) -> tuple[CausalLMPolicy, Any]:
     return policy, tokenizer
 
 
-def export_hf(path: Path, out: Path | None) -> Path:
-    """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>)."""
-    file, ckpt = language_checkpoint(path)
+def trained_scorer(file: Path, ckpt: Checkpoint) -> tuple[Any, Any]:
+    """(a reward model's run's trained scorer, its tokenizer): the model folder its config names
+    as a sequence classifier (with its LoRA adapters where it had them), the checkpoint's weights
+    loaded in; CheckpointError (one line) where the folder cannot be read now or the weights do
+    not fit it."""
+    source, lora = model_source(file, ckpt)
+    try:
+        tokenizer = load_tokenizer(source)
+        model = build_scorer(source, int(tokenizer.pad_token_id), lora)
+    except (ModelFolderError, ValueError, OSError) as err:
+        raise CheckpointError(
+            f"{file} was trained from model.path={source}, which cannot be read now: {err}"
+        ) from None
+    weights = ckpt.learner.get("model")
+    problem = weights_mismatch(model.state_dict(), weights) if isinstance(weights, dict) else "no weights"
+    if problem:
+        raise CheckpointError(f"{file}: its weights do not fit {source} ({problem})")
+    model.load_state_dict(weights)
+    return model.eval(), tokenizer
+
+
+def _default_out(file: Path, ckpt: Checkpoint) -> Path:
     run = file.parent.parent if file.parent.name == "checkpoints" else file.parent
-    out = out if out is not None else run / f"hf-{ckpt.counters.iteration}"
-    check_folder_output(out)
+    return run / f"hf-{ckpt.counters.iteration}"
+
+
+def _export_policy(file: Path, ckpt: Checkpoint, out: Path) -> str:
     policy, tokenizer = trained_policy(file, ckpt)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -162,4 +185,40 @@ def export_hf(path: Path, out: Path | None) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+    return "AutoModelForCausalLM.from_pretrained loads it and generates the policy's greedy tokens"
+
+
+def _export_scorer(file: Path, ckpt: Checkpoint, out: Path) -> str:
+    model, tokenizer = trained_scorer(file, ckpt)
+    if out.exists():
+        out.rmdir()  # empty (checked by the caller): the export renames its checked folder here
+    try:
+        export_scorer(model, tokenizer, out)
+    except RuntimeError as err:
+        raise ExportMismatchError(str(err)) from None
+    return (
+        "AutoModelForSequenceClassification.from_pretrained loads it and scores as the run did; "
+        f'a language run scores with it as prompts.rewards: ["model:{out}"]'
+    )
+
+
+# What --format hf writes of a checkpoint, by its run's family: the writer and what it wrote.
+HF_EXPORTS: dict[str, Callable[[Path, Checkpoint, Path], str]] = {
+    LANGUAGE_FAMILY: _export_policy,
+    PREFERENCE_FAMILY: _export_scorer,
+}
+
+
+def export_hf(path: Path, out: Path | None) -> tuple[Path, str]:
+    """Write the run's (or checkpoint's) model to `out` (default: <run>/hf-<iteration>): the
+    folder, and what loads it, in words."""
+    file, ckpt = run_checkpoint(path)
+    write = HF_EXPORTS.get(ckpt.family)
+    if write is None:
+        kind = (ckpt.config.get("model") or {}).get("kind")
+        raise CheckpointError(
+            f"{file}: trained model.kind={kind}, an {ckpt.family} run; export it with --format onnx"
+        )
+    out = out if out is not None else _default_out(file, ckpt)
+    check_folder_output(out)
+    return out, write(file, ckpt, out)

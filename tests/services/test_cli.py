@@ -188,6 +188,6 @@ def test_help_config_lists_every_leaf_with_default_and_description(capsys):
     out = capsys.readouterr().out
     for path, _, description in all_leaves():
         assert f"\n{path} = " in f"\n{out}" and description in out, path
-    assert "learner.algo = ppo" in out and "Choices: ppo, grpo, rloo, reinforce_pp." in out
+    assert "learner.algo = ppo" in out and "Choices: ppo, grpo, rloo, reinforce_pp, bradley_terry." in out
     assert "rollout.placement_timeout_s = 300.0" in out
     assert "learner.lm.loss_agg = token_mean" in out and "metrics.mlflow.tracking_uri = (required)" in out

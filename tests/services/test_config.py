@@ -131,13 +131,19 @@ LANGUAGE_RUN = {
 }
 
 
+PREFERENCE_RUN = {"model": {"kind": "reward_model", "path": "m"}, "prompts": {"train": "pairs.jsonl"}}
+
+
 def _validate_all(overrides: list[str]) -> None:
-    """Resolve the sections of a config with `overrides`: an env run's, or a language run's where
-    they set a learner section only language runs have."""
+    """Resolve the sections of a config with `overrides`: an env run's, or a language or reward
+    model's run's where they set a learner section only such runs have."""
     from relay_rl.services.runs.config_sections import entry_sections, resolve_sections
 
-    language_only = set(entry_sections("language")) - set(entry_sections("env"))
-    base = LANGUAGE_RUN if any(".".join(kv.split(".")[:2]) in language_only for kv in overrides) else {}
+    base: dict = {}
+    for family, run in (("language", LANGUAGE_RUN), ("preference", PREFERENCE_RUN)):
+        only = set(entry_sections(family)) - set(entry_sections("env"))
+        if any(".".join(kv.split(".")[:2]) in only for kv in overrides):
+            base = run
     resolve_sections(build_config(base, overrides))
 
 

@@ -1,9 +1,9 @@
-"""The families of runs, a registry: `env` (a policy in an env) and `language` (a causal LM on
-prompts). Everything that differs between them is a field of their entry (`base.Family`): the
-preflight past the config, the algorithms `learner.algo` names, the backend, what a checkpoint
-must match to be resumed, the learner's precision, the export formats. A config's family is its
-model kind's (`contracts/config.py` MODEL_FAMILIES), so shared modules ask the entry, never which
-family they run.
+"""The families of runs, a registry: `env` (a policy in an env), `language` (a causal LM on
+prompts) and `preference` (a reward model on preference pairs). Everything that differs between
+them is a field of their entry (`base.Family`): the preflight past the config, the algorithms
+`learner.algo` names, the backend, what a checkpoint must match to be resumed, the learner's
+precision, the export formats. A config's family is its model kind's (`contracts/config.py`
+MODEL_FAMILIES), so shared modules ask the entry, never which family they run.
 
 A new family is one module with a `Family` and one line here (and its model kinds' line in
 MODEL_FAMILIES).
@@ -14,15 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 from ....contracts.checkpoint import Checkpoint
-from ....contracts.config import ENV_FAMILY, LANGUAGE_FAMILY, RelayConfig
+from ....contracts.config import ENV_FAMILY, LANGUAGE_FAMILY, PREFERENCE_FAMILY, RelayConfig
 from ....contracts.spaces import EnvSpec
-from ....services.driver.families import env, language
+from ....services.driver.families import env, language, preference
 from ....services.driver.families.base import Family
 from ....services.runs.checkpoints import ResumeError
 
 FAMILIES: dict[str, Family] = {
     ENV_FAMILY: env.FAMILY,
     LANGUAGE_FAMILY: language.FAMILY,
+    PREFERENCE_FAMILY: preference.FAMILY,
 }
 
 

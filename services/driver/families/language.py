@@ -16,6 +16,7 @@ from ....learner.device import DeviceContext, check_device
 from ....learner.lm.estimators import ESTIMATORS, estimator
 from ....learner.lm.learner import lm_precision
 from ....learner.lm.memory import GIB, Architecture, MemoryEstimate, Settings, estimate
+from ....learner.lm.reward_model import PREFERENCE_LOSSES
 from ....learner.lm.settings import lm_settings
 from ....policy.causal_lm import ModelFolderError, build_language_policy, check_model_folder, load_tokenizer
 from ....policy.decoders import decoder_entry
@@ -33,6 +34,8 @@ def config_problems(cfg: RelayConfig) -> list[str]:
     the update's and the policy loss's are checked with every entry section), generation.backend
     a decoder that samples where generation.placement puts it."""
     problems = registry_problems([(estimator, cfg.learner.algo)])
+    if cfg.learner.algo in PREFERENCE_LOSSES:
+        problems.append(f"learner.algo={cfg.learner.algo} trains a reward model: set model.kind=reward_model")
     try:
         decoder = decoder_entry(cfg)
     except ValueError as err:
