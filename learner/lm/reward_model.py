@@ -5,12 +5,12 @@ LM's folder gains a fresh score head, a classifier's keeps its own), trained by 
 exported as a folder that relay's own served reward model (`prompts.rewards: ["model:<folder>"]`)
 and transformers load and score exactly as it was trained.
 
-Scoring is the served model's (`rollout_workers/lm/reward_models.py`): rows padded on the right
-to a multiple of BUCKET tokens (a few shapes; every row's positions start at 0, as when it is
-scored alone), the score the logit at each row's last token. The update takes a batch of pairs,
-both sides in one pass, in micro-batches under a token budget, with float32 master weights under
-autocast where asked; LoRA adapters (model.lora) train instead of the whole body where set. No
-Ray here: the driver runs it (`services/driver/preference_backend.py`).
+Scoring is the served model's (`rollout_workers/lm/reward_models.py`): rows padded on the right to
+their bucket (`contracts/pairs.py` bucket_width: a few shapes; every row's positions start at 0,
+as when it is scored alone), the score the logit at each row's last token. The update takes a
+batch of pairs, both sides in one pass, in micro-batches under a token budget, with float32 master
+weights under autocast where asked; LoRA adapters (model.lora) train instead of the whole body
+where set. No Ray here: the driver runs it (`services/driver/preference_backend.py`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pydantic import Field
 from torch import Tensor
 
 from ...contracts.config import EntrySection, LoraConfig, RelayConfig, entry_section, language_seed
-from ...contracts.pairs import BUCKET, PairSet, load_pairs
+from ...contracts.pairs import BUCKET, PairSet, bucket_width, load_pairs, pad_right
 from ...contracts.prompts import PromptOrder
 from ...learner.device import resolve_device
 from ...policy.causal_lm import check_model_folder, checkpoint_blocks, load_tokenizer, with_lora
@@ -193,20 +193,11 @@ def build_scorer(path: str, pad_id: int, lora: LoraConfig | None = None, meta: b
     return model if lora is None else with_lora(model, lora, task="SEQ_CLS")
 
 
-def bucket_width(rows: list[list[int]]) -> int:
-    """The longest row's tokens, rounded up to a multiple of BUCKET."""
-    return -(-max(len(r) for r in rows) // BUCKET) * BUCKET
-
-
 def padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Rows padded on the right to a multiple of BUCKET: ids and mask [R, W]."""
-    width = bucket_width(rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for k, r in enumerate(rows):
-        ids[k, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[k, : len(r)] = 1
-    return ids.to(device), mask.to(device)
+    """Rows padded on the right to their bucket (`contracts/pairs.py` pad_right): ids and mask
+    [R, W] on `device`."""
+    ids, mask = pad_right(rows, pad_id)
+    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
 
 
 def score_rows(model: Any, rows: list[list[int]], pad_id: int) -> Tensor:

@@ -13,9 +13,9 @@ text (the policy's tokens are never reused, so the two tokenizers may differ), r
 file's sides are read (`contracts/pairs.py` scored_texts): a chat prompt with the assistant's
 reply rendered by the reward model's template in a budgeted child process, as every template is.
 
-Rows are scored in batches of BATCH, padded to a multiple of BUCKET tokens (a few shapes, not
-one per batch; the shapes a trained reward model scored its pairs in), on the actor's CPUs in
-float32.
+Rows are scored in batches of BATCH, padded on the right to their bucket (`contracts/pairs.py`
+bucket_width: a few shapes, not one per batch; the shapes a trained reward model scored its pairs
+in), on the actor's CPUs in float32.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ...contracts.pairs import BUCKET, scored_texts
+from ...contracts.pairs import pad_right, scored_texts
 from ...policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 
 BATCH = 16  # completions per forward pass
@@ -64,6 +64,7 @@ class RewardModel:
         ).eval()
         if self._model.config.pad_token_id is None:  # the classifier finds each row's last token by it
             self._model.config.pad_token_id = self._tokenizer.pad_token_id
+        self._pad_id = int(self._model.config.pad_token_id)
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         if self._model is None:
@@ -72,16 +73,16 @@ class RewardModel:
         scores: list[float] = []
         with torch.no_grad():
             for start in range(0, len(texts), BATCH):
-                batch = self._tokenizer(
+                rows = self._tokenizer(
                     texts[start : start + BATCH],
-                    return_tensors="pt",
-                    padding=True,
-                    pad_to_multiple_of=BUCKET,
                     truncation=True,
                     max_length=self.max_tokens,
                     add_special_tokens=False,
-                )
-                logits = self._model(**batch).logits
+                )["input_ids"]
+                ids, mask = pad_right([list(r) or [self._pad_id] for r in rows], self._pad_id)
+                logits = self._model(
+                    input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
+                ).logits
                 scores += logits[:, 0].float().tolist()
         return scores
 

@@ -22,6 +22,7 @@ from typing import Any
 from ...contracts.config import RelayConfig, SweepConfig, build_config, is_code_value
 from ...learner.actor import learner_resources
 from ...learner.device import DeviceError
+from ...policy.models import model_kind
 from ...rollout_workers.worker import worker_resources
 from ...services.driver.families import backend_class
 from ...services.driver.preflight import check_config, preflight
@@ -202,7 +203,9 @@ def trial_cpus(cfg: RelayConfig) -> float:
 
 
 def default_root(cfg: RelayConfig) -> Path:
-    env = "".join(c if c.isalnum() else "-" for c in cfg.env.id.split("/")[-1]).strip("-") or "env"
+    # What the trials train on: the env, or a language or reward model's folder (the kind says).
+    source = model_kind(cfg.model.kind).run_source(cfg)
+    env = "".join(c if c.isalnum() else "-" for c in source.split("/")[-1]).strip("-") or "env"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(cfg.metrics.runs_dir) / f"sweep-{env}-{stamp}-{secrets.token_hex(2)}"
 

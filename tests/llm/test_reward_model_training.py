@@ -171,3 +171,19 @@ def test_a_reward_model_learns_a_preference_and_its_export_scores_as_it_does(mod
     ids, mask = padded(rows, int(learner.tokenizer.pad_token_id), torch.device("cpu"))
     with torch.no_grad():
         assert torch.allclose(back(input_ids=ids, attention_mask=mask).logits[:, 0], ours, atol=1e-4)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 50), min_size=1, max_size=300), min_size=1, max_size=6))
+def test_rows_are_padded_on_the_right_to_few_buckets(rows):
+    """Short rows take a power of two from 8 to 64, long ones a multiple of 64: the served and the
+    trained reward model pad alike (`contracts/pairs.py`), each row's tokens first."""
+    from relay_rl.contracts.pairs import bucket_width, pad_right
+
+    width, longest = bucket_width(rows), max(len(r) for r in rows)
+    assert width >= longest and (width in (8, 16, 32, 64) or (width % 64 == 0 and width - longest < 64))
+    assert width < 2 * max(longest, 4) or width == 8
+    ids, mask = pad_right(rows, 0)
+    assert ids.shape == mask.shape == (len(rows), width)
+    for k, r in enumerate(rows):
+        assert ids[k, : len(r)].tolist() == r and mask[k].sum() == len(r) and not ids[k, len(r) :].any()

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relay_rl.rollout_workers.lm.reward_models import BUCKET, RewardModel
+from relay_rl.contracts.pairs import BUCKET
+from relay_rl.rollout_workers.lm.reward_models import RewardModel
 from relay_rl.rollout_workers.lm.rewards import resolve_reward
 from relay_rl.services.cli import main
 from tests.lm_helpers import CHARS, sevens_run, tiny_config
