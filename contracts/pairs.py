@@ -70,19 +70,32 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.chosen_ids)
 
+    def head(self, n: int) -> PairSet:
+        """The first `n` pairs."""
+        margins = None if self.margins is None else self.margins[:n]
+        return PairSet(self.chosen_ids[:n], self.rejected_ids[:n], margins)
+
 
 def _conversation(prompt: Any, reply: Any, where: str, n: int, side: str) -> str | list[dict[str, Any]]:
     """One side of row `n` as the reward model reads it: a text, or a conversation to render."""
     if not ((isinstance(reply, str) and reply) or _is_messages(reply)):
         raise PromptError(f"{where}: row {n} has no '{side}' column of text or chat messages")
+    joined = _joined(prompt, reply)
+    if joined is None:
+        raise PromptError(
+            f"{where}: row {n}: a text prompt with a chat '{side}'; make both text or both chat"
+        )
+    return joined
+
+
+def _joined(prompt: Any, reply: Any) -> str | list[dict[str, Any]] | None:
+    """A prompt (None: none) and its reply (text or messages) as one text or one conversation (a
+    text reply to a chat prompt becomes the assistant's message); None for a text prompt with a
+    chat reply."""
     if prompt is None:
         return reply  # a whole text, or a whole conversation
     if isinstance(prompt, str):
-        if not isinstance(reply, str):
-            raise PromptError(
-                f"{where}: row {n}: a text prompt with a chat '{side}'; make both text or both chat"
-            )
-        return prompt + reply
+        return prompt + reply if isinstance(reply, str) else None
     if isinstance(reply, str):
         reply = [{"role": "assistant", "content": reply}]
     return [*prompt, *reply]
@@ -95,13 +108,14 @@ def scored_texts(tokenizer: Any, prompts: list[Any], replies: list[Any]) -> list
     child process. ValueError (one line) where a pair mixes text and chat, or a template fails."""
     sides: list[str | list[dict[str, Any]]] = []
     for n, (prompt, reply) in enumerate(zip(prompts, replies, strict=True), 1):
-        if isinstance(prompt, str) and isinstance(reply, str):
-            sides.append(prompt + reply)  # an empty reply too: the model ended at once
-        elif _is_messages(prompt) and (isinstance(reply, str) or _is_messages(reply)):
-            said = [{"role": "assistant", "content": reply}] if isinstance(reply, str) else reply
-            sides.append([*prompt, *said])
-        else:
+        # an empty reply is scored too (the model ended at once)
+        typed = (isinstance(prompt, str) or _is_messages(prompt)) and (
+            isinstance(reply, str) or _is_messages(reply)
+        )
+        joined = _joined(prompt, reply) if typed else None
+        if joined is None:
             raise ValueError(f"completion {n}: a text prompt takes a text reply, a chat prompt a chat one")
+        sides.append(joined)
     try:
         return _render(tokenizer, sides, "completions")
     except PromptError as err:

@@ -27,7 +27,7 @@ from ...learner.lm import sharding, tokens
 from ...learner.lm import shards as shards_io
 from ...learner.lm.estimators import RoundRewards, estimator
 from ...learner.lm.policy_losses import TokenBatch, policy_loss
-from ...learner.lm.settings import lm_settings
+from ...learner.lm.settings import amp_of, lm_settings
 from ...learner.telemetry import LearnerTelemetry
 from ...policy.causal_lm import (
     CausalLMPolicy,
@@ -45,10 +45,7 @@ from ...policy.weight_wires import wire_for
 
 def lm_precision(cfg: RelayConfig, dev: DeviceContext) -> tuple[bool, str]:
     """(autocast on, its dtype): `auto` is bf16 where the device computes it in hardware."""
-    lc = cfg.learner
-    if lc.use_amp == "auto":
-        return dev.bf16_units() is not None, "bfloat16"
-    return bool(lc.use_amp), lc.amp_dtype
+    return amp_of(cfg.learner.use_amp, cfg.learner.amp_dtype, dev)
 
 
 class LanguageLearner:

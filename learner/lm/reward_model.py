@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -35,6 +36,7 @@ from ...contracts.config import EntrySection, LoraConfig, RelayConfig, entry_sec
 from ...contracts.pairs import BUCKET, PairSet, bucket_width, load_pairs, pad_right
 from ...contracts.prompts import PromptOrder
 from ...learner.device import resolve_device
+from ...learner.lm.settings import amp_of
 from ...policy.causal_lm import check_model_folder, checkpoint_blocks, load_tokenizer, with_lora
 
 
@@ -81,12 +83,16 @@ class PreferenceSettings(EntrySection):
     )
 
 
+# A loss of scored pairs: (chosen [B], rejected [B], margin [B] or None) -> (the loss, its
+# statistics pair_accuracy and reward_margin).
+PairLoss = Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, dict[str, Tensor]]]
+
+
 @dataclass(frozen=True)
 class PreferenceLoss:
-    """A loss of scored pairs: (chosen [B], rejected [B], margin [B] or None) -> (the loss, its
-    statistics pair_accuracy and reward_margin), and its settings' class."""
+    """A registered loss of scored pairs (`PairLoss`) and its settings' class."""
 
-    loss: Callable[[Tensor, Tensor, Tensor | None], tuple[Tensor, dict[str, Tensor]]]
+    loss: PairLoss
     settings: type[PreferenceSettings] = PreferenceSettings
 
 
@@ -101,6 +107,12 @@ def preference_loss(name: str) -> PreferenceLoss:
             f"learner.algo={name!r} is not a reward model's loss: choose {', '.join(PREFERENCE_LOSSES)}"
         )
     return PREFERENCE_LOSSES[name]
+
+
+def preference_settings(cfg: RelayConfig) -> PreferenceSettings:
+    """The run's `learner.<learner.algo>` section, validated, its defaults filled."""
+    lc = cfg.learner
+    return entry_section(lc, "learner", lc.algo, preference_loss(lc.algo).settings)
 
 
 def learner_sections() -> dict[str, type[EntrySection]]:
@@ -137,7 +149,7 @@ class RewardModelSetup:
         """The setup a run's config states (model.kind=reward_model)."""
         lc, pr = cfg.learner, cfg.prompts
         assert cfg.model.path is not None and pr.train is not None
-        settings = entry_section(lc, "learner", lc.algo, preference_loss(lc.algo).settings)
+        settings = preference_settings(cfg)
         return cls(
             path=str(cfg.model.path),
             pairs=str(pr.train),
@@ -198,6 +210,41 @@ def padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Te
     [R, W] on `device`."""
     ids, mask = pad_right(rows, pad_id)
     return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+def score_pairs(
+    score: Callable[[list[list[int]]], Tensor], pairs: PairSet, loss: PairLoss, batch: int = 16
+) -> dict[str, Any]:
+    """`pairs` scored by `score` (rows -> [R] scores), `batch` rows at a time, without training:
+    the loss and its statistics, and under "correct" each pair's 1.0 (chosen scored above
+    rejected) or 0.0 and under "tokens" each pair's tokens."""
+    n = len(pairs)
+    c = torch.cat([score(pairs.chosen_ids[s : s + batch]) for s in range(0, n, batch)])
+    r = torch.cat([score(pairs.rejected_ids[s : s + batch]) for s in range(0, n, batch)])
+    margin = None if pairs.margins is None else torch.tensor(pairs.margins, device=c.device)
+    value, stats = loss(c, r, margin)
+    sizes = [len(a) + len(b) for a, b in zip(pairs.chosen_ids, pairs.rejected_ids, strict=True)]
+    return {
+        "loss": float(value),
+        **{k: float(v) for k, v in stats.items()},
+        "correct": (c > r).float().tolist(),
+        "tokens": sizes,
+    }
+
+
+def pair_summary(correct: list[float], tokens: list[int], seconds: float) -> dict[str, Any]:
+    """An evaluation's summary (`EvalReport.summary`, `relay eval`'s) of pairs each 1.0 or 0.0
+    (ranked right or not): its return is the pair accuracy, its length a pair's tokens."""
+    arr = np.asarray(correct if correct else [np.nan], dtype=np.float64)
+    return {
+        "return_mean": float(arr.mean()),
+        "return_std": float(arr.std()),
+        "return_min": float(arr.min()),
+        "return_max": float(arr.max()),
+        "len_mean": float(np.mean(tokens)) if tokens else 0.0,
+        "episodes": len(correct),
+        "seconds": seconds,
+    }
 
 
 def score_rows(model: Any, rows: list[list[int]], pad_id: int) -> Tensor:
@@ -276,10 +323,7 @@ class RewardModelLearner:
             checkpoint_blocks(self.model, setup.lora is not None)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = self.dev.adam(self.trained, setup.lr, 1e-8)
-        if setup.amp == "auto":
-            self.amp, self.amp_dtype = self.dev.bf16_units() is not None, "bfloat16"
-        else:
-            self.amp, self.amp_dtype = bool(setup.amp), setup.amp_dtype
+        self.amp, self.amp_dtype = amp_of(setup.amp, setup.amp_dtype, self.dev)
         self.pairs = load_pairs(setup.pairs, self.tokenizer, setup.max_tokens)
         self.order = PromptOrder(len(self.pairs), setup.batch_size, setup.seed, setup.shuffle)
         self.updates = 0
@@ -352,17 +396,7 @@ class RewardModelLearner:
         """Loss, pair accuracy and mean margin on `pairs` (prompts.eval's), without training, and
         under "correct" each pair's 1.0 or 0.0 and under "tokens" each pair's tokens."""
         self.model.eval()
-        c = torch.cat([self.scores(pairs.chosen_ids[s : s + batch]) for s in range(0, len(pairs), batch)])
-        r = torch.cat([self.scores(pairs.rejected_ids[s : s + batch]) for s in range(0, len(pairs), batch)])
-        margin = None if pairs.margins is None else torch.tensor(pairs.margins, device=c.device)
-        loss, stats = self.loss(c, r, margin)
-        sizes = [len(a) + len(b) for a, b in zip(pairs.chosen_ids, pairs.rejected_ids, strict=True)]
-        return {
-            "loss": float(loss),
-            **{k: float(v) for k, v in stats.items()},
-            "correct": (c > r).float().tolist(),
-            "tokens": sizes,
-        }
+        return score_pairs(self.scores, pairs, self.loss, batch)
 
     def weights(self) -> dict[str, Tensor]:
         """The model's tensors on the CPU, copies (a best checkpoint's `model`)."""

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from ...contracts.config import EntrySection, RelayConfig, entry_section
+from ...learner.device import DeviceContext
 from ...learner.lm.estimators import ESTIMATORS
 from ...learner.lm.policy_losses import POLICY_LOSSES
 
@@ -111,3 +112,11 @@ def chosen_sections(cfg: RelayConfig) -> list[str]:
     lm = cfg.learner.entry_data(SECTION) or {}
     loss = lm.get("policy_loss", LmSettings.model_fields["policy_loss"].default)
     return [SECTION, cfg.learner.algo, loss if isinstance(loss, str) else ""]
+
+
+def amp_of(use_amp: bool | str, amp_dtype: str, dev: DeviceContext) -> tuple[bool, str]:
+    """(autocast on, its dtype) of a language model's learner (a policy's or a reward model's):
+    `auto` is bf16 where the device computes it in hardware."""
+    if use_amp == "auto":
+        return dev.bf16_units() is not None, "bfloat16"
+    return bool(use_amp), amp_dtype

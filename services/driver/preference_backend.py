@@ -16,30 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...contracts.config import RelayConfig
 from ...contracts.pairs import PairSet, load_pairs
 from ...contracts.rounds import RoundResult
-from ...learner.lm.reward_model import RewardModelLearner, RewardModelSetup
+from ...learner.lm.reward_model import RewardModelLearner, RewardModelSetup, pair_summary
 from ...rollout_workers.evaluator import EvalReport
 from ...services.driver.evaluations import EvalRunner
 from ...services.runs.signals import signals_held
-
-
-def pair_summary(correct: list[float], tokens: list[int], seconds: float) -> dict[str, Any]:
-    """An evaluation's summary (`EvalReport.summary`) of pairs each 1.0 or 0.0 (ranked right or
-    not): its return is the pair accuracy, its length a pair's tokens."""
-    arr = np.asarray(correct if correct else [np.nan], dtype=np.float64)
-    return {
-        "return_mean": float(arr.mean()),
-        "return_std": float(arr.std()),
-        "return_min": float(arr.min()),
-        "return_max": float(arr.max()),
-        "len_mean": float(np.mean(tokens)) if tokens else 0.0,
-        "episodes": len(correct),
-        "seconds": seconds,
-    }
 
 
 class PreferenceBackend:
@@ -148,13 +131,7 @@ class PreferenceEvalRunner:
         b = self.backend
         assert b.held is not None, "the config's rules ask for prompts.eval"
         t0 = time.perf_counter()
-        limit = b.cfg.eval.episodes
-        held = PairSet(
-            b.held.chosen_ids[:limit],
-            b.held.rejected_ids[:limit],
-            None if b.held.margins is None else b.held.margins[:limit],
-        )
-        out = b.learner.evaluate(held)
+        out = b.learner.evaluate(b.held.head(b.cfg.eval.episodes))
         summary = pair_summary(out["correct"], out["tokens"], time.perf_counter() - t0)
         weights = b.learner.weights()
         self._done = (EvalReport(iteration, b.learner.updates, summary), lambda: weights)

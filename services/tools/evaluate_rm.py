@@ -10,12 +10,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...contracts.checkpoint import Checkpoint
-from ...contracts.pairs import PairSet, load_pairs
+from ...contracts.pairs import load_pairs
 from ...contracts.prompts import PromptError
-from ...learner.lm.reward_model import PreferenceSettings, bradley_terry, score_rows
+from ...learner.lm.reward_model import (
+    PreferenceSettings,
+    pair_summary,
+    preference_loss,
+    score_pairs,
+    score_rows,
+)
 from .export_hf import trained_scorer
 
 BATCH = 16  # rows per forward pass
@@ -27,10 +31,14 @@ class PairEvalError(ValueError):
 
 def evaluate_pairs(file: Path, ckpt: Checkpoint, episodes: int, pairs: str | None) -> dict[str, Any]:
     """The checkpoint's scorer on the first `episodes` pairs: the summary of `relay eval` (its
-    return the pair accuracy) with the Bradley–Terry loss and the mean margin beside it."""
+    return the pair accuracy) with the run's loss (learner.algo's) and the mean margin beside it."""
     cfg = ckpt.config
     prompts = cfg.get("prompts") or {}
     learner = cfg.get("learner") or {}
+    try:
+        loss = preference_loss(str(learner.get("algo"))).loss
+    except ValueError as err:
+        raise PairEvalError(f"{file}: {err}") from None
     section = learner.get(str(learner.get("algo"))) or {}
     limit = section.get("max_tokens", PreferenceSettings().max_tokens)
     source = pairs or prompts.get("eval") or prompts.get("train")
@@ -39,28 +47,12 @@ def evaluate_pairs(file: Path, ckpt: Checkpoint, episodes: int, pairs: str | Non
         found = load_pairs(str(source), tokenizer, int(limit), "--prompts" if pairs else "prompts.eval")
     except PromptError as err:
         raise PairEvalError(str(err)) from None
-    n = min(episodes, len(found))
-    held = PairSet(
-        found.chosen_ids[:n], found.rejected_ids[:n], None if found.margins is None else found.margins[:n]
-    )
+    held = found.head(episodes)
     t0 = time.perf_counter()
     pad = int(tokenizer.pad_token_id)
-    chosen = torch.cat([score_rows(model, held.chosen_ids[s : s + BATCH], pad) for s in range(0, n, BATCH)])
-    rejected = torch.cat(
-        [score_rows(model, held.rejected_ids[s : s + BATCH], pad) for s in range(0, n, BATCH)]
-    )
-    margin = None if held.margins is None else torch.tensor(held.margins)
-    loss, stats = bradley_terry(chosen, rejected, margin)
-    correct = (chosen > rejected).double()
-    tokens = [len(a) + len(b) for a, b in zip(held.chosen_ids, held.rejected_ids, strict=True)]
+    out = score_pairs(lambda rows: score_rows(model, rows, pad), held, loss, BATCH)
     return {
-        "episodes": n,
-        "return_mean": float(correct.mean()),
-        "return_std": float(correct.std(unbiased=False)),
-        "return_min": float(correct.min()),
-        "return_max": float(correct.max()),
-        "len_mean": sum(tokens) / n,
-        "loss": float(loss),
-        "reward_margin": float(stats["reward_margin"]),
-        "seconds": time.perf_counter() - t0,
+        **pair_summary(out["correct"], out["tokens"], time.perf_counter() - t0),
+        "loss": out["loss"],
+        "reward_margin": out["reward_margin"],
     }

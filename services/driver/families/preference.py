@@ -7,11 +7,12 @@ exports Hugging Face sequence-classification folders."""
 from __future__ import annotations
 
 from ....contracts.checkpoint import Checkpoint
-from ....contracts.config import RelayConfig, entry_section
+from ....contracts.config import RelayConfig
 from ....contracts.pairs import load_pairs
 from ....contracts.prompts import PromptError
 from ....learner.device import DeviceContext, check_device
-from ....learner.lm.reward_model import PREFERENCE_LOSSES, build_scorer, preference_loss
+from ....learner.lm.reward_model import PREFERENCE_LOSSES, build_scorer, preference_loss, preference_settings
+from ....learner.lm.settings import amp_of
 from ....policy.causal_lm import ModelFolderError, check_model_folder, load_tokenizer
 from ....policy.models import weights_mismatch
 from ....policy.models.reward_model import PREFERENCE_PANELS
@@ -32,10 +33,8 @@ def precision(cfg: RelayConfig, spec: None, address: str | None = None) -> str:
     lc = cfg.learner
     if lc.use_amp != "auto":
         return f"{lc.amp_dtype} autocast, float32 weights" if lc.use_amp else "float32"
-    dev = DeviceContext(check_device(lc.device, lc.npu_ids))
-    if dev.bf16_units() is None:
-        return "float32 (no bf16 units on the device)"
-    return "bfloat16 autocast, float32 weights"
+    amp, dtype = amp_of(lc.use_amp, lc.amp_dtype, DeviceContext(check_device(lc.device, lc.npu_ids)))
+    return f"{dtype} autocast, float32 weights" if amp else "float32 (no bf16 units on the device)"
 
 
 def check(cfg: RelayConfig, address: str | None) -> None:
@@ -43,8 +42,7 @@ def check(cfg: RelayConfig, address: str | None) -> None:
     and every pair of prompts.train and prompts.eval within the loss's max_tokens (PreflightError,
     one line, on the first problem). A reward model's run has no env: no spec."""
     assert cfg.model.path is not None and cfg.prompts.train is not None
-    lc = cfg.learner
-    settings = entry_section(lc, "learner", lc.algo, preference_loss(lc.algo).settings)
+    settings = preference_settings(cfg)
     try:
         check_model_folder(cfg.model.path)
         tokenizer = load_tokenizer(cfg.model.path)
